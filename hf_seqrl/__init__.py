@@ -1,0 +1,40 @@
+"""hf-seqrl: sequence-level reinforcement learning for Hugging Face encoder-decoder models.
+
+Heavy modules (transformers, the trainers) are imported on first attribute access, so that
+`import hf_seqrl` and `import hf_seqrl.losses` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "SeqRLConfig": "configs",
+    "ScheduledSamplingConfig": "configs",
+    "SequenceRLTrainer": "trainers.base",
+    "ReinforceTrainer": "trainers.reinforce",
+    "SCSTTrainer": "trainers.scst",
+    "get_reward": "rewards",
+    "build_reward": "rewards",
+    "WeightedReward": "rewards",
+    "SeqRLDataCollator": "data",
+    "tokenize_pairs": "data",
+    "Rollout": "rollout",
+    "sample_rollout": "rollout",
+    "score_rollout": "rollout",
+}
+
+__all__ = sorted(_LAZY) + ["losses", "rewards", "schedules", "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in ("losses", "rewards", "schedules", "rollout", "data", "configs", "diagnostics", "hub"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'hf_seqrl' has no attribute {name!r}")

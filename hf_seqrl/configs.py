@@ -1,0 +1,204 @@
+"""Training arguments of the sequence-level trainers.
+
+Both dataclasses extend `transformers.Seq2SeqTrainingArguments`, so every standard field (logging,
+`report_to`, checkpoints, mixed precision, gradient accumulation, `push_to_hub`, ...) keeps working.
+Rules that involve several fields are checked in `__post_init__` with messages that name the field
+and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import Seq2SeqTrainingArguments
+
+BASELINES = ("greedy", "mean", "moving_average", "none")
+SCHEDULES = ("linear", "exponential", "inverse_sigmoid", "constant")
+
+
+def _describe_reward(reward: Any) -> Any:
+    """Returns a JSON/pickle-safe description of a reward spec (callables become their qualified name)."""
+    if callable(reward):
+        module = getattr(reward, "__module__", None) or "?"
+        name = getattr(reward, "__qualname__", None) or type(reward).__name__
+        return f"{module}:{name}"
+    if isinstance(reward, (list, tuple)):
+        return [_describe_reward(r) for r in reward]
+    return reward
+
+
+@dataclass
+class SeqRLConfig(Seq2SeqTrainingArguments):
+    r"""
+    Arguments of [`ReinforceTrainer`] and [`SCSTTrainer`], on top of `Seq2SeqTrainingArguments`.
+
+    > Reward
+
+    reward (`str`, `list[str]` or callable, *optional*, defaults to `"bleu"`):
+        Built-in reward name (`"bleu"`, `"chrf"`, `"rouge1"`, `"rouge2"`, `"rougeL"`, `"rougeLsum"`), a
+        `"module:function"` path, a callable `f(predictions, references, sources=None) -> list[float]`, or a
+        list of those, which are combined with `reward_weights`.
+    reward_weights (`list[float]`, *optional*, defaults to `None`):
+        Weights of a list of rewards; `None` gives every reward the same weight (they average).
+    nonfinite_rewards (`str`, *optional*, defaults to `"error"`):
+        What to do when a reward returns NaN or inf: `"error"` raises, `"drop"` gives those samples a zero
+        advantage and logs their count as `rl/nonfinite_rewards`.
+
+    > Baseline and advantages
+
+    baseline (`str`, *optional*, defaults to `None`):
+        `"greedy"` (self-critical: the reward of the greedy decode), `"mean"` (leave-one-out mean of the other
+        samples of the same source; needs `num_samples >= 2`), `"moving_average"` (exponential moving average
+        of past batch rewards) or `"none"`. `None` takes the trainer's default: `"greedy"` for
+        `SCSTTrainer`, `"moving_average"` for `ReinforceTrainer`.
+    baseline_ema_decay (`float`, *optional*, defaults to `0.9`):
+        Decay of the `"moving_average"` baseline: `b <- decay * b + (1 - decay) * mean(batch rewards)`.
+    scale_rewards (`bool`, *optional*, defaults to `False`):
+        Divide the advantages of a batch by their standard deviation (skipped when it is ~0).
+
+    > Sampling
+
+    num_samples (`int`, *optional*, defaults to `1`):
+        Sampled sequences per source.
+    max_new_tokens (`int`, *optional*, defaults to `None`):
+        Length limit of sampled sequences; `None` takes `generation_max_length`, then the model's default.
+    temperature (`float`, *optional*, defaults to `1.0`), top_k (`int`, defaults to `0` = off),
+    top_p (`float`, defaults to `1.0` = off):
+        Sampling distribution of the rollouts. Log-probabilities are taken at the same temperature.
+
+    > Loss
+
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher-forced cross-entropy before sequence-level training starts.
+    rl_weight (`float`, *optional*, defaults to `1.0`):
+        The loss is `rl_weight * RL + (1 - rl_weight) * XE` (Paulus et al., 2017).
+    length_normalize (`bool`, *optional*, defaults to `False`):
+        Use the mean instead of the sum of token log-probs of a sequence in the policy gradient.
+    entropy_coef (`float`, *optional*, defaults to `0.0`):
+        Subtract `entropy_coef * mean token entropy` of the sampled sequences from the loss.
+    kl_coef (`float`, *optional*, defaults to `0.0`):
+        Add `kl_coef * KL(policy || reference)` on the sampled positions, the reference being a frozen copy of
+        the initial model (built only when > 0).
+    """
+
+    reward: Any = field(
+        default="bleu",
+        metadata={"help": "Reward name(s) (bleu, chrf, rouge1, rouge2, rougeL, rougeLsum, or module:function)."},
+    )
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of a list of rewards."})
+    nonfinite_rewards: str = field(default="error", metadata={"help": "'error' or 'drop' on NaN/inf rewards."})
+    baseline: str | None = field(
+        default=None, metadata={"help": "greedy | mean | moving_average | none (default: the trainer's)."}
+    )
+    baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline."})
+    scale_rewards: bool = field(default=False, metadata={"help": "Divide advantages by their std."})
+    num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of sampled sequences."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off)."})
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before RL."})
+    rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE."})
+    length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
+    kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        # Imported here so that `import hf_seqrl.configs` stays light and rewards stay lazily imported.
+        from .rewards import check_reward_spec
+
+        if isinstance(self.reward, str) and "," in self.reward and ":" not in self.reward:
+            self.reward = [r.strip() for r in self.reward.split(",") if r.strip()]
+        check_reward_spec(self.reward, self.reward_weights)
+        if self.baseline is not None and self.baseline not in BASELINES:
+            raise ValueError(f"SeqRLConfig.baseline={self.baseline!r} is not one of {BASELINES}.")
+        if self.num_samples < 1:
+            raise ValueError(f"SeqRLConfig.num_samples must be >= 1, got {self.num_samples}.")
+        if self.baseline == "mean" and self.num_samples < 2:
+            raise ValueError(
+                "SeqRLConfig.baseline='mean' (leave-one-out) needs at least two samples per source: set "
+                f"num_samples >= 2 (got {self.num_samples}), or use baseline='greedy'."
+            )
+        if self.warmup_xe_steps < 0:
+            raise ValueError(
+                f"SeqRLConfig.warmup_xe_steps must be >= 0 (a number of optimizer steps), got {self.warmup_xe_steps}."
+            )
+        if not 0.0 <= self.rl_weight <= 1.0:
+            raise ValueError(f"SeqRLConfig.rl_weight must be in [0, 1], got {self.rl_weight}.")
+        if not 0.0 <= self.baseline_ema_decay < 1.0:
+            raise ValueError(f"SeqRLConfig.baseline_ema_decay must be in [0, 1), got {self.baseline_ema_decay}.")
+        if self.temperature <= 0:
+            raise ValueError(f"SeqRLConfig.temperature must be > 0, got {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"SeqRLConfig.top_k must be >= 0 (0 disables it), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SeqRLConfig.top_p must be in (0, 1], got {self.top_p}.")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"SeqRLConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}.")
+        if self.entropy_coef < 0 or self.kl_coef < 0:
+            raise ValueError("SeqRLConfig.entropy_coef and kl_coef must be >= 0.")
+        if self.nonfinite_rewards not in ("error", "drop"):
+            raise ValueError(
+                f"SeqRLConfig.nonfinite_rewards must be 'error' or 'drop', got {self.nonfinite_rewards!r}."
+            )
+
+    def to_dict(self):
+        d = super().to_dict()
+        d["reward"] = _describe_reward(d["reward"])
+        return d
+
+    def __getstate__(self):
+        # training_args.bin is pickled with each checkpoint: a lambda reward must not break saving.
+        state = self.__dict__.copy()
+        state["reward"] = _describe_reward(state["reward"])
+        return state
+
+
+@dataclass
+class ScheduledSamplingConfig(Seq2SeqTrainingArguments):
+    r"""
+    Arguments of [`ScheduledSamplingTrainer`], on top of `Seq2SeqTrainingArguments`.
+
+    schedule (`str`, *optional*, defaults to `"linear"`):
+        How the teacher-forcing ratio ε (probability of feeding the gold token) decays: `"linear"`,
+        `"exponential"`, `"inverse_sigmoid"` or `"constant"`; see `hf_seqrl.schedules`.
+    schedule_k (`float`, *optional*, defaults to `1000.0`):
+        Time constant of the schedule, in `schedule_unit`s.
+    min_teacher_forcing_ratio (`float`, *optional*, defaults to `0.5`):
+        Lower bound of ε (the constant schedule's value).
+    sampling (`str`, *optional*, defaults to `"argmax"`):
+        How pass 1 picks the model's token: `"argmax"` or `"sample"`.
+    schedule_unit (`str`, *optional*, defaults to `"step"`):
+        `"step"` (optimizer steps) or `"epoch"`.
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher forcing before mixing starts.
+    first_pass_grad (`bool`, *optional*, defaults to `False`):
+        Backpropagate through pass 1 as well.
+    """
+
+    schedule: str = field(default="linear", metadata={"help": "linear | exponential | inverse_sigmoid | constant"})
+    schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule."})
+    min_teacher_forcing_ratio: float = field(default=0.5, metadata={"help": "Lower bound of the ratio."})
+    sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
+    schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before mixing."})
+    first_pass_grad: bool = field(default=False, metadata={"help": "Backpropagate through pass 1."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"ScheduledSamplingConfig.schedule={self.schedule!r} is not one of {SCHEDULES}.")
+        if self.schedule_k <= 0:
+            raise ValueError(f"ScheduledSamplingConfig.schedule_k must be > 0, got {self.schedule_k}.")
+        if self.schedule == "inverse_sigmoid" and self.schedule_k < 1:
+            raise ValueError("ScheduledSamplingConfig.schedule_k must be >= 1 for the inverse_sigmoid schedule.")
+        if not 0.0 <= self.min_teacher_forcing_ratio <= 1.0:
+            raise ValueError("ScheduledSamplingConfig.min_teacher_forcing_ratio must be in [0, 1].")
+        if self.sampling not in ("argmax", "sample"):
+            raise ValueError(f"ScheduledSamplingConfig.sampling must be 'argmax' or 'sample', got {self.sampling!r}.")
+        if self.schedule_unit not in ("step", "epoch"):
+            raise ValueError("ScheduledSamplingConfig.schedule_unit must be 'step' or 'epoch'.")
+        if self.warmup_xe_steps < 0:
+            raise ValueError(f"ScheduledSamplingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")

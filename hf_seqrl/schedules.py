@@ -1,0 +1,38 @@
+"""Schedules: pure functions of the training step (or epoch) → float. No imports beyond `math`."""
+
+from __future__ import annotations
+
+import math
+
+SCHEDULES = ("linear", "exponential", "inverse_sigmoid", "constant")
+
+
+def teacher_forcing_ratio(step: float, schedule: str, k: float, min_ratio: float = 0.0) -> float:
+    """Returns ε, the probability of feeding the gold token at `step` (Bengio et al., 2015).
+
+    - `"constant"`: ε = min_ratio
+    - `"linear"`: ε = max(min_ratio, 1 − step/k)
+    - `"exponential"`: ε = min_ratio + (1 − min_ratio)·e^(−step/k)
+    - `"inverse_sigmoid"`: ε = max(min_ratio, k / (k + e^(step/k)))   (k ≥ 1)
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}.")
+    if schedule == "constant":
+        return float(min_ratio)
+    if k <= 0:
+        raise ValueError(f"schedule_k must be > 0, got {k}.")
+    if schedule == "linear":
+        return max(min_ratio, 1.0 - step / k)
+    if schedule == "exponential":
+        return min_ratio + (1.0 - min_ratio) * math.exp(-step / k)
+    if schedule == "inverse_sigmoid":
+        exponent = step / k
+        # e^700 overflows a float: by then the ratio is 0 anyway.
+        value = 0.0 if exponent > 700 else k / (k + math.exp(exponent))
+        return max(min_ratio, value)
+    raise ValueError(f"Unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}.")
+
+
+def xe_rl_weight(step: int, warmup_xe_steps: int, rl_weight: float) -> float:
+    """Returns the weight of the RL loss at `step`: 0 during the cross-entropy warm-up, then `rl_weight`."""
+    return 0.0 if step < warmup_xe_steps else float(rl_weight)

@@ -1,0 +1,310 @@
+"""`SequenceRLTrainer`: teacher-forced warm-up, then sequence-level policy-gradient training.
+
+One RL step follows the diagram of DESIGN.md: rollout → rewards → baseline → advantages → log-probs →
+policy-gradient loss mixed with cross-entropy (+ KL, − entropy). The math lives in `hf_seqrl.losses`,
+decoding and scoring in `hf_seqrl.rollout`; this class orchestrates and logs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from collections import defaultdict
+
+import torch
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .. import losses
+from ..configs import SeqRLConfig
+from ..data import TEXT_COLUMNS, SeqRLDataCollator
+from ..rewards import build_reward, call_reward, check_finite, normalize_references, reward_name
+from ..rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
+
+STATE_FILE = "seqrl_state.json"
+
+
+def check_encoder_decoder(model) -> None:
+    """Raises a clear error unless `model` is an encoder-decoder (seq2seq) model."""
+    if model is None:
+        raise ValueError("Pass `model=`: an encoder-decoder model such as AutoModelForSeq2SeqLM.from_pretrained(...).")
+    config = getattr(model, "config", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is False). "
+            "hf-seqrl trains seq2seq models: load one with AutoModelForSeq2SeqLM (T5, BART, Marian, mBART, "
+            "Pegasus) or build an EncoderDecoderModel; for decoder-only models use TRL instead."
+        )
+
+
+def check_dataset_columns(dataset, name: str) -> None:
+    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, or no `input_ids`."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or isinstance(columns, dict):
+        return
+    if "input_ids" not in columns:
+        raise ValueError(
+            f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
+            "hf_seqrl.data.tokenize_pairs."
+        )
+    if "labels" not in columns and "references" not in columns:
+        raise ValueError(
+            f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
+            "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
+        )
+
+
+class SequenceRLTrainer(Seq2SeqTrainer):
+    """Base of the sequence-level trainers; same constructor as `Seq2SeqTrainer`, `args` a `SeqRLConfig`."""
+
+    default_baseline = "greedy"
+    algorithm = "Sequence-level RL"
+
+    def __init__(self, model=None, args: SeqRLConfig | None = None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, **kwargs):
+        if args is None:
+            args = SeqRLConfig(output_dir="tmp_trainer")
+        if not isinstance(args, SeqRLConfig):
+            raise TypeError(
+                f"{type(self).__name__} needs args=SeqRLConfig(...), got {type(args).__name__}: SeqRLConfig accepts "
+                "every Seq2SeqTrainingArguments field plus the RL ones."
+            )
+        check_encoder_decoder(model)
+        if processing_class is None:
+            raise ValueError(
+                "Pass processing_class=<tokenizer>: rewards are computed on decoded text."
+            )
+        if train_dataset is not None:
+            check_dataset_columns(train_dataset, "train_dataset")
+        if data_collator is None:
+            data_collator = DataCollatorForSeq2Seq(processing_class, model=model)
+        if not isinstance(data_collator, SeqRLDataCollator):
+            data_collator = SeqRLDataCollator(data_collator)
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.baseline = args.baseline or self.default_baseline
+        if self.baseline == "mean" and args.num_samples < 2:
+            raise ValueError("baseline='mean' needs SeqRLConfig.num_samples >= 2.")
+        self.reward_fn = build_reward(args.reward, args.reward_weights)
+        self.reward_label = reward_name(self.reward_fn)
+        self.baseline_ema: float | None = None
+        self.ref_model = self._build_ref_model() if args.kl_coef > 0 else None
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._rollout_config = None
+
+    # ---- set-up helpers -------------------------------------------------------------------------
+
+    def _build_ref_model(self):
+        ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).to(self.args.device)
+        ref.eval()
+        ref.requires_grad_(False)
+        return ref
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        for name in TEXT_COLUMNS:
+            if name not in self._signature_columns:
+                self._signature_columns.append(name)
+
+    @property
+    def phase(self) -> str:
+        """`"xe"` during the teacher-forced warm-up, then `"rl"`."""
+        return "xe" if self.state.global_step < self.args.warmup_xe_steps else "rl"
+
+    @property
+    def rollout_config(self):
+        if self._rollout_config is None:
+            model = self.accelerator.unwrap_model(self.model)
+            self._rollout_config = rollout_generation_config(
+                model, self.args.max_new_tokens, self.args.temperature, self.args.top_k, self.args.top_p,
+                max_length=self.args.generation_max_length,
+            )
+        return self._rollout_config
+
+    # ---- the loss -------------------------------------------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        references, sources = self._pop_text_columns(inputs)
+        if self.phase == "xe" or not model.training or return_outputs:
+            # Plain Seq2SeqTrainer loss: warm-up steps and evaluation.
+            self.loss_is_scaled_for_ga = None
+            if model.training:
+                self._record("train", {"rl/phase": 0.0})
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
+        if references is None:
+            references = self._decode_labels(inputs["labels"])
+        return self.rl_loss(model, inputs, references, sources)
+
+    def rl_loss(self, model, inputs, references, sources):
+        """Returns the RL loss of a batch and records the `rl/*` metrics."""
+        args, n = self.args, self.args.num_samples
+        unwrapped = self.accelerator.unwrap_model(model)
+        rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"),
+                                 self.rollout_config, n, with_greedy=self.baseline == "greedy")
+        sample_rewards, bad = self.score(rollout.sample_ids, [r for r in references for _ in range(n)],
+                                         None if sources is None else [s for s in sources for _ in range(n)])
+        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, references, sources)
+        adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
+        if args.scale_rewards:
+            adv = losses.scale_advantages(adv)
+        labels = inputs.get("labels") if args.rl_weight < 1 else None
+        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), rollout.sample_ids, n,
+                               decoder_start_id(unwrapped), pad_id(unwrapped), labels, args.temperature)
+        mask = rollout.sample_mask
+        pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize)
+        xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels)
+        loss = losses.mix_losses(pg_loss, xe_loss, args.rl_weight)
+        with torch.set_grad_enabled(args.entropy_coef > 0):
+            entropy = losses.masked_mean(losses.token_entropy(scored.sample_logits).flatten(), mask.flatten(), 0)
+        if args.entropy_coef > 0:
+            loss = loss - args.entropy_coef * entropy
+        metrics = {}
+        if self.ref_model is not None:
+            kl = self._kl(inputs, rollout, scored.sample_logits)
+            loss = loss + args.kl_coef * kl
+            metrics["rl/kl"] = kl.item()
+        metrics.update({
+            "rl/phase": 1.0,
+            "rl/reward": sample_rewards.mean().item(),
+            "rl/reward_std": sample_rewards.std().item() if sample_rewards.numel() > 1 else 0.0,
+            "rl/baseline_reward": baseline_rewards.mean().item(),
+            "rl/advantage_abs": adv.abs().mean().item(),
+            "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item(),
+            "rl/sample_length": mask.sum(dim=1).float().mean().item(),
+            "rl/pg_loss": pg_loss.item(),
+            "rl/entropy": entropy.item(),
+        })
+        if xe_loss is not None:
+            metrics["rl/xe_loss"] = xe_loss.item()
+        if args.nonfinite_rewards == "drop":
+            metrics["rl/nonfinite_rewards"] = float(bad.sum().item())
+        self._record("train", metrics)
+        return loss
+
+    def score(self, token_ids, references, sources):
+        """Returns `(rewards, nonfinite)`: rewards of decoded `token_ids` (float tensor `(N,)`) and a bool mask."""
+        predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
+        values = call_reward(self.reward_fn, predictions, references, sources, name=self.reward_label)
+        if self.args.nonfinite_rewards == "error":
+            check_finite(values, self.reward_label)
+        rewards = torch.tensor(values, dtype=torch.float32, device=token_ids.device)
+        bad = ~torch.isfinite(rewards)
+        return rewards.masked_fill(bad, 0.0), bad
+
+    def baseline_rewards(self, sample_rewards, bad, rollout, references, sources):
+        """Returns `(baseline (B*n,), nonfinite mask (B*n,))` for the configured baseline."""
+        n = rollout.num_samples
+        if self.baseline == "greedy":
+            greedy, greedy_bad = self.score(rollout.greedy_ids, references, sources)
+            return greedy.repeat_interleave(n), bad | greedy_bad.repeat_interleave(n)
+        if self.baseline == "mean":
+            return losses.leave_one_out_baseline(sample_rewards, n), bad
+        if self.baseline == "moving_average":
+            good = sample_rewards[~bad]
+            batch_mean = good.mean().item() if good.numel() else (self.baseline_ema or 0.0)
+            current = self.baseline_ema if self.baseline_ema is not None else batch_mean
+            self.baseline_ema = losses.moving_average(self.baseline_ema, batch_mean, self.args.baseline_ema_decay)
+            return torch.full_like(sample_rewards, current), bad
+        return torch.zeros_like(sample_rewards), bad
+
+    def _xe_from_logits(self, logits, labels):
+        if self.label_smoother is not None:
+            return self.label_smoother({"logits": logits}, labels)
+        return losses.cross_entropy(logits, labels)
+
+    def _kl(self, inputs, rollout, sample_logits):
+        """Returns the mean per-token KL(policy || frozen reference) over the sampled positions."""
+        with torch.no_grad():
+            ref = score_rollout(self.ref_model, inputs["input_ids"], inputs.get("attention_mask"),
+                                rollout.sample_ids, rollout.num_samples, decoder_start_id(self.ref_model),
+                                pad_id(self.ref_model), temperature=self.args.temperature)
+        kl = losses.token_kl(sample_logits, ref.sample_logits)
+        return losses.masked_mean(kl.flatten(), rollout.sample_mask.flatten(), 0)
+
+    def _pop_text_columns(self, inputs):
+        references = inputs.pop("references", None)
+        sources = inputs.pop("sources", None)
+        if references is not None:
+            references = normalize_references(references)
+        return references, sources
+
+    def _decode_labels(self, labels):
+        if labels is None:
+            raise ValueError(
+                "The batch has neither 'references' nor 'labels': rewards need references. Add a 'references' "
+                "column (string or list of strings per row) or tokenized 'labels'."
+            )
+        ids = labels.masked_fill(labels == -100, self.processing_class.pad_token_id)
+        texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise ValueError(
+                    f"Row {i} of the batch has no reference: its labels are all -100/padding. Fix or drop that row."
+                )
+        return [[t] for t in texts]
+
+    # ---- evaluation: greedy/beam reward next to the usual metrics ---------------------------------
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        references, sources = self._pop_text_columns(inputs)
+        loss, generated, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys,
+                                                          **gen_kwargs)
+        if self.args.predict_with_generate and not prediction_loss_only and generated is not None:
+            if references is None and inputs.get("labels") is not None:
+                references = self._decode_labels(inputs["labels"])
+            if references is not None:
+                ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
+                rewards, _ = self.score(ids, references, sources)
+                self._record("eval", {"rl/reward": rewards.mean().item()})
+        return loss, generated, labels
+
+    # ---- metrics --------------------------------------------------------------------------------
+
+    def _record(self, mode: str, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(float(value))
+
+    def log(self, logs, start_time=None):
+        """Adds the means of the recorded `rl/*` metrics (averaged over processes) to `logs`."""
+        prefix = next((k[: -len("_runtime")] for k in logs if k.endswith("_runtime") and not k.startswith("train")),
+                      None)
+        mode = "eval" if prefix is not None else "train"
+        buffer = self._metrics[mode]
+        if buffer:
+            keys = sorted(buffer)
+            sums = torch.tensor([[math.fsum(buffer[k]), len(buffer[k])] for k in keys], dtype=torch.float64,
+                                device=self.args.device)
+            if self.accelerator.num_processes > 1:
+                sums = self.accelerator.reduce(sums, reduction="sum")
+            for key, (total, count) in zip(keys, sums.tolist()):
+                name = f"{prefix}_{key}" if mode == "eval" else key
+                logs[name] = total / max(count, 1.0)
+            buffer.clear()
+        super().log(logs, start_time)
+
+    # ---- checkpoints: the trainer's own state ----------------------------------------------------
+
+    def extra_state(self) -> dict:
+        """Returns what this trainer adds to the Trainer state (saved with every checkpoint)."""
+        return {"baseline_ema": self.baseline_ema, "baseline": self.baseline}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.baseline_ema = state.get("baseline_ema")
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.isdir(folder):
+                with open(os.path.join(folder, STATE_FILE), "w") as f:
+                    json.dump(self.extra_state(), f)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, STATE_FILE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                self.load_extra_state(json.load(f))

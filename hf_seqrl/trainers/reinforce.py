@@ -1,0 +1,16 @@
+"""`ReinforceTrainer`: REINFORCE (Williams, 1992) with a moving-average baseline by default."""
+
+from __future__ import annotations
+
+from .base import SequenceRLTrainer
+
+
+class ReinforceTrainer(SequenceRLTrainer):
+    """REINFORCE on sampled sequences; `SeqRLConfig.baseline` defaults to `"moving_average"`.
+
+    Loss: `-mean_i (r_i - b) * log p(y_i | x_i)`, mixed with cross-entropy by `rl_weight` (Ranzato et al., 2016;
+    Paulus et al., 2017).
+    """
+
+    default_baseline = "moving_average"
+    algorithm = "REINFORCE"
