@@ -23,6 +23,11 @@ RewardFn = Callable[..., Sequence[float]]
 BUILTIN_REWARDS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
+def _unit(score: float) -> float:
+    # sacrebleu scores are in [0, 100]; /100 can land a rounding error above 1.
+    return min(1.0, score / 100.0)
+
+
 def bleu_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None) -> list[float]:
     """Returns sacrebleu sentence BLEU / 100 of each prediction against its references."""
     from sacrebleu.metrics import BLEU
@@ -30,7 +35,7 @@ def bleu_reward(predictions: list[str], references: list[list[str]], sources: li
     # One BLEU object for the batch; its sentence_score equals sacrebleu.sentence_bleu's defaults.
     metric = BLEU(effective_order=True)
     return [
-        metric.sentence_score(pred, list(refs)).score / 100.0 if pred.strip() else 0.0
+        _unit(metric.sentence_score(pred, list(refs)).score) if pred.strip() else 0.0
         for pred, refs in zip(predictions, references)
     ]
 
@@ -41,7 +46,7 @@ def chrf_reward(predictions: list[str], references: list[list[str]], sources: li
 
     metric = CHRF()
     return [
-        metric.sentence_score(pred, list(refs)).score / 100.0 if pred.strip() else 0.0
+        _unit(metric.sentence_score(pred, list(refs)).score) if pred.strip() else 0.0
         for pred, refs in zip(predictions, references)
     ]
 

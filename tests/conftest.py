@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny encoder-decoder models built from configs (no Hub) and toy datasets."""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+warnings.filterwarnings("ignore", message=".*pin_memory.*")
+torch.set_num_threads(2)
+
+SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+def byt5_tokenizer():
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()
+
+
+def tiny_model(arch: str = "t5", seed: int = 0, dropout: float = 0.0, d_model: int = 32, layers: int = 1):
+    """Returns a tiny randomly initialized encoder-decoder whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
+    from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel, T5Config
+    from transformers import T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    vocab = 384
+    if arch == "t5":
+        config = T5Config(vocab_size=vocab, d_model=d_model, d_ff=2 * d_model, num_layers=layers,
+                          num_decoder_layers=layers, num_heads=2, d_kv=d_model // 2, dropout_rate=dropout,
+                          decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+        model = T5ForConditionalGeneration(config)
+    elif arch == "bart":
+        config = BartConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
+                            decoder_ffn_dim=2 * d_model, dropout=dropout, attention_dropout=dropout,
+                            activation_dropout=dropout, max_position_embeddings=128, pad_token_id=0, bos_token_id=2,
+                            eos_token_id=1, decoder_start_token_id=1, forced_eos_token_id=None)
+        model = BartForConditionalGeneration(config)
+    elif arch == "marian":
+        config = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
+                              decoder_ffn_dim=2 * d_model, dropout=dropout, attention_dropout=dropout,
+                              activation_dropout=dropout, max_position_embeddings=128, pad_token_id=0,
+                              eos_token_id=1, decoder_start_token_id=0, forced_eos_token_id=None)
+        model = MarianMTModel(config)
+    else:
+        raise ValueError(arch)
+    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        setattr(model.generation_config, key, getattr(model.config, key))
+    model.generation_config.bad_words_ids = None
+    return model
+
+
+def toy_pairs(n: int, seed: int = 0, task: str = "copy", alphabet: str = "abcdef", lengths=(3, 6)):
+    """Returns (sources, targets) of a toy string task: copy or reverse random letter strings."""
+    rng = random.Random(seed)
+    sources = ["".join(rng.choice(alphabet) for _ in range(rng.randint(*lengths))) for _ in range(n)]
+    targets = sources if task == "copy" else [s[::-1] for s in sources]
+    return sources, list(targets)
+
+
+def toy_dataset(tokenizer, sources, targets, references=None, with_labels=True):
+    from datasets import Dataset
+
+    columns = {"input_ids": [], "attention_mask": []}
+    enc = tokenizer(list(sources))
+    columns["input_ids"], columns["attention_mask"] = enc["input_ids"], enc["attention_mask"]
+    if with_labels:
+        columns["labels"] = tokenizer(text_target=list(targets))["input_ids"]
+    if references is not None:
+        columns["references"] = references
+    return Dataset.from_dict(columns)
+
+
+@pytest.fixture
+def tokenizer():
+    return byt5_tokenizer()

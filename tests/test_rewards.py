@@ -1,0 +1,109 @@
+"""Rewards equal the reference implementations; combinations, callables and errors."""
+
+import math
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+from rouge_score import rouge_scorer
+
+from hf_seqrl import rewards
+from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, get_reward
+
+PREDS = [
+    "the cat sat on the mat",
+    "a dog is running in the park",
+    "two men are playing guitars on stage",
+    "",
+    "   ",
+]
+REFS = [
+    ["the cat is sitting on the mat", "a cat sat on the mat"],
+    ["a dog runs through a park"],
+    ["two men play guitar on a stage", "musicians perform", "two guys playing guitars"],
+    ["nothing here"],
+    ["whitespace only"],
+]
+
+
+def test_bleu_and_chrf_match_sacrebleu():
+    bleu = get_reward("bleu")(PREDS, REFS)
+    chrf = get_reward("chrf")(PREDS, REFS)
+    for i, (p, r) in enumerate(zip(PREDS, REFS)):
+        if p.strip():
+            assert bleu[i] == pytest.approx(sacrebleu.sentence_bleu(p, r).score / 100, abs=1e-12)
+            assert chrf[i] == pytest.approx(sacrebleu.sentence_chrf(p, r).score / 100, abs=1e-12)
+        else:
+            assert bleu[i] == 0.0 and chrf[i] == 0.0
+    assert 0 < bleu[0] < 1 and 0 < chrf[2] < 1
+
+
+@pytest.mark.parametrize("kind", ["rouge1", "rouge2", "rougeL", "rougeLsum"])
+def test_rouge_matches_rouge_score_multi(kind):
+    scorer = rouge_scorer.RougeScorer([kind], use_stemmer=True)
+    values = get_reward(kind)(PREDS, REFS)
+    for i, (p, r) in enumerate(zip(PREDS, REFS)):
+        expected = scorer.score_multi(r, p)[kind].fmeasure if p.strip() else 0.0
+        assert values[i] == expected
+    # stemming on: "running"/"runs" share the stem "run"
+    assert get_reward("rouge1")(["dogs running"], [["dog runs"]])[0] == 1.0
+
+
+def test_multi_reference_takes_the_best():
+    one = get_reward("bleu")(["a cat sat on the mat"], [["the dog ran away quickly"]])[0]
+    two = get_reward("bleu")(["a cat sat on the mat"], [["the dog ran away quickly", "a cat sat on the mat"]])[0]
+    assert two == 1.0 and one < 0.2
+
+
+def test_weighted_combination():
+    combo = build_reward(["bleu", "rougeL"], [0.25, 0.75])
+    b, r = get_reward("bleu")(PREDS, REFS), get_reward("rougeL")(PREDS, REFS)
+    assert combo(PREDS, REFS) == pytest.approx([0.25 * x + 0.75 * y for x, y in zip(b, r)])
+    equal = build_reward(["bleu", "rougeL"])
+    assert equal(PREDS, REFS) == pytest.approx([(x + y) / 2 for x, y in zip(b, r)])
+
+
+def test_callable_and_module_path_rewards():
+    def length_reward(predictions, references, sources=None):
+        return [len(p.split()) / 10 for p in predictions]
+
+    assert build_reward(length_reward)(["a b"], [["x"]]) == [0.2]
+    mixed = build_reward([length_reward, "bleu"], [1.0, 0.0])
+    assert mixed(["a b c"], [["zzz"]]) == [pytest.approx(0.3)]
+    fn = get_reward("hf_seqrl.rewards:bleu_reward")
+    assert fn is rewards.bleu_reward
+
+
+def test_unknown_reward_lists_valid_names():
+    with pytest.raises(ValueError) as err:
+        get_reward("bluee")
+    for name in BUILTIN_REWARDS:
+        assert name in str(err.value)
+    with pytest.raises(ValueError, match="cannot import"):
+        get_reward("no_such_module_xyz:fn")
+    with pytest.raises(ValueError, match="reward_weights has 1 values for 2 rewards"):
+        build_reward(["bleu", "chrf"], [1.0])
+
+
+def test_call_reward_validates_output():
+    preds, refs = ["a", "b"], [["a"], ["b"]]
+    assert call_reward(lambda p, r, s=None: np.array([0.5, 1.0]), preds, refs) == [0.5, 1.0]
+    assert call_reward(lambda p, r, s=None: torch.tensor([0.5, 1.0]), preds, refs) == [0.5, 1.0]
+    with pytest.raises(ValueError, match="returned 1 values for 2 predictions"):
+        call_reward(lambda p, r, s=None: [1.0], preds, refs, name="short")
+    with pytest.raises(TypeError, match="sequence of numbers"):
+        call_reward(lambda p, r, s=None: ["x", "y"], preds, refs)
+    values = call_reward(lambda p, r, s=None: [math.nan, 1.0], preds, refs)
+    with pytest.raises(ValueError, match="non-finite"):
+        rewards.check_finite(values, "nanny")
+
+
+def test_normalize_references():
+    assert rewards.normalize_references(["a", ["b", "c"]]) == [["a"], ["b", "c"]]
+    with pytest.raises(ValueError, match=r"references\[1\] is an empty list"):
+        rewards.normalize_references(["a", []])
+    with pytest.raises(TypeError, match=r"references\[0\] contains a int"):
+        rewards.normalize_references([["a", 3]])
+    with pytest.raises(TypeError, match=r"references\[0\] is a int"):
+        rewards.normalize_references([5])
