@@ -28,8 +28,22 @@ def _describe_reward(reward: Any) -> Any:
     return reward
 
 
+class _NoSecretsInPickle:
+    """Keeps credentials out of `training_args.bin`, which the Trainer pickles into every checkpoint."""
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for key in state:
+            if key.endswith("_token") and state[key] is not None:
+                state[key] = None
+        if "reward" in state:
+            # A lambda reward must not break saving either.
+            state["reward"] = _describe_reward(state["reward"])
+        return state
+
+
 @dataclass
-class SeqRLConfig(Seq2SeqTrainingArguments):
+class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     r"""
     Arguments of [`ReinforceTrainer`] and [`SCSTTrainer`], on top of `Seq2SeqTrainingArguments`.
 
@@ -149,15 +163,9 @@ class SeqRLConfig(Seq2SeqTrainingArguments):
         d["reward"] = _describe_reward(d["reward"])
         return d
 
-    def __getstate__(self):
-        # training_args.bin is pickled with each checkpoint: a lambda reward must not break saving.
-        state = self.__dict__.copy()
-        state["reward"] = _describe_reward(state["reward"])
-        return state
-
 
 @dataclass
-class ScheduledSamplingConfig(Seq2SeqTrainingArguments):
+class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     r"""
     Arguments of [`ScheduledSamplingTrainer`], on top of `Seq2SeqTrainingArguments`.
 

@@ -20,6 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .. import losses
 from ..configs import SeqRLConfig
 from ..data import TEXT_COLUMNS, SeqRLDataCollator
+from ..hub import CARD_SETTINGS, final_eval_metrics, training_curve, write_model_card
 from ..rewards import build_reward, call_reward, check_finite, normalize_references, reward_name
 from ..rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
 
@@ -284,6 +285,43 @@ class SequenceRLTrainer(Seq2SeqTrainer):
                 logs[name] = total / max(count, 1.0)
             buffer.clear()
         super().log(logs, start_time)
+
+    # ---- model card: written on save, pushed by push_to_hub ----------------------------------------
+
+    def model_card_info(self, model_name=None, dataset=None, finetuned_from=None, tasks=None) -> dict:
+        """Returns the fields of `hf_seqrl.hub.render_model_card` for this run."""
+        model = self.accelerator.unwrap_model(self.model)
+        args = self.args
+        task = tasks[0] if isinstance(tasks, (list, tuple)) and tasks else tasks
+        settings = {k: getattr(args, k) for k in CARD_SETTINGS if hasattr(args, k)}
+        settings["baseline"] = getattr(self, "baseline", settings.get("baseline"))
+        return dict(
+            model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
+            algorithm=self.algorithm,
+            task=task or getattr(self, "card_task", "translation"),
+            base_model=finetuned_from or getattr(model.config, "_name_or_path", None),
+            datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
+            reward=self.reward_label,
+            baseline=str(settings["baseline"]),
+            settings=settings,
+            metrics=final_eval_metrics(self.state.log_history),
+            curve=training_curve(self.state.log_history),
+            repo_id=args.hub_model_id,
+        )
+
+    def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
+                          tasks=None, dataset_tags=None, dataset=None, dataset_args=None):
+        """Writes hf-seqrl's model card to `output_dir/README.md` (used by `push_to_hub`)."""
+        if not self.is_world_process_zero():
+            return
+        write_model_card(self.args.output_dir, **self.model_card_info(model_name, dataset or dataset_tags,
+                                                                      finetuned_from, tasks))
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call and self.is_world_process_zero():
+            info = self.model_card_info()
+            write_model_card(output_dir or self.args.output_dir, **info)
 
     # ---- checkpoints: the trainer's own state ----------------------------------------------------
 
