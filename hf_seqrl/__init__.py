@@ -16,6 +16,7 @@ _LAZY = {
     "SequenceRLTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.reinforce",
     "SCSTTrainer": "trainers.scst",
+    "ScheduledSamplingTrainer": "trainers.scheduled_sampling",
     "get_reward": "rewards",
     "build_reward": "rewards",
     "WeightedReward": "rewards",

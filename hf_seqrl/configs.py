@@ -182,8 +182,6 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         `"step"` (optimizer steps) or `"epoch"`.
     warmup_xe_steps (`int`, *optional*, defaults to `0`):
         Optimizer steps of plain teacher forcing before mixing starts.
-    first_pass_grad (`bool`, *optional*, defaults to `False`):
-        Backpropagate through pass 1 as well.
     """
 
     schedule: str = field(default="linear", metadata={"help": "linear | exponential | inverse_sigmoid | constant"})
@@ -192,7 +190,6 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
     schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
     warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before mixing."})
-    first_pass_grad: bool = field(default=False, metadata={"help": "Backpropagate through pass 1."})
 
     def __post_init__(self):
         super().__post_init__()

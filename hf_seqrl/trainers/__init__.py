@@ -2,6 +2,7 @@
 
 from .base import SequenceRLTrainer
 from .reinforce import ReinforceTrainer
+from .scheduled_sampling import ScheduledSamplingTrainer
 from .scst import SCSTTrainer
 
-__all__ = ["SequenceRLTrainer", "ReinforceTrainer", "SCSTTrainer"]
+__all__ = ["SequenceRLTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer"]

@@ -14,7 +14,7 @@ import os
 from collections import defaultdict
 
 import torch
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import losses
@@ -57,26 +57,30 @@ def check_dataset_columns(dataset, name: str) -> None:
         )
 
 
-class SequenceRLTrainer(Seq2SeqTrainer):
-    """Base of the sequence-level trainers; same constructor as `Seq2SeqTrainer`, `args` a `SeqRLConfig`."""
+class SeqTrainerBase(Seq2SeqTrainer):
+    """Orchestration shared by every hf-seqrl trainer.
 
-    default_baseline = "greedy"
-    algorithm = "Sequence-level RL"
+    Checks the model and data, keeps the `references` / `sources` text columns through collation, runs the
+    teacher-forced warm-up (`args.warmup_xe_steps`) with the plain `Seq2SeqTrainer` loss, records metrics and
+    logs their means averaged over processes, saves the trainer's own state with checkpoints, and writes a
+    model card on save. Subclasses implement `sequence_loss` and set `config_class` / `algorithm`.
+    """
 
-    def __init__(self, model=None, args: SeqRLConfig | None = None, data_collator=None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, **kwargs):
+    config_class: type = Seq2SeqTrainingArguments
+    algorithm = "Cross-entropy"
+
+    def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, **kwargs):
         if args is None:
-            args = SeqRLConfig(output_dir="tmp_trainer")
-        if not isinstance(args, SeqRLConfig):
+            args = self.config_class(output_dir="tmp_trainer")
+        if not isinstance(args, self.config_class):
             raise TypeError(
-                f"{type(self).__name__} needs args=SeqRLConfig(...), got {type(args).__name__}: SeqRLConfig accepts "
-                "every Seq2SeqTrainingArguments field plus the RL ones."
+                f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(args).__name__}: "
+                f"{self.config_class.__name__} accepts every Seq2SeqTrainingArguments field plus its own."
             )
         check_encoder_decoder(model)
         if processing_class is None:
-            raise ValueError(
-                "Pass processing_class=<tokenizer>: rewards are computed on decoded text."
-            )
+            raise ValueError("Pass processing_class=<tokenizer>: it pads batches and decodes generated text.")
         if train_dataset is not None:
             check_dataset_columns(train_dataset, "train_dataset")
         if data_collator is None:
@@ -85,23 +89,7 @@ class SequenceRLTrainer(Seq2SeqTrainer):
             data_collator = SeqRLDataCollator(data_collator)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
-        self.baseline = args.baseline or self.default_baseline
-        if self.baseline == "mean" and args.num_samples < 2:
-            raise ValueError("baseline='mean' needs SeqRLConfig.num_samples >= 2.")
-        self.reward_fn = build_reward(args.reward, args.reward_weights)
-        self.reward_label = reward_name(self.reward_fn)
-        self.baseline_ema: float | None = None
-        self.ref_model = self._build_ref_model() if args.kl_coef > 0 else None
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._rollout_config = None
-
-    # ---- set-up helpers -------------------------------------------------------------------------
-
-    def _build_ref_model(self):
-        ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).to(self.args.device)
-        ref.eval()
-        ref.requires_grad_(False)
-        return ref
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -113,6 +101,156 @@ class SequenceRLTrainer(Seq2SeqTrainer):
     def phase(self) -> str:
         """`"xe"` during the teacher-forced warm-up, then `"rl"`."""
         return "xe" if self.state.global_step < self.args.warmup_xe_steps else "rl"
+
+    # ---- the loss -------------------------------------------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        references, sources = self._pop_text_columns(inputs)
+        if self.phase == "xe" or not model.training or return_outputs:
+            # Plain Seq2SeqTrainer loss: warm-up steps and evaluation.
+            self.loss_is_scaled_for_ga = None
+            if model.training:
+                self._record("train", {"rl/phase": 0.0})
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return self.sequence_loss(model, inputs, references, sources, num_items_in_batch)
+
+    def sequence_loss(self, model, inputs, references, sources, num_items_in_batch):
+        """Returns the loss of a training step after the warm-up (implemented by subclasses)."""
+        raise NotImplementedError
+
+    def _pop_text_columns(self, inputs):
+        references = inputs.pop("references", None)
+        sources = inputs.pop("sources", None)
+        if references is not None:
+            references = normalize_references(references)
+        return references, sources
+
+    # ---- evaluation ----------------------------------------------------------------------------
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        references, sources = self._pop_text_columns(inputs)
+        loss, generated, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys,
+                                                          **gen_kwargs)
+        if self.args.predict_with_generate and not prediction_loss_only and generated is not None:
+            self.on_generated(generated, inputs, references, sources)
+        return loss, generated, labels
+
+    def on_generated(self, generated, inputs, references, sources) -> None:
+        """Called with the generated ids of each evaluation batch (a hook for extra metrics)."""
+
+    # ---- metrics --------------------------------------------------------------------------------
+
+    def _record(self, mode: str, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(float(value))
+
+    def log(self, logs, start_time=None):
+        """Adds the means of the recorded `rl/*` metrics (averaged over processes) to `logs`."""
+        prefix = next((k[: -len("_runtime")] for k in logs if k.endswith("_runtime") and not k.startswith("train")),
+                      None)
+        mode = "eval" if prefix is not None else "train"
+        buffer = self._metrics[mode]
+        if buffer:
+            keys = sorted(buffer)
+            sums = torch.tensor([[math.fsum(buffer[k]), len(buffer[k])] for k in keys], dtype=torch.float64,
+                                device=self.args.device)
+            if self.accelerator.num_processes > 1:
+                sums = self.accelerator.reduce(sums, reduction="sum")
+            for key, (total, count) in zip(keys, sums.tolist()):
+                name = f"{prefix}_{key}" if mode == "eval" else key
+                logs[name] = total / max(count, 1.0)
+            buffer.clear()
+        super().log(logs, start_time)
+
+    # ---- model card: written on save, pushed by push_to_hub ----------------------------------------
+
+    def model_card_info(self, model_name=None, dataset=None, finetuned_from=None, tasks=None) -> dict:
+        """Returns the fields of `hf_seqrl.hub.render_model_card` for this run."""
+        model = self.accelerator.unwrap_model(self.model)
+        args = self.args
+        task = tasks[0] if isinstance(tasks, (list, tuple)) and tasks else tasks
+        settings = {k: getattr(args, k) for k in CARD_SETTINGS if hasattr(args, k)}
+        if hasattr(self, "baseline"):
+            settings["baseline"] = self.baseline
+        return dict(
+            model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
+            algorithm=self.algorithm,
+            task=task or getattr(self, "card_task", "translation"),
+            base_model=finetuned_from or getattr(model.config, "_name_or_path", None),
+            datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
+            reward=getattr(self, "reward_label", "none (cross-entropy)"),
+            baseline=str(settings.get("baseline")),
+            settings=settings,
+            metrics=final_eval_metrics(self.state.log_history),
+            curve=training_curve(self.state.log_history),
+            repo_id=args.hub_model_id,
+        )
+
+    def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
+                          tasks=None, dataset_tags=None, dataset=None, dataset_args=None):
+        """Writes hf-seqrl's model card to `output_dir/README.md` (used by `push_to_hub`)."""
+        if not self.is_world_process_zero():
+            return
+        write_model_card(self.args.output_dir, **self.model_card_info(model_name, dataset or dataset_tags,
+                                                                      finetuned_from, tasks))
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call and self.is_world_process_zero():
+            info = self.model_card_info()
+            write_model_card(output_dir or self.args.output_dir, **info)
+
+    # ---- checkpoints: the trainer's own state ----------------------------------------------------
+
+    def extra_state(self) -> dict:
+        """Returns what this trainer adds to the Trainer state (saved with every checkpoint)."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        """Restores `extra_state()` from a checkpoint."""
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.isdir(folder):
+                with open(os.path.join(folder, STATE_FILE), "w") as f:
+                    json.dump(self.extra_state(), f)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, STATE_FILE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                self.load_extra_state(json.load(f))
+
+
+class SequenceRLTrainer(SeqTrainerBase):
+    """Base of the sequence-level trainers; same constructor as `Seq2SeqTrainer`, `args` a `SeqRLConfig`."""
+
+    default_baseline = "greedy"
+    algorithm = "Sequence-level RL"
+
+    config_class = SeqRLConfig
+
+    def __init__(self, model=None, args: SeqRLConfig | None = None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, **kwargs):
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.baseline = self.args.baseline or self.default_baseline
+        self.reward_fn = build_reward(self.args.reward, self.args.reward_weights)
+        self.reward_label = reward_name(self.reward_fn)
+        self.baseline_ema: float | None = None
+        self.ref_model = self._build_ref_model() if self.args.kl_coef > 0 else None
+        self._rollout_config = None
+
+    # ---- set-up helpers -------------------------------------------------------------------------
+
+    def _build_ref_model(self):
+        ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).to(self.args.device)
+        ref.eval()
+        ref.requires_grad_(False)
+        return ref
 
     @property
     def rollout_config(self):
@@ -126,17 +264,10 @@ class SequenceRLTrainer(Seq2SeqTrainer):
 
     # ---- the loss -------------------------------------------------------------------------------
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        references, sources = self._pop_text_columns(inputs)
-        if self.phase == "xe" or not model.training or return_outputs:
-            # Plain Seq2SeqTrainer loss: warm-up steps and evaluation.
-            self.loss_is_scaled_for_ga = None
-            if model.training:
-                self._record("train", {"rl/phase": 0.0})
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+    def sequence_loss(self, model, inputs, references, sources, num_items_in_batch):
         self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
         if references is None:
-            references = self._decode_labels(inputs["labels"])
+            references = self._decode_labels(inputs.get("labels"))
         return self.rl_loss(model, inputs, references, sources)
 
     def rl_loss(self, model, inputs, references, sources):
@@ -225,13 +356,6 @@ class SequenceRLTrainer(Seq2SeqTrainer):
         kl = losses.token_kl(sample_logits, ref.sample_logits)
         return losses.masked_mean(kl.flatten(), rollout.sample_mask.flatten(), 0)
 
-    def _pop_text_columns(self, inputs):
-        references = inputs.pop("references", None)
-        sources = inputs.pop("sources", None)
-        if references is not None:
-            references = normalize_references(references)
-        return references, sources
-
     def _decode_labels(self, labels):
         if labels is None:
             raise ValueError(
@@ -249,100 +373,19 @@ class SequenceRLTrainer(Seq2SeqTrainer):
 
     # ---- evaluation: greedy/beam reward next to the usual metrics ---------------------------------
 
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
-        references, sources = self._pop_text_columns(inputs)
-        loss, generated, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys,
-                                                          **gen_kwargs)
-        if self.args.predict_with_generate and not prediction_loss_only and generated is not None:
-            if references is None and inputs.get("labels") is not None:
-                references = self._decode_labels(inputs["labels"])
-            if references is not None:
-                ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
-                rewards, _ = self.score(ids, references, sources)
-                self._record("eval", {"rl/reward": rewards.mean().item()})
-        return loss, generated, labels
+    def on_generated(self, generated, inputs, references, sources) -> None:
+        """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
+        if references is None and inputs.get("labels") is not None:
+            references = self._decode_labels(inputs["labels"])
+        if references is not None:
+            ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
+            rewards, _ = self.score(ids, references, sources)
+            self._record("eval", {"rl/reward": rewards.mean().item()})
 
-    # ---- metrics --------------------------------------------------------------------------------
-
-    def _record(self, mode: str, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            self._metrics[mode][key].append(float(value))
-
-    def log(self, logs, start_time=None):
-        """Adds the means of the recorded `rl/*` metrics (averaged over processes) to `logs`."""
-        prefix = next((k[: -len("_runtime")] for k in logs if k.endswith("_runtime") and not k.startswith("train")),
-                      None)
-        mode = "eval" if prefix is not None else "train"
-        buffer = self._metrics[mode]
-        if buffer:
-            keys = sorted(buffer)
-            sums = torch.tensor([[math.fsum(buffer[k]), len(buffer[k])] for k in keys], dtype=torch.float64,
-                                device=self.args.device)
-            if self.accelerator.num_processes > 1:
-                sums = self.accelerator.reduce(sums, reduction="sum")
-            for key, (total, count) in zip(keys, sums.tolist()):
-                name = f"{prefix}_{key}" if mode == "eval" else key
-                logs[name] = total / max(count, 1.0)
-            buffer.clear()
-        super().log(logs, start_time)
-
-    # ---- model card: written on save, pushed by push_to_hub ----------------------------------------
-
-    def model_card_info(self, model_name=None, dataset=None, finetuned_from=None, tasks=None) -> dict:
-        """Returns the fields of `hf_seqrl.hub.render_model_card` for this run."""
-        model = self.accelerator.unwrap_model(self.model)
-        args = self.args
-        task = tasks[0] if isinstance(tasks, (list, tuple)) and tasks else tasks
-        settings = {k: getattr(args, k) for k in CARD_SETTINGS if hasattr(args, k)}
-        settings["baseline"] = getattr(self, "baseline", settings.get("baseline"))
-        return dict(
-            model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
-            algorithm=self.algorithm,
-            task=task or getattr(self, "card_task", "translation"),
-            base_model=finetuned_from or getattr(model.config, "_name_or_path", None),
-            datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
-            reward=self.reward_label,
-            baseline=str(settings["baseline"]),
-            settings=settings,
-            metrics=final_eval_metrics(self.state.log_history),
-            curve=training_curve(self.state.log_history),
-            repo_id=args.hub_model_id,
-        )
-
-    def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
-                          tasks=None, dataset_tags=None, dataset=None, dataset_args=None):
-        """Writes hf-seqrl's model card to `output_dir/README.md` (used by `push_to_hub`)."""
-        if not self.is_world_process_zero():
-            return
-        write_model_card(self.args.output_dir, **self.model_card_info(model_name, dataset or dataset_tags,
-                                                                      finetuned_from, tasks))
-
-    def save_model(self, output_dir=None, _internal_call=False):
-        super().save_model(output_dir, _internal_call)
-        if not _internal_call and self.is_world_process_zero():
-            info = self.model_card_info()
-            write_model_card(output_dir or self.args.output_dir, **info)
-
-    # ---- checkpoints: the trainer's own state ----------------------------------------------------
+    # ---- checkpoints ------------------------------------------------------------------------------
 
     def extra_state(self) -> dict:
-        """Returns what this trainer adds to the Trainer state (saved with every checkpoint)."""
         return {"baseline_ema": self.baseline_ema, "baseline": self.baseline}
 
     def load_extra_state(self, state: dict) -> None:
         self.baseline_ema = state.get("baseline_ema")
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            if os.path.isdir(folder):
-                with open(os.path.join(folder, STATE_FILE), "w") as f:
-                    json.dump(self.extra_state(), f)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = os.path.join(resume_from_checkpoint, STATE_FILE)
-        if os.path.isfile(path):
-            with open(path) as f:
-                self.load_extra_state(json.load(f))
