@@ -197,14 +197,19 @@ def call_reward(
     references: list[list[str]],
     sources: list[str] | None = None,
     name: str | None = None,
+    batch_index: int | None = None,
 ) -> list[float]:
     """Returns `reward_fn`'s values as a list of floats after checking count and type.
 
-    Accepts lists, tuples, numpy arrays and tensors. NaN/inf pass through (the caller decides); a wrong count
-    or a non-numeric value raises an error naming the reward.
+    Accepts lists, tuples, numpy arrays and tensors. NaN/inf pass through (the caller decides); a wrong count,
+    a non-numeric value or an exception inside the reward raises an error naming the reward (and the batch).
     """
     name = name or reward_name(reward_fn)
-    values = reward_fn(predictions, references, sources)
+    where = "" if batch_index is None else f" on batch {batch_index}"
+    try:
+        values = reward_fn(predictions, references, sources)
+    except Exception as err:
+        raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}") from err
     if hasattr(values, "detach"):
         values = values.detach().cpu()
     if hasattr(values, "tolist"):
@@ -212,10 +217,12 @@ def call_reward(
     try:
         values = [float(v) for v in values]
     except (TypeError, ValueError) as err:
-        raise TypeError(f"reward {name!r} must return a sequence of numbers, got {type(values).__name__}.") from err
+        raise TypeError(
+            f"reward {name!r} must return a sequence of numbers{where}, got {type(values).__name__}."
+        ) from err
     if len(values) != len(predictions):
         raise ValueError(
-            f"reward {name!r} returned {len(values)} values for {len(predictions)} predictions: it must return "
+            f"reward {name!r} returned {len(values)} values for {len(predictions)} predictions{where}: it must return "
             "exactly one float per prediction."
         )
     return values

@@ -84,6 +84,19 @@ def completion_mask(token_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.
     return eos_before == 0
 
 
+def ended_with_eos(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """Returns a bool per row: whether its last counted token is an EOS (false when it hit the length limit).
+
+    Args:
+        token_ids (`torch.LongTensor` of shape `(N, T)`), mask (`torch.BoolTensor` of shape `(N, T)`).
+    """
+    if not eos_token_ids:
+        return torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)
+    last = (mask.long().sum(dim=1) - 1).clamp(min=0)
+    last_tokens = token_ids.gather(1, last.unsqueeze(1)).squeeze(1)
+    return torch.isin(last_tokens, torch.tensor(eos_token_ids, device=token_ids.device))
+
+
 def decoder_start_id(model) -> int:
     """Returns the decoder start token id of an encoder-decoder model, or raises a clear error."""
     start = model.generation_config.decoder_start_token_id

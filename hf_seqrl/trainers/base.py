@@ -22,7 +22,7 @@ from ..configs import SeqRLConfig
 from ..data import TEXT_COLUMNS, SeqRLDataCollator
 from ..hub import CARD_SETTINGS, final_eval_metrics, training_curve, write_model_card
 from ..rewards import build_reward, call_reward, check_finite, normalize_references, reward_name
-from ..rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
+from ..rollout import decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout, score_rollout
 
 STATE_FILE = "seqrl_state.json"
 
@@ -306,6 +306,10 @@ class SequenceRLTrainer(SeqTrainerBase):
             "rl/advantage_abs": adv.abs().mean().item(),
             "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item(),
             "rl/sample_length": mask.sum(dim=1).float().mean().item(),
+            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
+            "rl/frac_empty": (mask.sum(dim=1) <= 1).float().mean().item(),
+            "rl/frac_truncated": (~ended_with_eos(rollout.sample_ids, mask, eos_ids(unwrapped))).float().mean()
+            .item(),
             "rl/pg_loss": pg_loss.item(),
             "rl/entropy": entropy.item(),
         })
@@ -319,7 +323,8 @@ class SequenceRLTrainer(SeqTrainerBase):
     def score(self, token_ids, references, sources):
         """Returns `(rewards, nonfinite)`: rewards of decoded `token_ids` (float tensor `(N,)`) and a bool mask."""
         predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
-        values = call_reward(self.reward_fn, predictions, references, sources, name=self.reward_label)
+        values = call_reward(self.reward_fn, predictions, references, sources, name=self.reward_label,
+                             batch_index=self.state.global_step)
         if self.args.nonfinite_rewards == "error":
             check_finite(values, self.reward_label)
         rewards = torch.tensor(values, dtype=torch.float32, device=token_ids.device)

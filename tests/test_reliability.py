@@ -1,0 +1,91 @@
+"""Bad rewards, degenerate generations and mixed precision fail loudly or are logged, never poison training."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model, toy_dataset, toy_pairs
+from hf_seqrl import SCSTTrainer, SeqRLConfig
+
+
+def run(tmp_path, tokenizer, reward, arch="t5", model=None, **kwargs):
+    src, tgt = toy_pairs(8, seed=0, alphabet="abcd", lengths=(2, 5))
+    args = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3,
+                logging_steps=1, report_to=[], save_strategy="no", max_new_tokens=6, disable_tqdm=True,
+                dataloader_pin_memory=False, reward=reward, num_samples=2)
+    args.update(kwargs)
+    model = model or tiny_model(arch)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = SCSTTrainer(model=model, args=SeqRLConfig(**args), train_dataset=toy_dataset(tokenizer, src, tgt),
+                          processing_class=tokenizer)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "rl/reward" in h]
+    return trainer, logs, before
+
+
+def test_reward_exception_names_reward_and_batch(tmp_path, tokenizer):
+    def broken(predictions, references, sources=None):
+        raise KeyError("boom")
+
+    with pytest.raises(RuntimeError, match=r"reward 'broken' raised KeyError on batch 0: 'boom'"):
+        run(tmp_path, tokenizer, broken)
+
+
+def test_reward_returning_arrays_or_tensors_is_accepted(tmp_path, tokenizer):
+    _, logs, _ = run(tmp_path, tokenizer, lambda p, r, s=None: np.linspace(0, 1, len(p)))
+    assert logs and all(math.isfinite(h["rl/reward"]) for h in logs)
+    _, logs, _ = run(tmp_path, tokenizer, lambda p, r, s=None: torch.ones(len(p)) * 0.5)
+    assert logs[-1]["rl/reward"] == pytest.approx(0.5)
+
+
+def test_reward_wrong_length_is_an_error(tmp_path, tokenizer):
+    def short(predictions, references, sources=None):
+        return [0.0]
+
+    with pytest.raises(ValueError, match=r"reward 'short' returned 1 values for 8 predictions on batch 0"):
+        run(tmp_path, tokenizer, short)
+
+
+def nan_reward(predictions, references, sources=None):
+    return [math.nan if i % 2 else 0.1 * i for i in range(len(predictions))]
+
+
+def test_nan_reward_is_an_error_by_default(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="non-finite.*nonfinite_rewards='drop'"):
+        run(tmp_path, tokenizer, nan_reward, baseline="mean")
+
+
+def test_nan_reward_can_be_dropped_and_counted(tmp_path, tokenizer):
+    _, logs, _ = run(tmp_path, tokenizer, nan_reward, baseline="mean", nonfinite_rewards="drop")
+    assert logs[-1]["rl/nonfinite_rewards"] == 4.0  # 8 samples, every second one NaN
+    assert all(math.isfinite(v) for h in logs for k, v in h.items() if k.startswith("rl/"))
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_constant_rewards_make_a_no_op_step(tmp_path, tokenizer, scale):
+    trainer, logs, before = run(tmp_path, tokenizer, lambda p, r, s=None: [0.3] * len(p), baseline="mean",
+                                scale_rewards=scale, weight_decay=0.0)
+    assert all(h["rl/frac_zero_advantage"] == 1.0 for h in logs)
+    assert all(h["rl/pg_loss"] == 0.0 for h in logs)
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("eos_bias,metric", [(1e4, "rl/frac_empty"), (-1e4, "rl/frac_truncated")])
+def test_degenerate_generations_are_logged(tmp_path, tokenizer, eos_bias, metric):
+    model = tiny_model("bart")
+    model.final_logits_bias[0, 1] = eos_bias  # BART: force (or forbid) EOS, id 1
+    _, logs, _ = run(tmp_path, tokenizer, "chrf", model=model)
+    assert logs[-1][metric] == 1.0
+    expected_length = 1.0 if eos_bias > 0 else 6.0
+    assert logs[-1]["rl/sample_length"] == expected_length
+    assert math.isfinite(logs[-1]["loss"])
+
+
+def test_bf16_on_cpu(tmp_path, tokenizer):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no bf16 autocast on this CPU build")
+    _, logs, _ = run(tmp_path, tokenizer, "chrf", bf16=True, use_cpu=True, rl_weight=0.5, entropy_coef=0.01, kl_coef=0.1)
+    assert math.isfinite(logs[-1]["loss"]) and math.isfinite(logs[-1]["rl/xe_loss"])
