@@ -279,3 +279,198 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
                       max_new_tokens=budget, max_examples=max_examples, recovery_window=recovery_window,
                       max_source_length=max_source_length, num_examples=n)
     return dict(gap=gap, horizon=horizon, recovery=recovery, summary=summary, config=run_config)
+
+
+def _series(rows: list[dict], key: str) -> list[float]:
+    return [math.nan if row[key] is None else row[key] for row in rows]
+
+
+def plot_diagnostics(report: dict, path: str) -> str:
+    """Returns `path` after writing a PNG of the horizon curves, the recovery per position and the gap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # A bare Figure with the Agg canvas leaves pyplot's global backend and figure list untouched.
+    fig = Figure(figsize=(16, 5.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_acc, ax_nll, ax_rec = fig.subplots(1, 3)
+    ks = [row["k"] for row in report["horizon"]]
+    for ax, key, label in ((ax_acc, "accuracy", "next-token accuracy"), (ax_nll, "nll", "NLL of the gold token")):
+        ax.plot(ks, _series(report["horizon"], f"tf_{key}"), "o-", label="prefix = reference (teacher forcing)")
+        ax.plot(ks, _series(report["horizon"], f"free_{key}"), "s--", label="prefix = own greedy output")
+        ax.set(xlabel="prefix length k (tokens)", ylabel=label, title=f"{label.capitalize()} vs horizon")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax_acc.set_ylim(-0.02, 1.02)
+    recovery = report["recovery"]
+    if recovery:
+        x = list(range(len(recovery)))
+        ax_rec.bar([i - 0.2 for i in x], _series(recovery, "recovery_rate"), 0.4, label="recovery rate")
+        ax_rec.bar([i + 0.2 for i in x], _series(recovery, "metric_drop"), 0.4,
+                   label=f"{report['gap']['metric']} drop (clean − injected)")
+        ax_rec.set_xticks(x, [f"{row['j']}\n(n={row['count']})" for row in recovery])
+        ax_rec.axhline(0.0, color="black", linewidth=0.8)
+        ax_rec.legend()
+    else:
+        ax_rec.text(0.5, 0.5, "no position to inject\n(references too short)", ha="center", va="center")
+    ax_rec.set(xlabel="position j of the injected mistake", ylabel="fraction / metric (0–1)",
+               title="Recovery from an injected mistake")
+    ax_rec.grid(alpha=0.3, axis="y")
+    gap = report["gap"]
+    fig.suptitle(
+        f"Exposure-bias diagnostics ({gap['num_examples']} examples)\n"
+        f"teacher forcing: NLL {gap['tf_nll']:.3f}/token, accuracy {gap['tf_accuracy']:.1%}   |   "
+        f"free-running greedy: {gap['metric']} {gap['free_metric']:.3f}, length {gap['free_length']:.1f} vs "
+        f"reference {gap['reference_length']:.1f} tokens, {gap['free_stopped_rate']:.0%} stopped with EOS")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_report(report: dict, output_dir: str) -> dict[str, str]:
+    """Returns the paths `{"json": ..., "png": ...}` of `diagnostics.json` and `diagnostics.png` in `output_dir`."""
+    os.makedirs(output_dir, exist_ok=True)
+    paths = {"json": os.path.join(output_dir, "diagnostics.json"), "png": os.path.join(output_dir, "diagnostics.png")}
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, allow_nan=False)
+    plot_diagnostics(report, paths["png"])
+    return paths
+
+
+def _read_records(path: str) -> list[dict]:
+    ext = os.path.splitext(path[:-3] if path.endswith(".gz") else path)[1].lower()
+    if ext in (".csv", ".tsv"):
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f, delimiter="\t" if ext == ".tsv" else ","))
+    if ext not in (".json", ".jsonl"):
+        raise ValueError(f"{path}: unsupported file type {ext!r}; give a .json, .jsonl, .csv or .tsv file.")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:  # JSON lines
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):  # {"data": [records]}
+            return lists[0]
+        if lists and len(lists) == len(data):  # {"column": [values]}
+            return [dict(zip(data, values)) for values in zip(*data.values())]
+        return [data]
+    return data
+
+
+def load_pairs(path: str, source_column: str = "source", target_column: str = "target",
+               max_examples: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Returns `(sources, references)` read from a local .json / .jsonl / .csv / .tsv file.
+
+    A target cell may be a string or a list of references (SciTLDR's `target`); a source cell that is a list of
+    strings (SciTLDR's sentences) is joined with spaces.
+    """
+    records = _read_records(path)
+    if not records:
+        raise ValueError(f"{path} has no rows.")
+    for column, flag in ((source_column, "source_column"), (target_column, "target_column")):
+        if column not in records[0]:
+            raise KeyError(f"{path}: no column {column!r} (set {flag} / --{flag.replace('_', '-')}); available "
+                           f"columns: {', '.join(map(str, records[0]))}.")
+    sources, targets = [], []
+    for i, record in enumerate(records[:max_examples]):
+        source = record.get(source_column)
+        if isinstance(source, list):
+            source = " ".join(str(s).strip() for s in source)
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"{path}: row {i} has an empty or non-string {source_column!r}.")
+        sources.append(source)
+        targets.append(record.get(target_column))
+    return sources, normalize_references(targets, field_name=f"{path}: {target_column}")
+
+
+def format_summary(report: dict) -> str:
+    """Returns a short plain-text table of the headline numbers, the horizon curves and the recovery."""
+    def fmt(value):
+        return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = [f"{'summary':<24}value"] + [f"{key:<24}{fmt(report['summary'][key])}" for key in SUMMARY_KEYS]
+    lines += ["", f"{'k':>4}{'count':>7}{'tf_acc':>9}{'free_acc':>10}{'tf_nll':>9}{'free_nll':>10}"]
+    lines += [f"{r['k']:>4}{r['count']:>7}{fmt(r['tf_accuracy']):>9}{fmt(r['free_accuracy']):>10}"
+              f"{fmt(r['tf_nll']):>9}{fmt(r['free_nll']):>10}" for r in report["horizon"]]
+    lines += ["", f"{'j':>4}{'count':>7}{'recovery':>10}{'delay':>8}{'clean':>9}{'injected':>10}{'drop':>9}"]
+    lines += [f"{r['j']:>4}{r['count']:>7}{fmt(r['recovery_rate']):>10}{fmt(r['mean_tokens_to_rejoin']):>8}"
+              f"{fmt(r['clean_metric']):>9}{fmt(r['injected_metric']):>10}{fmt(r['metric_drop']):>9}"
+              for r in report["recovery"]]
+    return "\n".join(lines)
+
+
+def add_diagnose_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Returns `parser` with the `hf-seqrl diagnose` arguments added and `func` set to `diagnose_from_args`."""
+    parser.add_argument("--model", required=True, help="Local directory of a seq2seq model and its tokenizer.")
+    parser.add_argument("--data", required=True, help="A .json, .jsonl, .csv or .tsv file of source/target pairs.")
+    parser.add_argument("--source-column", default="source")
+    parser.add_argument("--target-column", default="target", help="A string or a list of references per row.")
+    parser.add_argument("--output", default="hf_seqrl_diagnostics", help="Where diagnostics.json/.png go.")
+    parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--metric", default="bleu", choices=METRICS)
+    parser.add_argument("--max-horizon", type=int, default=20)
+    parser.add_argument("--inject-positions", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
+    parser.set_defaults(func=diagnose_from_args)
+    return parser
+
+
+def diagnose_from_args(args: argparse.Namespace) -> int:
+    """Returns 0 after loading the model and data named in `args`, running the diagnostics and writing the report."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=False).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    report = run_diagnostics(model, tokenizer, sources, references, max_horizon=args.max_horizon,
+                             inject_positions=args.inject_positions, metric=args.metric, batch_size=args.batch_size,
+                             max_new_tokens=args.max_new_tokens)
+    paths = write_report(report, args.output)
+    print(format_summary(report))
+    print(f"\nwrote {paths['json']} and {paths['png']}")
+    return 0
+
+
+def diagnose_main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl diagnose` run with `argv` (default: sys.argv[1:])."""
+    parser = add_diagnose_arguments(argparse.ArgumentParser(
+        prog="hf-seqrl diagnose", description="Exposure-bias diagnostics of a seq2seq model on a data file."))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+class DiagnosticsCallback(TrainerCallback):
+    """Runs `run_diagnostics` on a small held-out set at every `every`-th evaluation.
+
+    The headline numbers join the evaluation metrics as `eval_diag/<name>` (returned by `trainer.evaluate()`)
+    and the evaluation entry of `state.log_history`. The Trainer logs its metrics before `on_evaluate`, so
+    reporting integrations (TensorBoard, W&B) do not receive them. Every process runs the diagnostics, so that
+    sharded models (FSDP, ZeRO-3) decode in lockstep.
+    """
+
+    def __init__(self, tokenizer, sources: Sequence[str], references: Sequence[Any], every: int = 1, **run_kwargs):
+        self.tokenizer, self.sources, self.references = tokenizer, list(sources), list(references)
+        self.every, self.run_kwargs, self.num_evaluations = max(1, int(every)), run_kwargs, 0
+        self.last_report: dict | None = None
+
+    def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
+        self.num_evaluations += 1
+        if model is None or (self.num_evaluations - 1) % self.every:
+            return
+        run_kwargs = {"progress": False, **self.run_kwargs}
+        self.last_report = run_diagnostics(model, self.tokenizer, self.sources, self.references, **run_kwargs)
+        values = {f"eval_diag/{key}": value for key, value in self.last_report["summary"].items() if value is not None}
+        if metrics is not None:
+            metrics.update(values)
+        # The eval entry was appended to log_history just before this event: extend it rather than add a row.
+        if state.log_history and metrics is not None and set(metrics) & set(state.log_history[-1]):
+            state.log_history[-1].update(values)
+        else:
+            state.log_history.append({**values, "step": state.global_step})
+        if state.is_world_process_zero:
+            logger.info("diagnostics: " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))

@@ -1,6 +1,7 @@
 """Bad rewards, degenerate generations and mixed precision fail loudly or are logged, never poison training."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -89,3 +90,32 @@ def test_bf16_on_cpu(tmp_path, tokenizer):
         pytest.skip("no bf16 autocast on this CPU build")
     _, logs, _ = run(tmp_path, tokenizer, "chrf", bf16=True, use_cpu=True, rl_weight=0.5, entropy_coef=0.01, kl_coef=0.1)
     assert math.isfinite(logs[-1]["loss"]) and math.isfinite(logs[-1]["rl/xe_loss"])
+
+
+def test_no_secret_reaches_the_output_dir(tmp_path, tokenizer, monkeypatch):
+    fake = "hf_FAKEtokenDoNotLeak1234567890abcdef"
+    monkeypatch.setenv("HF_TOKEN", fake)
+    trainer, _, _ = run(tmp_path, tokenizer, "chrf", hub_token=fake, save_strategy="steps", save_steps=1,
+                        report_to=["tensorboard"])
+    trainer.save_model()
+    assert trainer.args.hub_token == fake  # still usable for push_to_hub in this process
+    leaks = []
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                if fake.encode() in f.read():
+                    leaks.append(os.path.join(root, name))
+    assert (tmp_path / "out" / "README.md").exists() and (tmp_path / "out" / "checkpoint-1").exists()
+    assert leaks == []
+
+
+def test_module_path_reward_is_imported_only_when_named(tmp_path, tokenizer):
+    import sys
+
+    sys.modules.pop("json.tool", None)
+    SeqRLConfig(output_dir=str(tmp_path), reward="bleu")
+    assert "json.tool" not in sys.modules
+    with pytest.raises(ValueError, match="cannot import 'nope'"):
+        SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path), reward="json.tool:nope"),
+                    train_dataset=toy_dataset(tokenizer, ["ab"], ["ab"]), processing_class=tokenizer)
+    assert "json.tool" in sys.modules

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import re
 from collections import defaultdict
 
 import torch
@@ -22,7 +23,8 @@ from ..configs import SeqRLConfig
 from ..data import TEXT_COLUMNS, SeqRLDataCollator
 from ..hub import CARD_SETTINGS, final_eval_metrics, training_curve, write_model_card
 from ..rewards import build_reward, call_reward, check_finite, normalize_references, reward_name
-from ..rollout import decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout, score_rollout
+from ..rollout import (decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout,
+                       score_rollout)
 
 STATE_FILE = "seqrl_state.json"
 
@@ -55,6 +57,22 @@ def check_dataset_columns(dataset, name: str) -> None:
             f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
             "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
         )
+
+
+def last_complete_checkpoint(folder: str) -> str | None:
+    """Returns the newest `checkpoint-N` in `folder` whose writing finished, or None.
+
+    A checkpoint counts once `seqrl_state.json` exists: hf-seqrl writes it atomically after everything else,
+    so a process killed mid-save leaves a folder that is skipped here.
+    """
+    if not os.path.isdir(folder):
+        return None
+    steps = []
+    for name in os.listdir(folder):
+        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
+        if match and os.path.isfile(os.path.join(folder, name, STATE_FILE)):
+            steps.append((int(match.group(1)), name))
+    return os.path.join(folder, max(steps)[1]) if steps else None
 
 
 class SeqTrainerBase(Seq2SeqTrainer):
@@ -209,13 +227,27 @@ class SeqTrainerBase(Seq2SeqTrainer):
     def load_extra_state(self, state: dict) -> None:
         """Restores `extra_state()` from a checkpoint."""
 
+    def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
+        """`Trainer.train`; `resume_from_checkpoint=True` picks the newest *complete* checkpoint."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint "
+                    f"(a checkpoint-N folder with {STATE_FILE}); pass a checkpoint path or start without resuming."
+                )
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if os.path.isdir(folder):
-                with open(os.path.join(folder, STATE_FILE), "w") as f:
+                # Written last and atomically: its presence marks the checkpoint as complete.
+                tmp = os.path.join(folder, STATE_FILE + ".tmp")
+                with open(tmp, "w") as f:
                     json.dump(self.extra_state(), f)
+                os.replace(tmp, os.path.join(folder, STATE_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)

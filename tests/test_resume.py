@@ -1,0 +1,75 @@
+"""Crash-safe resume: SIGKILL after a checkpoint, resume, and end where an uninterrupted run ends."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hf_seqrl.trainers.base import STATE_FILE, last_complete_checkpoint
+
+WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
+
+
+def worker(out, kill_at=-1, resume=False):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    proc = worker(out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(out / "history.json") as f:
+        return torch.load(out / "final.pt"), json.load(f)
+
+
+# warm-up is steps 0-9, checkpoints every 5 steps: a kill during warm-up, one right after the warm-up -> RL
+# boundary (checkpoint 10 is the last warm-up state), and one during RL.
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [7, 11, 17])
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, uninterrupted, kill_at):
+    full_params, full_history = uninterrupted
+    killed = worker(tmp_path, kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "final.pt").exists()
+    resumed = worker(tmp_path, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    params = torch.load(tmp_path / "final.pt")
+    for key in full_params:
+        # Same kernels, same data order, restored RNG: bitwise equal on CPU.
+        assert torch.equal(params[key], full_params[key]), key
+    with open(tmp_path / "history.json") as f:
+        history = json.load(f)
+    assert history["rewards"] == full_history["rewards"]
+    assert history["baseline_ema"] == full_history["baseline_ema"]
+
+
+def test_partial_checkpoint_is_not_picked(tmp_path):
+    for step in (5, 10):
+        os.makedirs(tmp_path / f"checkpoint-{step}")
+    (tmp_path / "checkpoint-5" / STATE_FILE).write_text("{}")
+    # checkpoint-10 was being written when the process died: no state file yet
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-5")
+    shutil.rmtree(tmp_path / "checkpoint-5")
+    assert last_complete_checkpoint(str(tmp_path)) is None
+    assert last_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_resume_true_skips_a_partial_checkpoint(tmp_path):
+    """A real run, then a half-written newer checkpoint: resume picks the complete one."""
+    proc = worker(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    newest = tmp_path / "checkpoint-25"
+    shutil.copytree(tmp_path / "checkpoint-20", newest)
+    (newest / STATE_FILE).unlink()
+    (newest / "model.safetensors").write_bytes(b"truncated")
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")
+    resumed = worker(tmp_path, resume=True)  # would crash on the truncated weights if it picked checkpoint-25
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
