@@ -168,13 +168,14 @@ def build_reward(spec: Any, weights: Sequence[float] | None = None) -> RewardFn:
     return fn
 
 
-def normalize_references(references: Any, field_name: str = "references") -> list[list[str]]:
-    """Returns references as a list (one per source) of non-empty lists of strings.
+def normalize_references(references: Any, field_name: str = "references", offset: int = 0) -> list[list[str]]:
+    """Returns references as a list (one per source) of non-empty lists of non-empty strings.
 
-    Each row may be a string or a list of strings. Raises a clear error naming the row otherwise.
+    Each row may be a string or a list of strings. Raises a clear error naming the row (counted from `offset`)
+    otherwise.
     """
     rows = []
-    for i, row in enumerate(references):
+    for i, row in enumerate(references, start=offset):
         refs = [row] if isinstance(row, str) else row
         if not isinstance(refs, (list, tuple)):
             raise TypeError(
@@ -186,6 +187,11 @@ def normalize_references(references: Any, field_name: str = "references") -> lis
             if not isinstance(ref, str):
                 raise TypeError(
                     f"{field_name}[{i}] contains a {type(ref).__name__} ({ref!r}); references must be strings."
+                )
+            if not ref.strip():
+                raise ValueError(
+                    f"{field_name}[{i}] contains an empty reference string: every prediction would score 0 "
+                    "against it. Drop it or the row."
                 )
         rows.append(list(refs))
     return rows

@@ -88,7 +88,8 @@ def test_degenerate_generations_are_logged(tmp_path, tokenizer, eos_bias, metric
 def test_bf16_on_cpu(tmp_path, tokenizer):
     if not torch.backends.mkldnn.is_available():
         pytest.skip("no bf16 autocast on this CPU build")
-    _, logs, _ = run(tmp_path, tokenizer, "chrf", bf16=True, use_cpu=True, rl_weight=0.5, entropy_coef=0.01, kl_coef=0.1)
+    _, logs, _ = run(tmp_path, tokenizer, "chrf", bf16=True, use_cpu=True, rl_weight=0.5, entropy_coef=0.01,
+                     kl_coef=0.1)
     assert math.isfinite(logs[-1]["loss"]) and math.isfinite(logs[-1]["rl/xe_loss"])
 
 
@@ -119,3 +120,35 @@ def test_module_path_reward_is_imported_only_when_named(tmp_path, tokenizer):
         SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path), reward="json.tool:nope"),
                     train_dataset=toy_dataset(tokenizer, ["ab"], ["ab"]), processing_class=tokenizer)
     assert "json.tool" in sys.modules
+
+
+@pytest.mark.parametrize("column,values,message", [
+    ("sources", ["ab", "  ", "cd", "ab"], r"train_dataset row 1: 'sources' is empty"),
+    ("labels", [[5, 1], [-100, -100], [6, 1], [7, 1]], r"train_dataset row 1: 'labels' is empty or all -100"),
+    ("references", [["ab"], [], ["cd"], ["x"]], r"train_dataset references\[1\] is an empty list"),
+    ("references", [["ab"], ["ok", ""], ["cd"], ["x"]], r"references\[1\] contains an empty reference string"),
+])
+def test_bad_rows_are_named_at_construction(tmp_path, tokenizer, column, values, message):
+    ds = toy_dataset(tokenizer, ["ab", "cd", "ef", "gh"], ["ab", "cd", "ef", "gh"])
+    if column in ds.column_names:
+        ds = ds.remove_columns(column)
+    ds = ds.add_column(column, values)
+    with pytest.raises(ValueError, match=message):
+        SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path)), train_dataset=ds,
+                    processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (["ok", 3], r"references\[\d\] contains a int \(3\); references must be strings"),
+    ({"text": "ok"}, r"references\[\d\] is a dict; each row must be a string or a list of strings"),
+])
+def test_bad_reference_types_are_named_at_collation(tmp_path, tokenizer, bad, message):
+    # Arrow cannot even store such columns: they come from plain Python datasets, checked by the collator.
+    rows = [dict(r) for r in toy_dataset(tokenizer, ["ab", "cd", "ef", "gh"], ["ab", "cd", "ef", "gh"])]
+    for row, ref in zip(rows, ["ab", bad, "ef", "gh"]):
+        row["references"] = ref
+    args = SeqRLConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[],
+                       disable_tqdm=True, dataloader_pin_memory=False, max_new_tokens=4)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=rows, processing_class=tokenizer)
+    with pytest.raises(TypeError, match=message):
+        trainer.train()

@@ -20,7 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import losses
 from ..configs import SeqRLConfig
-from ..data import TEXT_COLUMNS, SeqRLDataCollator
+from ..data import TEXT_COLUMNS, SeqRLDataCollator, check_rows
 from ..hub import CARD_SETTINGS, final_eval_metrics, training_curve, write_model_card
 from ..rewards import build_reward, call_reward, check_finite, normalize_references, reward_name
 from ..rollout import (decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout,
@@ -101,6 +101,11 @@ class SeqTrainerBase(Seq2SeqTrainer):
             raise ValueError("Pass processing_class=<tokenizer>: it pads batches and decodes generated text.")
         if train_dataset is not None:
             check_dataset_columns(train_dataset, "train_dataset")
+            check_rows(train_dataset, "train_dataset")
+        eval_splits = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+        for split, data in eval_splits:
+            if data is not None:
+                check_rows(data, split)
         if data_collator is None:
             data_collator = DataCollatorForSeq2Seq(processing_class, model=model)
         if not isinstance(data_collator, SeqRLDataCollator):
@@ -241,7 +246,8 @@ class SeqTrainerBase(Seq2SeqTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            run_dir = self._get_output_dir(trial=trial)
+            folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if os.path.isdir(folder):
                 # Written last and atomically: its presence marks the checkpoint as complete.
                 tmp = os.path.join(folder, STATE_FILE + ".tmp")
