@@ -39,6 +39,36 @@ class SeqRLDataCollator:
         return batch
 
 
+def check_rows(dataset, name: str = "train_dataset", batch_size: int = 1000) -> None:
+    """Raises a clear error naming the row for rows that would poison training silently.
+
+    Checks a `datasets.Dataset` (other datasets are left alone): empty `input_ids`, `labels` that are empty or
+    all -100, empty `sources`, and `references` that are not non-empty strings / lists of them.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list) or not hasattr(dataset, "iter"):
+        return
+    wanted = [c for c in ("input_ids", "labels", "references", "sources") if c in columns]
+    offset = 0
+    for batch in dataset.select_columns(wanted).iter(batch_size=batch_size):
+        size = len(batch[wanted[0]])
+        for i in range(size):
+            row = offset + i
+            if "input_ids" in batch and len(batch["input_ids"][i]) == 0:
+                raise ValueError(f"{name} row {row}: 'input_ids' is empty (empty source?). Drop or fix that row.")
+            if "labels" in batch:
+                labels = batch["labels"][i]
+                if len(labels) == 0 or all(t == -100 for t in labels):
+                    raise ValueError(
+                        f"{name} row {row}: 'labels' is empty or all -100, so it has no target. Drop or fix that row."
+                    )
+            if "sources" in batch and (not isinstance(batch["sources"][i], str) or not batch["sources"][i].strip()):
+                raise ValueError(f"{name} row {row}: 'sources' is empty or not a string. Drop or fix that row.")
+        if "references" in batch:
+            normalize_references(batch["references"], field_name=f"{name} references", offset=offset)
+        offset += size
+
+
 def tokenize_pairs(
     examples: dict[str, list],
     tokenizer,
@@ -68,3 +98,112 @@ def tokenize_pairs(
     model_inputs["references"] = references
     model_inputs["sources"] = list(sources)
     return model_inputs
+
+
+# ---- raw text pairs from files or the Hub (used by hf_seqrl.pipeline and the recipes) --------------------------
+
+FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".txt": "text"}
+
+
+def read_text_pairs(path: str, source_column: str = "source", target_column: str = "target"):
+    """Returns a `datasets.Dataset` of a plain-text pair file: one example per line, fields separated by tabs.
+
+    The first field is the source, every further field a reference (one reference: a string cell; several: a
+    list). No header line; blank lines are skipped; `.gz` files are read compressed.
+    """
+    import gzip
+
+    from datasets import Dataset
+
+    opener = gzip.open if path.endswith(".gz") else open
+    sources, targets = [], []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) < 2:
+                raise ValueError(
+                    f"{path}, line {number}: expected 'source<TAB>reference[<TAB>reference ...]', found no tab."
+                )
+            sources.append(fields[0])
+            targets.append(fields[1] if len(fields) == 2 else fields[1:])
+    if any(isinstance(t, list) for t in targets):
+        targets = [t if isinstance(t, list) else [t] for t in targets]
+    return Dataset.from_dict({source_column: sources, target_column: targets})
+
+
+def load_text_files(files: dict[str, str], source_column: str = "source", target_column: str = "target"):
+    """Returns a `datasets.DatasetDict` with one split per entry of `files` (split name → path).
+
+    Formats by extension: `.json` / `.jsonl` (JSON lines; a target cell may be a list of references), `.csv`,
+    `.tsv` (a header line names the columns), `.txt` (see `read_text_pairs`; columns `source_column` /
+    `target_column`).
+    """
+    import os
+
+    from datasets import DatasetDict, load_dataset
+
+    splits = {}
+    for split, path in files.items():
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"The {split} file {path!r} does not exist (relative paths start at {os.getcwd()}).")
+        stem = path[:-3] if path.endswith(".gz") else path
+        fmt = FILE_FORMATS.get(os.path.splitext(stem)[1].lower())
+        if fmt is None:
+            raise ValueError(f"Cannot read {path!r}: use one of {sorted(FILE_FORMATS)} (optionally .gz for .txt).")
+        if fmt == "text":
+            splits[split] = read_text_pairs(path, source_column, target_column)
+        else:
+            extra = {"delimiter": "\t"} if stem.lower().endswith(".tsv") else {}
+            splits[split] = load_dataset(fmt, data_files={split: path}, split=split, **extra)
+    return DatasetDict(splits)
+
+
+def select_pair_columns(dataset, source_column: str | None = None, target_column: str | None = None,
+                        source_lang: str | None = None, target_lang: str | None = None, where: str = "dataset"):
+    """Returns `dataset` reduced to two columns, `source` and `target`.
+
+    The pair is taken from `source_column` / `target_column` when given; else, when `source_lang` and
+    `target_lang` are given and there is a `translation` column of dicts (wmt16, opus), from its entries; else
+    from the columns named `source_lang` / `target_lang`; else from `source` / `target`. Raises an error naming
+    the missing column and listing the available ones.
+    """
+    columns = list(dataset.column_names)
+    if source_column is None and target_column is None and source_lang and target_lang and "translation" in columns:
+        first = dataset[0]["translation"] if len(dataset) else {}
+        missing = [lang for lang in (source_lang, target_lang) if lang not in first]
+        if missing:
+            raise ValueError(
+                f"{where}: the 'translation' column has no {missing} entry (languages: {sorted(first)}); set "
+                "source_lang / target_lang to two of them."
+            )
+
+        def flatten(batch):
+            pairs = batch["translation"]
+            return {"source": [p[source_lang] for p in pairs], "target": [p[target_lang] for p in pairs]}
+
+        return dataset.map(flatten, batched=True, remove_columns=columns, desc=f"{where}: translation pairs")
+    wanted = {"source": source_column or source_lang or "source", "target": target_column or target_lang or "target"}
+    for role, name in wanted.items():
+        if name not in columns:
+            raise ValueError(
+                f"{where} has no column {name!r} (the {role}); available columns: {columns}. Set "
+                f"--{role}_column to one of them"
+                + (" (or source_lang / target_lang for a 'translation' column)." if role == "source" else ".")
+            )
+    source, target = wanted["source"], wanted["target"]
+    return dataset.map(lambda batch: {"source": batch[source], "target": batch[target]}, batched=True,
+                       remove_columns=columns, desc=f"{where}: select columns")
+
+
+def drop_empty_pairs(dataset, where: str = "dataset"):
+    """Returns `dataset` (columns `source`, `target`) without rows whose source or every reference is empty."""
+
+    def keep(row) -> bool:
+        refs = [row["target"]] if isinstance(row["target"], str) else (row["target"] or [])
+        return (isinstance(row["source"], str) and bool(row["source"].strip())
+                and any(isinstance(r, str) and r.strip() for r in refs))
+
+    return dataset.filter(keep, desc=f"{where}: drop empty pairs")
