@@ -1,6 +1,7 @@
 """Subprocess for the crash-resume tests: trains a tiny model, optionally SIGKILLs itself at a step.
 
 usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1)
+With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
 Writes OUTPUT_DIR/final.pt (parameters) and OUTPUT_DIR/history.json (logged rl/reward per step) when it finishes.
 """
 
@@ -32,7 +33,7 @@ def main():
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
     args = SeqRLConfig(output_dir=out, per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3,
-                       warmup_xe_steps=10, num_samples=2, reward="chrf", max_new_tokens=6, logging_steps=1,
+                       warmup_xe_steps=10, num_samples=2, reward="chrf", max_new_tokens=6, logging_steps=1, kl_coef=0.05,
                        save_strategy="steps", save_steps=5, report_to=[], disable_tqdm=True, seed=0,
                        dataloader_pin_memory=False)
     trainer = ReinforceTrainer(model=tiny_model("t5", seed=0), args=args, train_dataset=toy_dataset(tok, src, tgt),
