@@ -28,27 +28,56 @@ def _unit(score: float) -> float:
     return min(1.0, score / 100.0)
 
 
+def _sacrebleu_scores(metric, predictions: list[str], references: list[list[str]]) -> list[float]:
+    """Returns `metric.sentence_score(pred, refs).score / 100` per pair, preparing each reference set once.
+
+    The `n` samples of a source share its references: their n-gram statistics are extracted once and reused,
+    with the same steps as sacrebleu's `sentence_score` (exact same values; see tests).
+    """
+    prepared: dict[tuple[str, ...], Any] = {}
+    scores = []
+    for pred, refs in zip(predictions, references):
+        if not pred.strip():
+            scores.append(0.0)
+            continue
+        key = tuple(refs)
+        if key not in prepared:
+            prepared[key] = metric._cache_references([[r] for r in key])[0]
+        stats = [metric._compute_segment_statistics(metric._preprocess_segment(pred), prepared[key])]
+        scores.append(_unit(metric._aggregate_and_compute(stats).score))
+    return scores
+
+
 def bleu_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None) -> list[float]:
     """Returns sacrebleu sentence BLEU / 100 of each prediction against its references."""
     from sacrebleu.metrics import BLEU
 
-    # One BLEU object for the batch; its sentence_score equals sacrebleu.sentence_bleu's defaults.
-    metric = BLEU(effective_order=True)
-    return [
-        _unit(metric.sentence_score(pred, list(refs)).score) if pred.strip() else 0.0
-        for pred, refs in zip(predictions, references)
-    ]
+    # effective_order=True and exp smoothing: the defaults of sacrebleu.sentence_bleu.
+    return _sacrebleu_scores(BLEU(effective_order=True), predictions, references)
 
 
 def chrf_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None) -> list[float]:
     """Returns sacrebleu sentence chrF / 100 of each prediction against its references."""
     from sacrebleu.metrics import CHRF
 
-    metric = CHRF()
-    return [
-        _unit(metric.sentence_score(pred, list(refs)).score) if pred.strip() else 0.0
-        for pred, refs in zip(predictions, references)
-    ]
+    return _sacrebleu_scores(CHRF(), predictions, references)
+
+
+class _CachedTokenizer:
+    """rouge-score's tokenizer (with Porter stemming) memoized: references and repeated samples are tokenized once."""
+
+    def __init__(self, base, max_entries: int = 100_000):
+        self.base = base
+        self.max_entries = max_entries
+        self.cache: dict[str, list[str]] = {}
+
+    def tokenize(self, text: str) -> list[str]:
+        tokens = self.cache.get(text)
+        if tokens is None:
+            if len(self.cache) >= self.max_entries:
+                self.cache.clear()
+            tokens = self.cache[text] = self.base.tokenize(text)
+        return tokens
 
 
 _ROUGE_SCORERS: dict[str, Any] = {}
@@ -56,9 +85,10 @@ _ROUGE_SCORERS: dict[str, Any] = {}
 
 def _rouge_scorer(rouge_type: str):
     if rouge_type not in _ROUGE_SCORERS:
-        from rouge_score import rouge_scorer
+        from rouge_score import rouge_scorer, tokenizers
 
-        _ROUGE_SCORERS[rouge_type] = rouge_scorer.RougeScorer([rouge_type], use_stemmer=True)
+        tokenizer = _CachedTokenizer(tokenizers.DefaultTokenizer(use_stemmer=True))
+        _ROUGE_SCORERS[rouge_type] = rouge_scorer.RougeScorer([rouge_type], tokenizer=tokenizer)
     return _ROUGE_SCORERS[rouge_type]
 
 
