@@ -22,6 +22,8 @@ _LAZY = {
     "WeightedReward": "rewards",
     "SeqRLDataCollator": "data",
     "tokenize_pairs": "data",
+    "run_diagnostics": "diagnostics",
+    "DiagnosticsCallback": "diagnostics",
     "Rollout": "rollout",
     "sample_rollout": "rollout",
     "score_rollout": "rollout",

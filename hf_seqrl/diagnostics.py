@@ -15,8 +15,8 @@ EOS included, without the decoder start token.
    `w = min(recovery_window, len(gold) - j - 1)`, the continuation `c` (tokens after the injected one, up to
    its EOS) *rejoins* the reference when some window `c[d:d+w]` equals some `gold[i:i+w]` with `i >= j`
    (substitutions, insertions and skips all count); `d`, the number of tokens before that window, is how fast.
-   Only positions before the gold EOS are injected. The metric drop is the mean sentence metric of clean
-   greedy decoding from `gold[:j]` minus that of decoding from the corrupted prefix.
+   Only content positions (before the gold EOS, not special tokens) are injected. The metric drop is the mean
+   sentence metric of clean greedy decoding from `gold[:j]` minus that of decoding from the corrupted prefix.
 
 All metric values are in [0, 1] (sacrebleu scores / 100), as for `hf_seqrl.rewards`.
 """
@@ -38,7 +38,8 @@ from transformers.utils import logging
 
 from .losses import token_logprobs_from_logits
 from .rewards import get_reward, normalize_references
-from .rollout import completion_mask, decoder_start_id, eos_ids, expand_encoder_states, pad_id, shift_right
+from .rollout import (completion_mask, decoder_start_id, eos_ids, expand_encoder_states, pad_id,
+                      rollout_generation_config, shift_right)
 
 logger = logging.get_logger(__name__)
 
@@ -48,17 +49,13 @@ SUMMARY_KEYS = ("tf_nll", "tf_accuracy", "free_metric", "length_ratio", "horizon
 
 
 def greedy_generation_config(model, max_new_tokens: int) -> GenerationConfig:
-    """Returns a plain greedy generation config keeping only the model's structural tokens.
+    """Returns `rollout_generation_config` switched to plain greedy decoding (no beams, penalties, min lengths).
 
-    Beam search, repetition penalties and minimum lengths are dropped: the free-running outputs must be the
-    argmax path of the distribution whose NLL the horizon curve measures.
+    The free-running outputs must be the argmax path of the distribution whose NLL the horizon curve measures.
     """
-    base = model.generation_config
-    return GenerationConfig(
-        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, decoder_start_token_id=decoder_start_id(model),
-        eos_token_id=base.eos_token_id if base.eos_token_id is not None else model.config.eos_token_id,
-        pad_token_id=pad_id(model), bos_token_id=base.bos_token_id, forced_bos_token_id=base.forced_bos_token_id,
-        forced_eos_token_id=base.forced_eos_token_id)
+    config = rollout_generation_config(model, max_new_tokens)
+    config.do_sample, config.top_k, config.top_p, config.temperature = False, None, None, None
+    return config
 
 
 def corpus_metric(predictions: list[str], references: list[list[str]], metric: str) -> float:
@@ -91,21 +88,17 @@ def rejoin_delay(continuation: Sequence[int], gold: Sequence[int], j: int, windo
     return None
 
 
-def _ended_length(ids: torch.Tensor, eos: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns, per row of `ids` (`(N, T)`), the number of tokens before the first EOS and whether one occurs."""
-    mask = completion_mask(ids, eos)
-    if not eos:
-        return mask.sum(dim=1), torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    has_eos = (torch.isin(ids, torch.tensor(eos, device=ids.device)) & mask).any(dim=1)
-    return mask.sum(dim=1) - has_eos.long(), has_eos
+def _decode(model, enc: dict, config: GenerationConfig, prefix: torch.Tensor | None = None):
+    """Returns greedy decodes after the start token, their lengths before EOS, and whether each emitted EOS.
 
-
-def _decode(model, enc: dict, config: GenerationConfig, prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """Returns greedy decodes `(N, T)` after the decoder start token (forced `prefix` included), pad after EOS."""
+    Returns: token ids `(N, T)` (forced `prefix` included, pad after EOS), lengths `(N,)`, has_eos `(N,)`.
+    """
     out = model.generate(**enc, generation_config=config, decoder_input_ids=prefix)[:, 1:]
     if out.shape[1] == 0:
         out = out.new_full((out.shape[0], 1), pad_id(model))
-    return out.masked_fill(~completion_mask(out, eos_ids(model)), pad_id(model))
+    mask = completion_mask(out, eos_ids(model))
+    has_eos = (torch.isin(out, torch.tensor(eos_ids(model) or [-1], device=out.device)) & mask).any(dim=1)
+    return out.masked_fill(~mask, pad_id(model)), mask.sum(dim=1) - has_eos.long(), has_eos
 
 
 def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor, banned: torch.Tensor):
@@ -123,37 +116,112 @@ def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor
     """
     batch, length = labels.shape
     start, pad = decoder_start_id(model), pad_id(model)
-    free_inputs = labels.new_full((batch, length), pad)
-    free_inputs[:, 0] = start
-    n = min(length - 1, greedy.shape[1])
-    free_inputs[:, 1:1 + n] = greedy[:, :n]
-    rows = torch.stack([shift_right(labels, start, pad), free_inputs], dim=1).flatten(0, 1)  # (2B, T)
+    free = torch.nn.functional.pad(greedy, (0, max(0, length - greedy.shape[1])), value=pad)[:, :length]
+    rows = torch.stack([shift_right(labels, start, pad), shift_right(free, start, pad)], dim=1).flatten(0, 1)
     with expand_encoder_states(model, 2):
         logits = model(**enc, decoder_input_ids=rows, use_cache=False).logits.float()
     targets = labels.clamp(min=0)
     nll = -token_logprobs_from_logits(logits, targets.repeat_interleave(2, dim=0)).view(batch, 2, length)
     correct = (logits.argmax(dim=-1).view(batch, 2, length) == targets.unsqueeze(1)).float()
     # The k best gold-prefix candidates always hold one that is neither banned nor the gold token.
-    candidates = logits.view(batch, 2, length, -1)[:, 0].topk(banned.numel() + 2, dim=-1).indices
+    candidates = logits.view(batch, 2, length, -1)[:, 0].topk(min(banned.numel() + 2, logits.shape[-1]), dim=-1).indices
     allowed = ~torch.isin(candidates, banned) & (candidates != targets.unsqueeze(-1))
     wrong = candidates.gather(-1, allowed.float().argmax(dim=-1, keepdim=True)).squeeze(-1)
     return nll, correct, wrong
 
 
-def _pad_labels(token_lists: list[list[int]], device) -> torch.Tensor:
-    length = max(len(t) for t in token_lists)
-    return torch.tensor([t + [-100] * (length - len(t)) for t in token_lists], device=device)
-
-
 def _mean(total: float, count: float) -> float | None:
-    return float(total) / count if count else None
+    # None, not NaN, keeps the report strict JSON.
+    value = float(total) / count if count else None
+    return value if value is None or math.isfinite(value) else None
+
+
+class _Totals:
+    """Running sums over batches, turned into the report's sections by `report`."""
+
+    def __init__(self, max_horizon: int, positions: list[int]):
+        self.horizon = torch.zeros(5, max_horizon, dtype=torch.float64)  # tf nll, tf ok, free nll, free ok, count
+        self.tf_nll = self.tf_correct = self.tokens = 0.0
+        self.predictions, self.free_lengths, self.stopped = [], [], 0
+        self.recovery = {j: dict(count=0, recovered=0, delay=0, clean=0.0, injected=0.0) for j in positions}
+
+    def add_positions(self, labels, greedy_lengths, nll, correct):
+        """Adds the teacher-forced totals and the paired horizon sums of a batch (shapes as `_position_stats`)."""
+        is_gold = labels != -100
+        self.tf_nll += float(nll[:, 0][is_gold].sum())
+        self.tf_correct += float(correct[:, 0][is_gold].sum())
+        self.tokens += float(is_gold.sum())
+        horizon = min(self.horizon.shape[1], labels.shape[1])
+        k = torch.arange(horizon, device=labels.device)
+        # Paired: both curves count an example at k only if its greedy output was still running at k.
+        valid = (is_gold[:, :horizon] & (k.unsqueeze(0) <= greedy_lengths.unsqueeze(1))).float()
+        for row, values in enumerate([nll[:, 0], correct[:, 0], nll[:, 1], correct[:, 1], torch.ones_like(valid)]):
+            self.horizon[row, :horizon] += (values[:, :horizon] * valid).sum(dim=0).double().cpu()
+
+    def report(self, references, gold_content: list[int], metric: str) -> dict:
+        """Returns the `gap`, `horizon`, `recovery` and `summary` sections."""
+        n = len(references)
+        gap = dict(metric=metric, num_examples=n, num_tokens=int(self.tokens), tf_nll=_mean(self.tf_nll, self.tokens),
+                   tf_accuracy=_mean(self.tf_correct, self.tokens),
+                   free_metric=corpus_metric(self.predictions, references, metric),
+                   free_length=sum(self.free_lengths) / n, reference_length=sum(gold_content) / n,
+                   free_stopped_rate=self.stopped / n)
+        gap["tf_perplexity"] = _mean(math.exp(min(gap["tf_nll"], 700.0)), 1) if gap["tf_nll"] is not None else None
+        gap["length_ratio"] = _mean(gap["free_length"], gap["reference_length"])
+        (tf_nll, tf_ok, free_nll, free_ok, count) = self.horizon.tolist()
+        horizon = [dict(k=k, count=int(count[k]), tf_accuracy=_mean(tf_ok[k], count[k]),
+                        tf_nll=_mean(tf_nll[k], count[k]), free_accuracy=_mean(free_ok[k], count[k]),
+                        free_nll=_mean(free_nll[k], count[k]))
+                   for k in range(len(count)) if count[k] > 0]
+        rec = [dict(j=j, count=s["count"], recovery_rate=_mean(s["recovered"], s["count"]),
+                    mean_tokens_to_rejoin=_mean(s["delay"], s["recovered"]), clean_metric=_mean(s["clean"], s["count"]),
+                    injected_metric=_mean(s["injected"], s["count"]),
+                    metric_drop=_mean(s["clean"] - s["injected"], s["count"]))
+               for j, s in self.recovery.items() if s["count"]]
+        total = {key: sum(s[key] for s in self.recovery.values()) for key in ("count", "recovered", "delay")}
+        summary = dict(
+            tf_nll=gap["tf_nll"], tf_accuracy=gap["tf_accuracy"], free_metric=gap["free_metric"],
+            length_ratio=gap["length_ratio"],
+            # token-weighted means over k >= 1, where the prefixes can differ
+            horizon_gap=_mean(sum(free_nll[1:]) - sum(tf_nll[1:]), sum(count[1:])),
+            horizon_accuracy_gap=_mean(sum(tf_ok[1:]) - sum(free_ok[1:]), sum(count[1:])),
+            recovery_rate=_mean(total["recovered"], total["count"]),
+            recovery_delay=_mean(total["delay"], total["recovered"]),
+            metric_drop=_mean(sum(s["clean"] - s["injected"] for s in self.recovery.values()), total["count"]))
+        return dict(gap=gap, horizon=horizon, recovery=rec, summary=summary)
+
+
+def _recovery_batch(model, tokenizer, enc, labels, wrong, gold, references, j, budget, config, reward_fn, window,
+                    stats):
+    """Adds to `stats` the recovery counts and clean / injected metrics of decoding after position `j`.
+
+    Args:
+        enc: the sources of the rows still holding a content token at `j`; labels (`(N, T)`), wrong (`(N, T)`) the
+            same rows as in `_position_stats`; gold, references: their token lists and reference rows.
+    """
+    prefix = shift_right(labels[:, : j + 1], decoder_start_id(model), pad_id(model))  # start + gold[:j]
+    outputs = []
+    for forced, new in ((prefix, budget - j), (torch.cat([prefix, wrong[:, j : j + 1]], dim=1), budget - j - 1)):
+        config.max_new_tokens = max(new, 1)  # equal total lengths for the clean and the injected decode
+        outputs.append(_decode(model, enc, config, forced)[0])
+    clean, injected = outputs
+    scores = [reward_fn(tokenizer.batch_decode(ids, skip_special_tokens=True), references) for ids in outputs]
+    stats["count"] += len(references)
+    stats["clean"] += sum(scores[0])
+    stats["injected"] += sum(scores[1])
+    ends = completion_mask(injected, eos_ids(model)).sum(dim=1).tolist()  # the continuation ends at its EOS
+    for r, tokens in enumerate(gold):
+        delay = rejoin_delay(injected[r, j + 1 : ends[r]].tolist(), tokens, j, window)
+        if delay is not None:
+            stats["recovered"] += 1
+            stats["delay"] += delay
 
 
 def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequence[Any], *, max_horizon: int = 20,
                     inject_positions: Sequence[int] = (0, 1, 2, 4, 8), metric: str = "bleu", batch_size: int = 32,
                     max_new_tokens: int | None = None, max_examples: int | None = None, recovery_window: int = 4,
                     max_source_length: int | None = None, progress: bool = True) -> dict:
-    """Returns the exposure-bias report: a JSON-serializable dict with `gap`, `horizon`, `recovery`, `summary`, `config`.
+    """Returns the exposure-bias report, a JSON-serializable dict: `gap`, `horizon`, `recovery`, `summary`, `config`.
 
     Args:
         model: an encoder-decoder `PreTrainedModel` (left in its original train/eval mode afterwards).
@@ -163,8 +231,12 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
         inject_positions (`tuple[int]`): positions `j` where a mistake is injected.
         metric (`str`): "bleu" | "chrf" (sacrebleu corpus score for the gap, sentence score for the drop) or a
             ROUGE name (mean sentence F1).
+        batch_size (`int`): sources per forward / `generate` call.
         max_new_tokens (`int`, *optional*): decode budget; defaults to twice the longest gold target plus 10.
+        max_examples (`int`, *optional*): use only the first examples.
         recovery_window (`int`): how many consecutive gold tokens a continuation must reproduce to rejoin.
+        max_source_length (`int`, *optional*): truncate sources to this many tokens.
+        progress (`bool`): show a tqdm progress bar over batches.
     """
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r} is not supported: choose one of {', '.join(METRICS)}.")
@@ -177,20 +249,23 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     if not sources:
         raise ValueError("run_diagnostics got no examples.")
     device, eos = model.device, eos_ids(model)
-    gold = tokenizer(text_target=[refs[0] for refs in references])["input_ids"]
+    # Learned position tables (BART, Marian) end at max_position_embeddings; the start token takes a position.
+    limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    gold = tokenizer(text_target=[refs[0] for refs in references], truncation=limit is not None,
+                     max_length=limit)["input_ids"]
     gold_content = [next((i for i, t in enumerate(g) if t in eos), len(g)) for g in gold]  # tokens before EOS
     budget = max_new_tokens or 2 * max(len(g) for g in gold) + 10
+    budget = min(budget, limit - 1) if limit else budget
     config = greedy_generation_config(model, budget)
     vocab = model.get_output_embeddings().weight.shape[0]
-    banned = torch.tensor(sorted({i for i in [*eos, pad_id(model), decoder_start_id(model),
-                                               *tokenizer.all_special_ids] if 0 <= i < vocab}), device=device)
+    special = [*eos, pad_id(model), decoder_start_id(model), *tokenizer.all_special_ids]
+    banned_ids = {i for i in special if 0 <= i < vocab}
+    banned = torch.tensor(sorted(banned_ids), device=device)
     reward_fn = get_reward(metric)
     positions = sorted(set(int(j) for j in inject_positions))
-    h_sums = torch.zeros(5, max_horizon, dtype=torch.float64)  # tf nll, tf correct, free nll, free correct, count
-    tf_nll = tf_correct = num_tokens = 0.0
-    predictions, free_lengths, stopped = [], [], 0
-    rec = {j: dict(count=0, recovered=0, delay=0, clean=0.0, injected=0.0) for j in positions}
-
+    if positions and positions[0] < 0:
+        raise ValueError(f"inject_positions must be >= 0, got {positions[0]}.")
+    totals = _Totals(max_horizon, positions)
     was_training = model.training
     model.eval()
     try:
@@ -200,126 +275,71 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
                 enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True,
                                 truncation=max_source_length is not None, max_length=max_source_length).to(device)
                 enc = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-                labels = _pad_labels([gold[i] for i in idx], device)
-                greedy = _decode(model, enc, config)
-                lengths, has_eos = _ended_length(greedy, eos)
-                predictions += tokenizer.batch_decode(greedy, skip_special_tokens=True)
-                free_lengths += lengths.tolist()
-                stopped += int(has_eos.sum())
-
-                nll, correct, wrong = _position_stats(model, enc, labels, greedy, banned)
-                is_gold = labels != -100
-                tf_nll += float(nll[:, 0][is_gold].sum())
-                tf_correct += float(correct[:, 0][is_gold].sum())
-                num_tokens += float(is_gold.sum())
-                horizon = min(max_horizon, labels.shape[1])
-                k = torch.arange(horizon, device=device)
-                # Paired: both curves count an example at k only if its greedy output was still running at k.
-                valid = (is_gold[:, :horizon] & (k.unsqueeze(0) <= lengths.unsqueeze(1))).float()
-                for row, values in enumerate([nll[:, 0], correct[:, 0], nll[:, 1], correct[:, 1]]):
-                    h_sums[row, :horizon] += (values[:, :horizon] * valid).sum(dim=0).double().cpu()
-                h_sums[4, :horizon] += valid.sum(dim=0).double().cpu()
-
-                for j in positions:
-                    rows = [r for r, i in enumerate(idx) if j < gold_content[i]]
-                    if not rows:
-                        continue
-                    sub = {key: value[rows] for key, value in enc.items()}
-                    prefix = shift_right(labels[rows, : j + 1], decoder_start_id(model), pad_id(model))  # start+gold[:j]
-                    config.max_new_tokens = max(budget - j, 1)
-                    clean = _decode(model, sub, config, prefix)
-                    injected_prefix = torch.cat([prefix, wrong[rows, j : j + 1]], dim=1)
-                    config.max_new_tokens = max(budget - j - 1, 1)
-                    injected = _decode(model, sub, config, injected_prefix)
-                    refs = [references[idx[r]] for r in rows]
-                    scores = [reward_fn(tokenizer.batch_decode(ids, skip_special_tokens=True), refs)
-                              for ids in (clean, injected)]
-                    stats = rec[j]
-                    stats["count"] += len(rows)
-                    stats["clean"] += sum(scores[0])
-                    stats["injected"] += sum(scores[1])
-                    cont_lengths = completion_mask(injected, eos).sum(dim=1).tolist()
-                    for r, row in enumerate(rows):
-                        delay = rejoin_delay(injected[r, j + 1 : cont_lengths[r]].tolist(), gold[idx[row]], j,
-                                             recovery_window)
-                        if delay is not None:
-                            stats["recovered"] += 1
-                            stats["delay"] += delay
+                length = max(len(gold[i]) for i in idx)
+                labels = torch.tensor([gold[i] + [-100] * (length - len(gold[i])) for i in idx], device=device)
                 config.max_new_tokens = budget
+                greedy, greedy_lengths, has_eos = _decode(model, enc, config)
+                totals.predictions += tokenizer.batch_decode(greedy, skip_special_tokens=True)
+                totals.free_lengths += greedy_lengths.tolist()
+                totals.stopped += int(has_eos.sum())
+                nll, correct, wrong = _position_stats(model, enc, labels, greedy, banned)
+                totals.add_positions(labels, greedy_lengths, nll, correct)
+                for j in positions:
+                    # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
+                    rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]
+                    if rows:
+                        _recovery_batch(model, tokenizer, {k: v[rows] for k, v in enc.items()}, labels[rows],
+                                        wrong[rows], [gold[idx[r]] for r in rows], [references[idx[r]] for r in rows],
+                                        j, budget, config, reward_fn, recovery_window, totals.recovery[j])
     finally:
         model.train(was_training)
-
-    n = len(sources)
-    gap = dict(metric=metric, num_examples=n, num_tokens=int(num_tokens), tf_nll=_mean(tf_nll, num_tokens),
-               tf_accuracy=_mean(tf_correct, num_tokens), free_metric=corpus_metric(predictions, references, metric),
-               free_length=sum(free_lengths) / n, reference_length=sum(gold_content) / n,
-               free_stopped_rate=stopped / n)
-    gap["tf_perplexity"] = math.exp(min(gap["tf_nll"], 700.0))
-    gap["length_ratio"] = _mean(gap["free_length"], gap["reference_length"])
-    sums = h_sums.tolist()
-    horizon = [dict(k=k, count=int(sums[4][k]), tf_accuracy=_mean(sums[1][k], sums[4][k]),
-                    tf_nll=_mean(sums[0][k], sums[4][k]), free_accuracy=_mean(sums[3][k], sums[4][k]),
-                    free_nll=_mean(sums[2][k], sums[4][k])) for k in range(max_horizon) if sums[4][k] > 0]
-    recovery = [dict(j=j, count=s["count"], recovery_rate=_mean(s["recovered"], s["count"]),
-                     mean_tokens_to_rejoin=_mean(s["delay"], s["recovered"]), clean_metric=_mean(s["clean"], s["count"]),
-                     injected_metric=_mean(s["injected"], s["count"]),
-                     metric_drop=_mean(s["clean"] - s["injected"], s["count"])) for j, s in rec.items() if s["count"]]
-    later = sum(sums[4][1:])  # horizon gaps are token-weighted means over k >= 1
-    injected_total = sum(s["count"] for s in rec.values())
-    recovered_total = sum(s["recovered"] for s in rec.values())
-    summary = dict(
-        tf_nll=gap["tf_nll"], tf_accuracy=gap["tf_accuracy"], free_metric=gap["free_metric"],
-        length_ratio=gap["length_ratio"], horizon_gap=_mean(sum(sums[2][1:]) - sum(sums[0][1:]), later),
-        horizon_accuracy_gap=_mean(sum(sums[1][1:]) - sum(sums[3][1:]), later),
-        recovery_rate=_mean(recovered_total, injected_total),
-        recovery_delay=_mean(sum(s["delay"] for s in rec.values()), recovered_total),
-        metric_drop=_mean(sum(s["clean"] - s["injected"] for s in rec.values()), injected_total))
-    run_config = dict(model=getattr(model.config, "_name_or_path", "") or model.config.model_type, metric=metric,
-                      max_horizon=max_horizon, inject_positions=positions, batch_size=batch_size,
-                      max_new_tokens=budget, max_examples=max_examples, recovery_window=recovery_window,
-                      max_source_length=max_source_length, num_examples=n)
-    return dict(gap=gap, horizon=horizon, recovery=recovery, summary=summary, config=run_config)
-
-
-def _series(rows: list[dict], key: str) -> list[float]:
-    return [math.nan if row[key] is None else row[key] for row in rows]
+    report = totals.report(references, gold_content, metric)
+    report["config"] = dict(model=getattr(model.config, "_name_or_path", "") or model.config.model_type,
+                            metric=metric, max_horizon=max_horizon, inject_positions=positions, batch_size=batch_size,
+                            max_new_tokens=budget, max_examples=max_examples, recovery_window=recovery_window,
+                            max_source_length=max_source_length, num_examples=len(sources))
+    return report
 
 
 def plot_diagnostics(report: dict, path: str) -> str:
-    """Returns `path` after writing a PNG of the horizon curves, the recovery per position and the gap."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Returns `path` after writing a PNG: the horizon curves (accuracy, NLL), the recovery per position, the gap."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError("plot_diagnostics needs matplotlib: pip install 'matplotlib>=3.7'.") from err
 
-    # A bare Figure with the Agg canvas leaves pyplot's global backend and figure list untouched.
+    def series(rows, key):
+        return [math.nan if row[key] is None else row[key] for row in rows]
+
+    # A bare Figure on an Agg canvas leaves pyplot's global backend and figure list alone.
     fig = Figure(figsize=(16, 5.2), layout="constrained")
     FigureCanvasAgg(fig)
-    ax_acc, ax_nll, ax_rec = fig.subplots(1, 3)
+    axes = fig.subplots(1, 3)
     ks = [row["k"] for row in report["horizon"]]
-    for ax, key, label in ((ax_acc, "accuracy", "next-token accuracy"), (ax_nll, "nll", "NLL of the gold token")):
-        ax.plot(ks, _series(report["horizon"], f"tf_{key}"), "o-", label="prefix = reference (teacher forcing)")
-        ax.plot(ks, _series(report["horizon"], f"free_{key}"), "s--", label="prefix = own greedy output")
-        ax.set(xlabel="prefix length k (tokens)", ylabel=label, title=f"{label.capitalize()} vs horizon")
+    for ax, key, label in zip(axes, ("accuracy", "nll"), ("Next-token accuracy", "NLL of the gold token")):
+        ax.plot(ks, series(report["horizon"], f"tf_{key}"), "o-", label="prefix = reference (teacher forcing)")
+        ax.plot(ks, series(report["horizon"], f"free_{key}"), "s--", label="prefix = own greedy output")
+        better = "higher" if key == "accuracy" else "lower"
+        ax.set(xlabel="prefix length k (tokens)", ylabel=f"{label} ({better} is better)", title=f"{label} vs horizon")
         ax.grid(alpha=0.3)
-        ax.legend()
-    ax_acc.set_ylim(-0.02, 1.02)
-    recovery = report["recovery"]
-    if recovery:
-        x = list(range(len(recovery)))
-        ax_rec.bar([i - 0.2 for i in x], _series(recovery, "recovery_rate"), 0.4, label="recovery rate")
-        ax_rec.bar([i + 0.2 for i in x], _series(recovery, "metric_drop"), 0.4,
-                   label=f"{report['gap']['metric']} drop (clean − injected)")
-        ax_rec.set_xticks(x, [f"{row['j']}\n(n={row['count']})" for row in recovery])
-        ax_rec.axhline(0.0, color="black", linewidth=0.8)
-        ax_rec.legend()
-    else:
-        ax_rec.text(0.5, 0.5, "no position to inject\n(references too short)", ha="center", va="center")
-    ax_rec.set(xlabel="position j of the injected mistake", ylabel="fraction / metric (0–1)",
-               title="Recovery from an injected mistake")
-    ax_rec.grid(alpha=0.3, axis="y")
-    gap = report["gap"]
+    axes[0].set_ylim(-0.02, 1.02)
+    # One legend below both horizon panels, where it cannot hide a point.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower left", ncol=2)
+    rec, gap = report["recovery"], report["gap"]
+    x = range(len(rec))
+    axes[2].bar([i - 0.2 for i in x], series(rec, "recovery_rate"), 0.4, label="recovery rate")
+    drop_label = f"{gap['metric']} drop (clean − injected)"
+    axes[2].bar([i + 0.2 for i in x], series(rec, "metric_drop"), 0.4, label=drop_label)
+    axes[2].set_xticks(list(x), [f"{row['j']}\n(n={row['count']})" for row in rec])
+    axes[2].axhline(0.0, color="black", linewidth=0.8)
+    axes[2].set(xlabel="position j of the injected mistake", ylabel="fraction / metric (0–1)",
+                title="Recovery from an injected mistake", ylim=(min([0.0, *series(rec, "metric_drop")]) - 0.05, 1.3))
+    axes[2].grid(alpha=0.3, axis="y")
+    axes[2].legend(loc="upper center", ncol=2)
     fig.suptitle(
         f"Exposure-bias diagnostics ({gap['num_examples']} examples)\n"
-        f"teacher forcing: NLL {gap['tf_nll']:.3f}/token, accuracy {gap['tf_accuracy']:.1%}   |   "
+        f"teacher forcing: NLL {gap['tf_nll'] or math.nan:.3f}/token, accuracy {gap['tf_accuracy'] or 0:.1%}   |   "
         f"free-running greedy: {gap['metric']} {gap['free_metric']:.3f}, length {gap['free_length']:.1f} vs "
         f"reference {gap['reference_length']:.1f} tokens, {gap['free_stopped_rate']:.0%} stopped with EOS")
     fig.savefig(path, dpi=110)
@@ -337,26 +357,20 @@ def write_report(report: dict, output_dir: str) -> dict[str, str]:
 
 
 def _read_records(path: str) -> list[dict]:
-    ext = os.path.splitext(path[:-3] if path.endswith(".gz") else path)[1].lower()
-    if ext in (".csv", ".tsv"):
-        with open(path, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f, delimiter="\t" if ext == ".tsv" else ","))
-    if ext not in (".json", ".jsonl"):
+    """Returns the rows of a .csv / .tsv file, a JSON list of objects, or a JSON-lines file."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".csv", ".tsv", ".json", ".jsonl"):
         raise ValueError(f"{path}: unsupported file type {ext!r}; give a .json, .jsonl, .csv or .tsv file.")
-    with open(path, encoding="utf-8") as f:
+    with open(path, newline="" if ext in (".csv", ".tsv") else None, encoding="utf-8") as f:
+        if ext in (".csv", ".tsv"):
+            return list(csv.DictReader(f, delimiter="\t" if ext == ".tsv" else ","))
         text = f.read()
+    if text.lstrip().startswith("["):
+        return json.loads(text)
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:  # JSON lines
         return [json.loads(line) for line in text.splitlines() if line.strip()]
-    if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):  # {"data": [records]}
-            return lists[0]
-        if lists and len(lists) == len(data):  # {"column": [values]}
-            return [dict(zip(data, values)) for values in zip(*data.values())]
-        return [data]
-    return data
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON lines ({err}); give one JSON object per line or a JSON list.") from err
 
 
 def load_pairs(path: str, source_column: str = "source", target_column: str = "target",
@@ -371,7 +385,7 @@ def load_pairs(path: str, source_column: str = "source", target_column: str = "t
         raise ValueError(f"{path} has no rows.")
     for column, flag in ((source_column, "source_column"), (target_column, "target_column")):
         if column not in records[0]:
-            raise KeyError(f"{path}: no column {column!r} (set {flag} / --{flag.replace('_', '-')}); available "
+            raise ValueError(f"{path}: no column {column!r} (set {flag} / --{flag.replace('_', '-')}); available "
                            f"columns: {', '.join(map(str, records[0]))}.")
     sources, targets = [], []
     for i, record in enumerate(records[:max_examples]):
@@ -386,18 +400,18 @@ def load_pairs(path: str, source_column: str = "source", target_column: str = "t
 
 
 def format_summary(report: dict) -> str:
-    """Returns a short plain-text table of the headline numbers, the horizon curves and the recovery."""
-    def fmt(value):
-        return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+    """Returns a plain-text table of the headline numbers, the horizon curves and the recovery per position."""
+    def row(values, widths=(5, 7, 10, 10, 10, 10, 10)):
+        cells = ["-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v) for v in values]
+        return "".join(f"{cell:>{width}}" for cell, width in zip(cells, widths))
 
-    lines = [f"{'summary':<24}value"] + [f"{key:<24}{fmt(report['summary'][key])}" for key in SUMMARY_KEYS]
-    lines += ["", f"{'k':>4}{'count':>7}{'tf_acc':>9}{'free_acc':>10}{'tf_nll':>9}{'free_nll':>10}"]
-    lines += [f"{r['k']:>4}{r['count']:>7}{fmt(r['tf_accuracy']):>9}{fmt(r['free_accuracy']):>10}"
-              f"{fmt(r['tf_nll']):>9}{fmt(r['free_nll']):>10}" for r in report["horizon"]]
-    lines += ["", f"{'j':>4}{'count':>7}{'recovery':>10}{'delay':>8}{'clean':>9}{'injected':>10}{'drop':>9}"]
-    lines += [f"{r['j']:>4}{r['count']:>7}{fmt(r['recovery_rate']):>10}{fmt(r['mean_tokens_to_rejoin']):>8}"
-              f"{fmt(r['clean_metric']):>9}{fmt(r['injected_metric']):>10}{fmt(r['metric_drop']):>9}"
-              for r in report["recovery"]]
+    lines = [f"{key:<22}{row([report['summary'][key]], (10,))}" for key in SUMMARY_KEYS]
+    lines += ["", row(["k", "count", "tf_acc", "free_acc", "tf_nll", "free_nll"])]
+    lines += [row([r[key] for key in ("k", "count", "tf_accuracy", "free_accuracy", "tf_nll", "free_nll")])
+              for r in report["horizon"]]
+    lines += ["", row(["j", "count", "recovery", "delay", "clean", "injected", "drop"])]
+    lines += [row([r[key] for key in ("j", "count", "recovery_rate", "mean_tokens_to_rejoin", "clean_metric",
+                                      "injected_metric", "metric_drop")]) for r in report["recovery"]]
     return "\n".join(lines)
 
 
@@ -429,7 +443,7 @@ def diagnose_from_args(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
     report = run_diagnostics(model, tokenizer, sources, references, max_horizon=args.max_horizon,
                              inject_positions=args.inject_positions, metric=args.metric, batch_size=args.batch_size,
-                             max_new_tokens=args.max_new_tokens)
+                             max_new_tokens=args.max_new_tokens, max_examples=args.max_examples)
     paths = write_report(report, args.output)
     print(format_summary(report))
     print(f"\nwrote {paths['json']} and {paths['png']}")
@@ -467,9 +481,10 @@ class DiagnosticsCallback(TrainerCallback):
         values = {f"eval_diag/{key}": value for key, value in self.last_report["summary"].items() if value is not None}
         if metrics is not None:
             metrics.update(values)
-        # The eval entry was appended to log_history just before this event: extend it rather than add a row.
-        if state.log_history and metrics is not None and set(metrics) & set(state.log_history[-1]):
-            state.log_history[-1].update(values)
+        # Trainer.evaluate logged its metrics just before this event: extend that entry rather than add a row.
+        last = state.log_history[-1] if state.log_history else {}
+        if metrics and all(key in last for key in metrics if key not in values):
+            last.update(values)
         else:
             state.log_history.append({**values, "step": state.global_step})
         if state.is_world_process_zero:
