@@ -148,7 +148,9 @@ def load_text_files(files: dict[str, str], source_column: str = "source", target
     splits = {}
     for split, path in files.items():
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"The {split} file {path!r} does not exist (relative paths start at {os.getcwd()}).")
+            raise FileNotFoundError(
+                f"The {split} file {path!r} does not exist (relative paths start at {os.getcwd()})."
+            )
         stem = path[:-3] if path.endswith(".gz") else path
         fmt = FILE_FORMATS.get(os.path.splitext(stem)[1].lower())
         if fmt is None:
@@ -199,11 +201,18 @@ def select_pair_columns(dataset, source_column: str | None = None, target_column
 
 
 def drop_empty_pairs(dataset, where: str = "dataset"):
-    """Returns `dataset` (columns `source`, `target`) without rows whose source or every reference is empty."""
+    """Returns `dataset` (columns `source`, `target`) without empty references in lists of references, and without
+    the rows whose source or every reference is empty."""
 
-    def keep(row) -> bool:
-        refs = [row["target"]] if isinstance(row["target"], str) else (row["target"] or [])
-        return (isinstance(row["source"], str) and bool(row["source"].strip())
-                and any(isinstance(r, str) and r.strip() for r in refs))
+    def nonempty(text) -> bool:
+        return isinstance(text, str) and bool(text.strip())
 
-    return dataset.filter(keep, desc=f"{where}: drop empty pairs")
+    def keep(batch) -> list[bool]:
+        return [nonempty(source) and any(map(nonempty, [target] if isinstance(target, str) else target or []))
+                for source, target in zip(batch["source"], batch["target"])]
+
+    dataset = dataset.filter(keep, batched=True, desc=f"{where}: drop empty pairs")
+    if len(dataset) and isinstance(dataset[0]["target"], list):
+        dataset = dataset.map(lambda batch: {"target": [[r for r in refs if nonempty(r)] for refs in batch["target"]]},
+                              batched=True, desc=f"{where}: drop empty references")
+    return dataset

@@ -1,0 +1,314 @@
+"""The training pipeline shared by the recipes and `hf-seqrl train --config FILE.yaml`.
+
+parse (`--config file.yaml` + CLI overrides) → model and tokenizer → data → trainer → train → evaluate with
+generation (corpus BLEU / chrF for translation, ROUGE for summarization) → save (model, tokenizer, card) → push.
+Nothing here assumes a single process: run it as is under `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import transformers
+from transformers import HfArgumentParser
+
+from .configs import ScheduledSamplingConfig, SeqRLConfig
+from .data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_pairs
+
+ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")
+SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
+
+
+@dataclass
+class ScriptArguments:
+    r"""
+    What to train, on what data, with which algorithm; the training settings are the fields of `SeqRLConfig` /
+    `ScheduledSamplingConfig`. Each field has its `--help`. Notes:
+
+    - The model: `model_name_or_path` (Hub id or folder), or `tiny_model` (`"t5"`, `"bart"`, `"marian"`): a small
+      random model built from a config over `tokenizer_name`'s vocabulary (default: `ByT5Tokenizer`, no download).
+    - The data: `dataset_name` (+ `dataset_config`) with `train` / `validation` / `test` splits, or local files:
+      `.json`/`.jsonl` and `.csv`/`.tsv` (a header line) name their columns; `.txt` holds one example a line,
+      `source<TAB>reference[<TAB>reference ...]`. A target cell may be a list of references; all of them are used
+      by rewards and metrics. A `translation` column of dicts (wmt16) is read with `source_lang` / `target_lang`.
+    """
+
+    config: str | None = field(default=None, metadata={"help": "YAML file of settings; CLI flags override it."})
+    algorithm: Literal["scst", "reinforce", "scheduled_sampling"] = field(default="scst")
+    task: Literal["translation", "summarization"] = field(default="translation")
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or local folder."})
+    tiny_model: str | None = field(default=None, metadata={"help": "t5 | bart | marian, built from a config."})
+    tiny_d_model: int = field(default=32, metadata={"help": "Width of the tiny model."})
+    tiny_layers: int = field(default=1, metadata={"help": "Encoder and decoder layers of the tiny model."})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset id."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
+    train_file: str | None = field(default=None, metadata={"help": "json/jsonl/csv/tsv/txt training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "Validation file."})
+    test_file: str | None = field(default=None, metadata={"help": "Test file (final evaluation)."})
+    source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})
+    target_column: str | None = field(default=None, metadata={"help": "Target column (default: target)."})
+    source_lang: str | None = field(default=None, metadata={"help": "Source key of a translation column."})
+    target_lang: str | None = field(default=None, metadata={"help": "Target key of a translation column."})
+    source_prefix: str = field(default="", metadata={"help": "Prepended to every source (T5 task prefix)."})
+    max_source_length: int = field(default=256, metadata={"help": "Truncate sources to this many tokens."})
+    max_target_length: int = field(default=128, metadata={"help": "Truncate targets to this many tokens."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation rows."})
+    max_test_samples: int | None = field(default=None, metadata={"help": "Keep the first N test rows."})
+    eval_num_beams: int | None = field(default=None, metadata={"help": "Beams of the final evaluation."})
+
+    def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"ScriptArguments.algorithm={self.algorithm!r} is not one of {ALGORITHMS}.")
+        if (self.model_name_or_path is None) == (self.tiny_model is None):
+            raise ValueError("Set exactly one of model_name_or_path (Hub id or folder) and tiny_model "
+                             "(t5|bart|marian).")
+        if self.tiny_model is not None and self.tiny_model not in ("t5", "bart", "marian"):
+            raise ValueError(f"ScriptArguments.tiny_model={self.tiny_model!r} is not one of t5, bart, marian.")
+        if self.dataset_name is None and self.train_file is None:
+            raise ValueError("Give the data: dataset_name (a Hub dataset) or train_file (a local file).")
+
+
+def config_class(algorithm: str) -> type:
+    """Returns the training-arguments dataclass of `algorithm`."""
+    return ScheduledSamplingConfig if algorithm == "scheduled_sampling" else SeqRLConfig
+
+
+def trainer_class(algorithm: str) -> type:
+    """Returns the trainer class of `algorithm`."""
+    from .trainers import ReinforceTrainer, ScheduledSamplingTrainer, SCSTTrainer
+
+    classes = {"scst": SCSTTrainer, "reinforce": ReinforceTrainer, "scheduled_sampling": ScheduledSamplingTrainer}
+    return classes[algorithm]
+
+
+def _no_accelerator() -> bool:
+    accel = getattr(torch, "accelerator", None)
+    return not (accel.is_available() if accel is not None else torch.cuda.is_available())
+
+
+def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) -> tuple[ScriptArguments, Any]:
+    """Returns `(ScriptArguments, config)` from `--config file.yaml` and CLI flags.
+
+    Precedence: CLI flag > YAML file > `defaults` (a recipe's, e.g. its task) > the dataclasses' defaults.
+    """
+    import yaml
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    pre.add_argument("--algorithm")
+    known, _ = pre.parse_known_args(argv)
+    values: dict[str, Any] = dict(defaults or {})
+    if known.config:
+        with open(known.config, encoding="utf-8") as f:
+            from_file = yaml.safe_load(f) or {}
+        if not isinstance(from_file, dict):
+            raise ValueError(f"{known.config} must hold a mapping of setting: value, got {type(from_file).__name__}.")
+        values.update(from_file)
+    algorithm = known.algorithm or values.get("algorithm", "scst")
+    parser = HfArgumentParser((ScriptArguments, config_class(algorithm)))
+    for action in parser._actions:
+        if action.type is Any:  # fields typed Any (the reward spec) take plain strings on the command line
+            action.type = str
+    dests = {action.dest: action for action in parser._actions}
+    other = config_class("scst" if algorithm == "scheduled_sampling" else "scheduled_sampling")
+    other_fields = {f.name for f in dataclasses.fields(other)}
+    ignored = sorted(k for k in values if k not in dests and k in other_fields)
+    if ignored:  # e.g. a scheduled-sampling run from a config written for SCST
+        warnings.warn(f"{known.config}: {ignored} do not apply to algorithm={algorithm!r}; ignored.", stacklevel=2)
+        values = {k: v for k, v in values.items() if k not in ignored}
+    unknown = sorted(set(values) - set(dests))
+    if unknown:
+        raise ValueError(f"{known.config}: unknown setting(s) {unknown}; see `--help` for the accepted names.")
+    for key, value in values.items():
+        dests[key].required = False  # given by the file
+    parser.set_defaults(**values)
+    if "use_cpu" not in values and int(os.environ.get("WORLD_SIZE", "1")) > 1 and _no_accelerator():
+        # `accelerate launch --multi_gpu` on a machine without GPUs: run the processes on CPU over gloo.
+        parser.set_defaults(use_cpu=True)
+    script_args, training_args = parser.parse_args_into_dataclasses(argv)
+    return script_args, training_args
+
+
+def build_tiny_model(arch: str, tokenizer, d_model: int = 32, layers: int = 1, max_positions: int = 1024):
+    """Returns a small randomly initialized encoder-decoder (`"t5"`, `"bart"`, `"marian"`) over `tokenizer`'s ids."""
+    from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel, T5Config
+    from transformers import T5ForConditionalGeneration
+
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    sizes = dict(vocab_size=len(tokenizer), d_model=d_model, pad_token_id=pad, eos_token_id=eos)
+    if arch == "t5":
+        model = T5ForConditionalGeneration(T5Config(
+            **sizes, d_ff=2 * d_model, num_layers=layers, num_decoder_layers=layers, num_heads=2,
+            d_kv=d_model // 2, dropout_rate=0.0, decoder_start_token_id=pad))
+    else:
+        shared = dict(**sizes, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
+                      decoder_attention_heads=2, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
+                      dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                      max_position_embeddings=max_positions, forced_eos_token_id=None)
+        if arch == "bart":
+            bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
+            model = BartForConditionalGeneration(BartConfig(**shared, bos_token_id=bos, decoder_start_token_id=eos))
+        else:
+            model = MarianMTModel(MarianConfig(**shared, decoder_start_token_id=pad))
+    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        setattr(model.generation_config, key, getattr(model.config, key))
+    model.generation_config.bad_words_ids = None
+    return model
+
+
+def load_model_and_tokenizer(script_args: ScriptArguments):
+    """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, ByT5Tokenizer
+
+    if script_args.tiny_model is not None:
+        tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name) if script_args.tokenizer_name \
+            else ByT5Tokenizer()
+        positions = max(1024, script_args.max_source_length, script_args.max_target_length) + 2
+        model = build_tiny_model(script_args.tiny_model, tokenizer, script_args.tiny_d_model, script_args.tiny_layers,
+                                 positions)
+        return model, tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path)
+    return AutoModelForSeq2SeqLM.from_pretrained(script_args.model_name_or_path), tokenizer
+
+
+def load_splits(script_args: ScriptArguments, tokenizer) -> dict:
+    """Returns the tokenized splits present among train / validation / test (with `references`, `sources`)."""
+    from datasets import load_dataset
+
+    s = script_args
+    if s.dataset_name is not None:
+        raw = load_dataset(s.dataset_name, s.dataset_config)
+    else:
+        files = {"train": s.train_file, "validation": s.validation_file, "test": s.test_file}
+        raw = load_text_files({k: v for k, v in files.items() if v}, s.source_column or "source",
+                              s.target_column or "target")
+    limits = {"train": s.max_train_samples, "validation": s.max_eval_samples, "test": s.max_test_samples}
+    out = {}
+    for split, _ in SPLITS:
+        if split not in raw:
+            continue
+        where = f"{split} split of {s.dataset_name or getattr(s, f'{split}_file')}"
+        data = raw[split]
+        if limits[split] is not None:
+            data = data.select(range(min(limits[split], len(data))))
+        data = select_pair_columns(data, s.source_column, s.target_column, s.source_lang, s.target_lang, where)
+        data = drop_empty_pairs(data, where)
+        out[split] = data.map(
+            tokenize_pairs, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
+            fn_kwargs=dict(tokenizer=tokenizer, source_column="source", target_column="target",
+                           max_source_length=s.max_source_length, max_target_length=s.max_target_length,
+                           prefix=s.source_prefix))
+    if "train" not in out:
+        raise ValueError("The data has no 'train' split: give train_file, or a dataset_name with a train split.")
+    return out
+
+
+def build_compute_metrics(tokenizer, task: str, references: list[list[str]]):
+    """Returns a `compute_metrics` scoring generated ids against every reference of the evaluated split.
+
+    Translation: corpus BLEU and chrF (sacrebleu, all references). Summarization: ROUGE-1/2/L F1 (rouge-score,
+    stemming), each prediction scored against its best reference (`score_multi`), averaged; all ×100.
+    `references` are the split's `references` column, in dataset order (the order evaluation gathers in).
+    """
+
+    def compute_metrics(prediction) -> dict[str, float]:
+        ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        ids = np.where(ids < 0, tokenizer.pad_token_id, ids)
+        texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        if len(texts) < len(references):
+            raise ValueError(f"Got {len(texts)} predictions for {len(references)} references: evaluate the split "
+                             "whose references this compute_metrics was built with.")
+        # Across processes `Seq2SeqTrainer.evaluate` gathers without dropping the copies of the first rows that pad
+        # the last batches; the real rows come first, in dataset order.
+        texts, ids = texts[: len(references)], ids[: len(references)]
+        metrics = {"gen_len": float(np.mean([(row != tokenizer.pad_token_id).sum() for row in ids]))}
+        if task == "translation":
+            import sacrebleu
+
+            depth = max(len(refs) for refs in references)
+            streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(depth)]
+            metrics["bleu"] = sacrebleu.corpus_bleu(texts, streams).score
+            metrics["chrf"] = sacrebleu.corpus_chrf(texts, streams).score
+        else:
+            from rouge_score import rouge_scorer
+
+            names = ("rouge1", "rouge2", "rougeL")
+            scorer = rouge_scorer.RougeScorer(list(names), use_stemmer=True)
+            scores = [scorer.score_multi(list(refs), text) for text, refs in zip(texts, references)]
+            for name in names:
+                metrics[name] = 100.0 * float(np.mean([s[name].fmeasure for s in scores]))
+        return metrics
+
+    return compute_metrics
+
+
+def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer, splits: dict):
+    """Returns the algorithm's trainer over the tokenized splits, evaluating with generation."""
+    training_args.predict_with_generate = True
+    if training_args.generation_max_length is None:
+        training_args.generation_max_length = script_args.max_target_length
+    validation = splits.get("validation")
+    trainer = trainer_class(script_args.algorithm)(
+        model=model, args=training_args, train_dataset=splits["train"], eval_dataset=validation,
+        processing_class=tokenizer,
+        compute_metrics=None if validation is None else build_compute_metrics(
+            tokenizer, script_args.task, validation["references"]),
+    )
+    trainer.card_task = script_args.task
+    return trainer
+
+
+def evaluate_split(trainer, dataset, prefix: str, task: str, num_beams: int | None = None) -> dict[str, float]:
+    """Returns `prefix_*` metrics of generating on `dataset` (BLEU/chrF or ROUGE, `rl/reward`, loss)."""
+    trainer.compute_metrics = build_compute_metrics(trainer.processing_class, task, dataset["references"])
+    num_beams = num_beams or trainer.args.generation_num_beams
+    metrics = trainer.evaluate(dataset, metric_key_prefix=prefix, num_beams=num_beams)
+    trainer.log_metrics(prefix, metrics)
+    return metrics
+
+
+def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
+    """Returns the final metrics after training, evaluating, saving and (when asked) pushing."""
+    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    transformers.set_seed(training_args.seed)  # the tiny model's initial weights
+    model, tokenizer = load_model_and_tokenizer(script_args)
+    with training_args.main_process_first(desc="data"):
+        splits = load_splits(script_args, tokenizer)
+    trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
+
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "last"):
+        resume = True
+    result = trainer.train(resume_from_checkpoint=resume)
+    metrics = dict(result.metrics)
+    trainer.log_metrics("train", result.metrics)
+    for split, prefix in SPLITS[1:]:
+        if split in splits:
+            metrics.update(evaluate_split(trainer, splits[split], prefix, script_args.task, script_args.eval_num_beams))
+    trainer.save_metrics("all", metrics)
+    trainer.save_state()
+
+    card = dict(tasks=script_args.task, dataset=[script_args.dataset_name] if script_args.dataset_name else None)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(commit_message="End of training", **card)  # saves model, tokenizer and card first
+    else:
+        trainer.save_model()  # every process calls it (sharded states are gathered); only the main one writes
+        trainer.create_model_card(**card)
+    return metrics
+
+
+def train_main(argv: list[str] | None = None) -> dict[str, float]:
+    """Runs `hf-seqrl train` / the recipes: parses `argv` (default `sys.argv[1:]`) and returns the final metrics."""
+    script_args, training_args = parse_args(argv)
+    return run(script_args, training_args)

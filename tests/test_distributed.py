@@ -1,0 +1,170 @@
+"""Two CPU processes under `accelerate launch --multi_gpu --num_processes 2` (DDP over gloo).
+
+On a machine without GPUs, `--multi_gpu` alone starts two processes that never join one process group; the
+pipeline sets `use_cpu=True` in that case (WORLD_SIZE > 1, no accelerator), which makes Accelerate use MULTI_CPU with
+gloo. The worker script sets `use_cpu=True` itself. (`accelerate launch --cpu --num_processes 2` would start one
+process: without MPI the simple launcher ignores --num_processes.)
+
+1. The translation recipe, launched as users launch it, trains, evaluates and saves exactly once.
+2. tests/distributed_worker.py: one SGD step on 2 processes x batch 4 equals one step on 1 process x batch 8 and on
+   1 process x batch 4 x 2 accumulation steps; both ranks hold identical parameters (bitwise) after that step and
+   after a few steps of the recipe's code path; the logged `rl/reward` is the mean over the 8 samples of both ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                       reason="torch.distributed with the gloo backend is needed"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+# DDP averages the gradients of the two ranks' per-batch means; one process averages all 8 rows at once. The results
+# agree up to float32 summation order (observed: max |diff| 1.2e-7 for 1x8, 0 for 1x4x2).
+ATOL, RTOL = 1e-6, 1e-5
+
+
+def launch(args: list[str], tmp_path: Path, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
+    """Returns (result, seconds) of `accelerate launch --multi_gpu --num_processes 2 ARGS` from the repository root."""
+    with socket.socket() as s:  # a free port, so that concurrent runs do not collide on 29500
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               WANDB_DISABLED="true", HF_HOME=str(tmp_path / "hf_home"),  # no user accelerate config, own caches
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(port), *args]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, f"exit code {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result, seconds
+
+
+def single_process_test_metrics(out: Path) -> dict[str, float]:
+    """Returns corpus BLEU/chrF of the saved model's greedy outputs on the same 12 test rows, in one process."""
+    from transformers import AutoModelForSeq2SeqLM, ByT5Tokenizer
+    from transformers.trainer_utils import EvalPrediction
+
+    from hf_seqrl.pipeline import build_compute_metrics, load_splits, parse_args
+
+    script_args, args = parse_args(["--config", str(REPO / "recipes/configs/tiny_offline_translation.yaml"),
+                                    "--output_dir", str(out / "unused"), "--max_test_samples", "12",
+                                    "--train_file", str(REPO / "recipes/data/toy_de_en.train.txt"),
+                                    "--validation_file", "",
+                                    "--test_file", str(REPO / "recipes/data/toy_de_en.test.txt")])
+    tokenizer = ByT5Tokenizer()
+    test = load_splits(script_args, tokenizer)["test"]
+    model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    batch = tokenizer.pad({"input_ids": test["input_ids"]}, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**batch, max_length=args.generation_max_length, num_beams=1, do_sample=False)
+    compute = build_compute_metrics(tokenizer, "translation", test["references"])
+    return compute(EvalPrediction(predictions=ids.numpy(), label_ids=None))
+
+
+def test_translation_recipe_on_two_processes(tmp_path):
+    out = tmp_path / "out"
+    result, seconds = launch([
+        "recipes/translation.py", "--config", "recipes/configs/tiny_offline_translation.yaml",
+        "--output_dir", str(out), "--max_steps", "4", "--warmup_xe_steps", "2", "--num_samples", "2",
+        "--per_device_train_batch_size", "4", "--tiny_d_model", "32", "--eval_strategy", "no",
+        "--max_eval_samples", "8", "--max_test_samples", "12",
+        "--log_level", "info", "--log_level_replica", "info",  # both ranks log what they do
+    ], tmp_path)
+    print(f"recipe on 2 processes: {seconds:.1f} s")
+    logs = result.stdout + result.stderr
+    # one process group of two: the global batch is 2 x 4
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 8" in logs
+    # evaluated with generation on the test split (12 rows over 2 ranks: the padded copies are not scored twice)
+    metrics = json.loads((out / "all_results.json").read_text())
+    assert 0.0 <= metrics["test_bleu"] <= 100.0 and 0.0 <= metrics["test_chrf"] <= 100.0
+    assert 0.0 <= metrics["eval_chrf"] <= 100.0
+    assert metrics["test_chrf"] == pytest.approx(single_process_test_metrics(out)["chrf"], abs=1e-6)
+    # saved once, by the main process, though every rank logs at info level
+    assert logs.count("Saving model checkpoint to") == 1, logs.count("Saving model checkpoint to")
+    assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
+    card = (out / "README.md").read_text()
+    assert "- Algorithm: SCST" in card and "- Reward: `chrf_reward`" in card
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("dist")
+    out = tmp_path / "out"
+    out.mkdir()
+    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO)], tmp_path)
+    print(f"worker on 2 processes: {seconds:.1f} s")
+    return {f"{phase}{rank}": torch.load(out / f"{phase}_rank{rank}.pt", weights_only=False)
+            for phase in ("one_step", "pipeline") for rank in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def single_process_references(tmp_path_factory):
+    """One process: batch 8, and batch 4 with 2 accumulation steps (same model, data, settings as the worker)."""
+    import distributed_worker as worker
+
+    tmp_path = tmp_path_factory.mktemp("single")
+    runs = {}
+    for name, overrides in (("1x8", dict(per_device_train_batch_size=8)),
+                            ("1x4x2", dict(gradient_accumulation_steps=2))):
+        worker.REWARDS_SEEN.clear()
+        trainer = worker.run_one_step(str(tmp_path / name), **overrides)
+        runs[name] = dict(params={k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+                          log_history=trainer.state.log_history, rewards_seen=list(worker.REWARDS_SEEN))
+    return runs
+
+
+def test_both_ranks_hold_identical_parameters(worker_results):
+    from conftest import tiny_model
+
+    initial = tiny_model("t5", seed=1).state_dict()
+    for phase in ("one_step", "pipeline"):
+        rank0, rank1 = worker_results[f"{phase}0"], worker_results[f"{phase}1"]
+        assert rank0["world_size"] == rank1["world_size"] == 2
+        assert [rank0["process_index"], rank1["process_index"]] == [0, 1]
+        for name, value in rank0["params"].items():
+            assert torch.equal(value, rank1["params"][name]), (phase, name)
+    moved = max((worker_results["one_step0"]["params"][k] - initial[k]).abs().max().item() for k in initial)
+    assert moved > 1e-3  # the step did something
+
+
+@pytest.mark.parametrize("reference", ["1x8", "1x4x2"])
+def test_two_processes_equal_one_process_with_the_same_global_batch(worker_results, single_process_references,
+                                                                    reference):
+    distributed = worker_results["one_step0"]["params"]
+    single = single_process_references[reference]["params"]
+    for name in single:
+        torch.testing.assert_close(distributed[name], single[name], atol=ATOL, rtol=RTOL)
+
+
+def test_logged_rl_metrics_are_averaged_over_ranks(worker_results, single_process_references):
+    rank0, rank1 = worker_results["one_step0"], worker_results["one_step1"]
+    # each rank scored its own 4 samples; together they are the 8 samples of the single process's batch of 8
+    assert len(rank0["rewards_seen"]) == len(rank1["rewards_seen"]) == 4
+    assert sorted(rank0["rewards_seen"]) != sorted(rank1["rewards_seen"])
+    all_rewards = rank0["rewards_seen"] + rank1["rewards_seen"]
+    single = single_process_references["1x8"]
+    assert sorted(all_rewards) == pytest.approx(sorted(single["rewards_seen"]), abs=1e-6)
+
+    def logged_reward(history):
+        return [h["rl/reward"] for h in history if "rl/reward" in h]
+
+    expected = sum(all_rewards) / 8
+    assert logged_reward(single["log_history"]) == pytest.approx([expected], abs=1e-6)
+    assert logged_reward(rank0["log_history"]) == pytest.approx([expected], abs=1e-6)
+    # rank 0's own mean differs: the logged value is the all-reduced one
+    assert sum(rank0["rewards_seen"]) / 4 != pytest.approx(expected, abs=1e-6)

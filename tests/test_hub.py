@@ -1,0 +1,175 @@
+"""Model cards and `push_to_hub`: what the card says, what reaches the Hub client, and that no token leaks.
+
+The Hub is never contacted: `huggingface_hub.HfApi.create_repo` / `upload_folder` (what transformers'
+`Trainer.init_hf_repo` and `Trainer.push_to_hub` call, through `transformers.utils.hub.hf_api()`) are replaced by
+recorders. The code under test (trainers, hub.py, pipeline) runs unpatched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from huggingface_hub import HfApi, ModelCard, RepoUrl
+
+from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+from hf_seqrl import SCSTTrainer, SeqRLConfig
+from hf_seqrl.hub import render_model_card
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"  # looks like a real token to any secret scanner
+
+
+def front_matter(card: str) -> dict:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+# ---- rendering -----------------------------------------------------------------------------------------------------
+
+def test_card_has_model_data_method_metrics_versions_and_bibtex():
+    card = render_model_card(
+        model_name="opus-mt-de-en-scst", algorithm="SCST", task="translation",
+        base_model="Helsinki-NLP/opus-mt-de-en", datasets=["wmt/wmt16"], reward="bleu_reward", baseline="greedy",
+        settings={"reward": "bleu", "num_samples": 1, "rl_weight": 0.9, "learning_rate": 1e-5},
+        metrics={"eval_bleu": 31.25, "eval_chrf": 57.5}, repo_id="me/opus-mt-de-en-scst",
+    )
+    meta = front_matter(card)
+    assert meta["base_model"] == "Helsinki-NLP/opus-mt-de-en"
+    assert meta["datasets"] == ["wmt/wmt16"]
+    assert meta["pipeline_tag"] == "translation" and meta["library_name"] == "transformers"
+    assert {"hf-seqrl", "scst"} <= set(meta["tags"])
+    # the Hub's own parser accepts the metadata
+    assert ModelCard(card).data.to_dict()["pipeline_tag"] == "translation"
+    assert "- Algorithm: SCST" in card
+    assert "- Reward: `bleu_reward`" in card and "- Baseline: `greedy`" in card
+    assert "| `rl_weight` | `0.9` |" in card
+    assert "| `eval_bleu` | 31.25 |" in card and "| `eval_chrf` | 57.5 |" in card
+    assert f"- transformers {transformers.__version__}" in card and f"- torch {torch.__version__}" in card
+    assert "@inproceedings{rennie2017scst," in card and "@software{hf_seqrl," in card
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("me/opus-mt-de-en-scst")' in card
+    assert 'pipeline("translation"' in card
+
+
+@pytest.mark.parametrize("algorithm,bibtex", [("REINFORCE", "williams1992reinforce"),
+                                              ("Scheduled sampling", "mihaylova2019scheduled")])
+def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
+    card = render_model_card(model_name="m", algorithm=algorithm, task="summarization", base_model="facebook/bart-base",
+                             reward="rougeL_reward", baseline="moving_average")
+    meta = front_matter(card)
+    assert meta["pipeline_tag"] == "summarization"
+    assert "text-generation" not in card and "text2text-generation" not in card
+    assert bibtex in card and 'pipeline("summarization"' in card
+
+
+def test_card_of_model_built_from_config_has_no_base_model():
+    card = render_model_card(model_name="tiny", algorithm="SCST", base_model="", reward="chrf_reward", baseline="mean")
+    assert "base_model" not in front_matter(card)
+    assert "from a model built from its config" in card
+
+
+# ---- push_to_hub -----------------------------------------------------------------------------------------------------
+
+class HubRecorder:
+    """Stands in for the Hub client methods; records each call and snapshots the folder when it is uploaded."""
+
+    def __init__(self):
+        self.created, self.uploads = [], []
+
+    def create_repo(self, api, repo_id, **kwargs):
+        self.created.append(dict(repo_id=repo_id, **kwargs))
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, api, *, repo_id, folder_path, **kwargs):
+        files = {}
+        for root, _, names in os.walk(folder_path):
+            for name in names:
+                path = os.path.join(root, name)
+                files[os.path.relpath(path, folder_path)] = Path(path).read_bytes()
+        self.uploads.append(dict(repo_id=repo_id, folder_path=folder_path, files=files, **kwargs))
+        return f"https://huggingface.co/{repo_id}/commit/0"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    recorder = HubRecorder()
+    monkeypatch.setattr(HfApi, "create_repo", lambda api, repo_id, **kw: recorder.create_repo(api, repo_id, **kw))
+    monkeypatch.setattr(HfApi, "upload_folder", lambda api, **kw: recorder.upload_folder(api, **kw))
+    return recorder
+
+
+def assert_no_token_anywhere(output_dir: Path, *texts: str) -> None:
+    token = FAKE_TOKEN.encode()
+    for path in output_dir.rglob("*"):
+        if path.is_file():
+            assert token not in path.read_bytes(), f"the token leaked into {path}"
+    for text in texts:
+        assert FAKE_TOKEN not in text
+
+
+def test_trainer_push_to_hub_uploads_model_files_and_card_without_token(tmp_path, hub, capfd, caplog):
+    tokenizer = byt5_tokenizer()
+    sources, targets = toy_pairs(8, seed=0, alphabet="abcd", lengths=(2, 5))
+    out = tmp_path / "out"
+    args = SeqRLConfig(output_dir=str(out), per_device_train_batch_size=4, max_steps=2, logging_steps=1,
+                       report_to=[], save_strategy="no", max_new_tokens=8, disable_tqdm=True, reward="chrf",
+                       push_to_hub=True, hub_model_id="someone/tiny-scst", hub_token=FAKE_TOKEN, log_level="info",
+                       dataloader_pin_memory=False)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=toy_dataset(tokenizer, sources, targets),
+                          processing_class=tokenizer)
+    assert hub.created and hub.created[0]["repo_id"] == "someone/tiny-scst"
+    trainer.train()
+    trainer.push_to_hub(commit_message="End of training", dataset=["toy/copy"], tasks="translation")
+
+    assert len(hub.uploads) == 1
+    upload = hub.uploads[0]
+    assert upload["repo_id"] == "someone/tiny-scst" and upload["folder_path"] == str(out)
+    assert upload["token"] == FAKE_TOKEN  # handed to the client, which needs it ...
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer_config.json", "README.md"):
+        assert name in upload["files"], sorted(upload["files"])
+    card = upload["files"]["README.md"].decode()
+    meta = front_matter(card)
+    assert meta["pipeline_tag"] == "translation" and meta["datasets"] == ["toy/copy"]
+    assert "- Algorithm: SCST" in card and "- Reward: `chrf_reward`" in card and "- Baseline: `greedy`" in card
+    assert "rl/reward" in card  # the training curve
+    # ... and appears nowhere else: not in the card, the uploaded files, the output dir or the logs
+    for name, content in upload["files"].items():
+        assert FAKE_TOKEN.encode() not in content, name
+    captured = capfd.readouterr()
+    assert "Saving model checkpoint" in captured.err + caplog.text  # the logs were captured (log_level info)
+    assert_no_token_anywhere(out, card, captured.out, captured.err, caplog.text)
+
+
+@pytest.fixture
+def restore_verbosity():
+    level = transformers.utils.logging.get_verbosity()
+    yield
+    transformers.utils.logging.set_verbosity(level)
+
+
+def test_pipeline_push_to_hub(tmp_path, hub, capfd, caplog, monkeypatch, restore_verbosity):
+    from hf_seqrl.pipeline import train_main
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "pushed"
+    metrics = train_main([
+        "--config", "recipes/configs/tiny_offline_translation.yaml", "--output_dir", str(out),
+        "--max_steps", "2", "--warmup_xe_steps", "1", "--num_samples", "2", "--tiny_d_model", "32",
+        "--eval_strategy", "no", "--max_eval_samples", "4", "--max_test_samples", "4",
+        "--push_to_hub", "true", "--hub_model_id", "someone/tiny-pipeline", "--hub_token", FAKE_TOKEN,
+        "--log_level", "info",
+    ])
+    assert "test_bleu" in metrics
+    assert [u["repo_id"] for u in hub.uploads] == ["someone/tiny-pipeline"]
+    files = hub.uploads[0]["files"]
+    assert {"model.safetensors", "README.md", "all_results.json"} <= set(files)
+    card = files["README.md"].decode()
+    assert front_matter(card)["pipeline_tag"] == "translation"
+    assert "- Algorithm: SCST" in card and "| `eval_chrf` |" in card
+    captured = capfd.readouterr()
+    assert "Saving model checkpoint" in captured.err + caplog.text
+    assert_no_token_anywhere(out, card, captured.out, captured.err, caplog.text)
