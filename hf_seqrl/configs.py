@@ -96,7 +96,9 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         the initial model (built only when > 0).
     """
 
-    reward: Any = field(
+    # Typed `str` for HfArgumentParser ("bleu" or "bleu,rougeL" on the command line); from Python a callable or a
+    # list of names/callables works too.
+    reward: str = field(
         default="bleu",
         metadata={"help": "Reward name(s) (bleu, chrf, rouge1, rouge2, rougeL, rougeLsum, or module:function)."},
     )

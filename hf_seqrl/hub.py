@@ -42,6 +42,8 @@ CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_
                  "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
                  "num_train_epochs", "seed", "bf16", "fp16")
 SECRET_PATTERN = re.compile(r"(hf_[A-Za-z0-9]{20,}|api[_-]?key|token|secret|password)", re.IGNORECASE)
+# Setting names that hold credentials (`hub_token`), not ones that merely mention tokens (`max_new_tokens`).
+SECRET_KEY = re.compile(r"(^|_)(token|secret|password|api_key)$", re.IGNORECASE)
 
 
 def library_versions() -> list[tuple[str, str]]:
@@ -82,7 +84,7 @@ def render_model_card(
     env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
                       keep_trailing_newline=True)
     pipeline_tag = PIPELINES.get(task, "text2text-generation")
-    settings = {k: v for k, v in (settings or {}).items() if not SECRET_PATTERN.search(k)}
+    settings = {k: v for k, v in (settings or {}).items() if not SECRET_KEY.search(k)}
     return env.get_template("seqrl.md").render(
         model_name=model_name,
         algorithm=algorithm,
@@ -133,11 +135,14 @@ def training_curve(log_history: list[dict], names=("rl/reward", "loss")) -> list
     return curve
 
 
-def final_eval_metrics(log_history: list[dict]) -> dict[str, float]:
-    """Returns the last logged evaluation metrics (keys starting with `eval_`, runtime figures left out)."""
-    for entry in reversed(log_history):
-        metrics = {k: v for k, v in entry.items() if k.startswith("eval_") and "runtime" not in k
-                   and "per_second" not in k}
-        if metrics:
-            return metrics
-    return {}
+def final_eval_metrics(log_history: list[dict], prefixes=("eval_", "test_")) -> dict[str, float]:
+    """Returns the last logged metrics of each evaluation prefix (`eval_`, `test_`), runtime figures left out."""
+    merged = {}
+    for prefix in prefixes:
+        for entry in reversed(log_history):
+            metrics = {k: v for k, v in entry.items() if k.startswith(prefix) and "runtime" not in k
+                       and "per_second" not in k}
+            if metrics:
+                merged.update(metrics)
+                break
+    return merged

@@ -117,9 +117,6 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
         values.update(from_file)
     algorithm = known.algorithm or values.get("algorithm", "scst")
     parser = HfArgumentParser((ScriptArguments, config_class(algorithm)))
-    for action in parser._actions:
-        if action.type is Any:  # fields typed Any (the reward spec) take plain strings on the command line
-            action.type = str
     dests = {action.dest: action for action in parser._actions}
     other = config_class("scst" if algorithm == "scheduled_sampling" else "scheduled_sampling")
     other_fields = {f.name for f in dataclasses.fields(other)}

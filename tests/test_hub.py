@@ -173,3 +173,12 @@ def test_pipeline_push_to_hub(tmp_path, hub, capfd, caplog, monkeypatch, restore
     captured = capfd.readouterr()
     assert "Saving model checkpoint" in captured.err + caplog.text
     assert_no_token_anywhere(out, card, captured.out, captured.err, caplog.text)
+
+
+def test_card_settings_keep_token_counts_but_drop_credentials():
+    from hf_seqrl.hub import final_eval_metrics, render_model_card
+
+    card = render_model_card(model_name="m", algorithm="SCST", settings={"max_new_tokens": 64, "hub_token": "abc"},
+                             metrics=final_eval_metrics([{"eval_bleu": 1.0}, {"test_bleu": 2.0, "test_runtime": 3}]))
+    assert "`max_new_tokens` | `64`" in card and "hub_token" not in card
+    assert "`eval_bleu` | 1" in card and "`test_bleu` | 2" in card and "test_runtime" not in card

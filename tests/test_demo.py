@@ -1,0 +1,53 @@
+"""The embedded demo end to end, in its quick size: table, saved model and tokenizer, results file."""
+
+import json
+import math
+
+import pytest
+
+from hf_seqrl.demo import ARMS, QUICK, RESULTS_FILE, make_task, run_demo
+
+
+def test_task_is_deterministic_and_every_reference_is_a_consistent_dialect():
+    task = make_task(3, QUICK)
+    assert task == make_task(3, QUICK)
+    assert task["train"] != make_task(4, QUICK)["train"]
+    for row in task["train"][:50]:
+        refs = row["references"]
+        assert row["target"] in refs
+        assert len(refs) == QUICK.dialects == len(set(refs))
+        # Same length as the source, word for word, and no two dialects agree on any word.
+        words = [ref.split() for ref in refs]
+        assert all(len(w) == len(row["source"].split()) for w in words)
+        assert all(len(set(column)) == QUICK.dialects for column in zip(*words))
+
+
+@pytest.mark.slow
+def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    results = run_demo(str(tmp_path), seed=0, quick=True)
+
+    assert set(results["arms"]) == set(ARMS)
+    for arm in ARMS:
+        for metric in ("bleu", "chrf"):
+            value = results["arms"][arm][metric]
+            assert math.isfinite(value) and 0.0 <= value <= 100.0, (arm, metric, value)
+    assert results["arms"]["warmup"]["steps"] > 0
+    assert results["arms"]["scst"]["steps"] == results["arms"]["xe"]["steps"] == QUICK.compare_steps
+    assert results["warmup"]["dev_bleu_history"], "the plateau criterion never evaluated"
+    assert results["arms"]["scst"]["train_rewards"], "SCST logged no rl/reward"
+    assert "C + SCST" in capsys.readouterr().out
+
+    assert (tmp_path / "model.safetensors").is_file()
+    saved = json.loads((tmp_path / RESULTS_FILE).read_text())
+    assert set(saved["arms"]) == set(ARMS)
+    assert saved["arms"]["scst"]["bleu"] == pytest.approx(results["arms"]["scst"]["bleu"])
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    source = saved["task"]["example"]["source"]
+    generated = model.generate(**tokenizer([source], return_tensors="pt"), max_new_tokens=12)
+    text = tokenizer.decode(generated[0], skip_special_tokens=True)
+    # The reloaded tokenizer knows the task's words: the output is made of target word forms, no <unk>.
+    assert "<unk>" not in text and all(word in tokenizer.get_vocab() for word in text.split())
