@@ -423,7 +423,8 @@ class SequenceRLTrainer(SeqTrainerBase):
         if references is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
             rewards, _ = self.score(ids, references, sources)
-            self._record("eval", {"rl/reward": rewards.mean().item()})
+            # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
+            self._metrics["eval"]["rl/reward"].extend(rewards.tolist())
 
     # ---- checkpoints ------------------------------------------------------------------------------
 
