@@ -15,8 +15,8 @@ between 17 and 31, seed 0); SCST, rewarded by sentence BLEU against all referenc
 to one. With a single dialect there is nothing to fix: cross-entropy reaches 100 BLEU by itself.
 
 Protocol: cross-entropy warm-up until the dev BLEU plateaus -> checkpoint C; from C, the same number of
-steps of (a) SCST and (b) cross-entropy (plain `Seq2SeqTrainer`), with the same data order and learning
-rate; greedy corpus BLEU and chrF on a held-out test split, against all references, for C, (a) and (b).
+steps of (a) SCST, (b) cross-entropy (plain `Seq2SeqTrainer`) and (c) scheduled sampling, with the same data
+order and learning rate; greedy corpus BLEU and chrF on a held-out test split, against all references.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass
 
 RESULTS_FILE = "demo_results.json"
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2; pad doubles as the decoder start token
-ARMS = ("warmup", "scst", "xe")
-ARM_TITLES = {"warmup": "C: cross-entropy warm-up", "scst": "C + SCST", "xe": "C + cross-entropy"}
+ARMS = ("warmup", "scst", "xe", "ss")
+ARM_TITLES = {"warmup": "C: cross-entropy warm-up", "scst": "C + SCST", "xe": "C + cross-entropy",
+              "ss": "C + scheduled sampling"}
 
 
 @dataclass(frozen=True)
@@ -280,6 +281,21 @@ def train_scst(model, tokenizer, dataset, settings: DemoSettings, work_dir: str,
     return trainer.state.log_history
 
 
+def train_scheduled_sampling(model, tokenizer, dataset, settings: DemoSettings, work_dir: str, seed: int):
+    """Trains `model` with scheduled sampling for `settings.compare_steps` steps; returns the log history.
+
+    ε decays linearly from 1 to 0.5 over the first half of the steps, then stays at 0.5.
+    """
+    from .configs import ScheduledSamplingConfig
+    from .trainers.scheduled_sampling import ScheduledSamplingTrainer
+
+    args = _training_args(ScheduledSamplingConfig, work_dir, seed, settings.compare_steps, settings.lr, settings,
+                          schedule="linear", schedule_k=settings.compare_steps, min_teacher_forcing_ratio=0.5)
+    trainer = ScheduledSamplingTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    return trainer.state.log_history
+
+
 def train_xe(model, tokenizer, dataset, settings: DemoSettings, work_dir: str, seed: int):
     """Trains `model` with cross-entropy for `settings.compare_steps` steps; returns the log history."""
     from transformers import Seq2SeqTrainingArguments
@@ -344,7 +360,28 @@ def run_with_settings(output_dir: str, seed: int, settings: DemoSettings, quick:
     tokenizer.save_pretrained(output_dir)
     with open(os.path.join(output_dir, RESULTS_FILE), "w") as f:
         json.dump(results, f, indent=2)
+    write_card(output_dir, results, settings)
     return results
+
+
+def write_card(output_dir: str, results: dict, settings: DemoSettings) -> str:
+    """Writes the model card of the saved SCST model (from `model_cards/`) and returns its path."""
+    from .hub import write_model_card
+
+    arms = results["arms"]
+    metrics = {f"test_{metric}_{arm}": arms[arm][metric] for arm in ARMS for metric in ("bleu", "chrf")}
+    rewards = arms["scst"].get("train_rewards") or []
+    return write_model_card(
+        output_dir, model_name="hf-seqrl-demo-scst", algorithm="SCST", task="translation",
+        datasets=[f"generated three-dialect toy translation (hf-seqrl demo, seed {results['seed']})"],
+        reward="bleu", baseline=settings.baseline,
+        settings={"warmup_xe_steps (C)": results["warmup"]["steps"], "rl_steps": settings.compare_steps,
+                  "num_samples": settings.num_samples, "rl_weight": settings.rl_weight,
+                  "learning_rate": settings.lr, "per_device_train_batch_size": settings.batch_size},
+        metrics=metrics, curve=[("rl/reward", rewards[0], rewards[-1])] if rewards else [],
+        repo_id=output_dir, example_input=results["task"]["example"]["source"],
+        algorithm_detail="greedy baseline, from a cross-entropy checkpoint that had plateaued",
+    )
 
 
 def compare(seed: int, settings: DemoSettings):
@@ -375,6 +412,7 @@ def compare(seed: int, settings: DemoSettings):
         results["warmup"] = warm_up(model, tokenizer, dataset, task["dev"], settings, work_dir, seed)
         record("warmup", model, results["warmup"]["steps"], clock)
         xe_model = copy.deepcopy(model)  # checkpoint C, for the cross-entropy arm
+        ss_model = copy.deepcopy(model)  # and for the scheduled-sampling arm
 
         clock = time.time()
         scst_log = train_scst(model, tokenizer, dataset, settings, work_dir, seed, max_new_tokens)
@@ -383,6 +421,10 @@ def compare(seed: int, settings: DemoSettings):
         clock = time.time()
         train_xe(xe_model, tokenizer, dataset, settings, work_dir, seed)
         record("xe", xe_model, settings.compare_steps, clock)
+
+        clock = time.time()
+        train_scheduled_sampling(ss_model, tokenizer, dataset, settings, work_dir, seed)
+        record("ss", ss_model, settings.compare_steps, clock)
 
     results["wall_seconds"] = time.time() - start
     return results, model, tokenizer

@@ -34,10 +34,14 @@ def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
             value = results["arms"][arm][metric]
             assert math.isfinite(value) and 0.0 <= value <= 100.0, (arm, metric, value)
     assert results["arms"]["warmup"]["steps"] > 0
-    assert results["arms"]["scst"]["steps"] == results["arms"]["xe"]["steps"] == QUICK.compare_steps
+    assert (results["arms"]["scst"]["steps"] == results["arms"]["xe"]["steps"] == results["arms"]["ss"]["steps"]
+            == QUICK.compare_steps)
     assert results["warmup"]["dev_bleu_history"], "the plateau criterion never evaluated"
     assert results["arms"]["scst"]["train_rewards"], "SCST logged no rl/reward"
-    assert "C + SCST" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "C + SCST" in out and "C + scheduled sampling" in out
+    card = (tmp_path / "README.md").read_text()
+    assert "SCST" in card and "test_bleu_scst" in card and 'pipeline("translation"' in card
 
     assert (tmp_path / "model.safetensors").is_file()
     saved = json.loads((tmp_path / RESULTS_FILE).read_text())
