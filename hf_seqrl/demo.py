@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 
 RESULTS_FILE = "demo_results.json"
+# The held-out split, for `hf-seqrl diagnose --model DIR --data DIR/heldout_test.jsonl --target-column references`.
+HELDOUT_FILE = "heldout_test.jsonl"
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2; pad doubles as the decoder start token
 ARMS = ("warmup", "scst", "xe", "ss")
 ARM_TITLES = {"warmup": "C: cross-entropy warm-up", "scst": "C + SCST", "xe": "C + cross-entropy",
@@ -360,6 +362,9 @@ def run_with_settings(output_dir: str, seed: int, settings: DemoSettings, quick:
     tokenizer.save_pretrained(output_dir)
     with open(os.path.join(output_dir, RESULTS_FILE), "w") as f:
         json.dump(results, f, indent=2)
+    with open(os.path.join(output_dir, HELDOUT_FILE), "w") as f:
+        for row in make_task(seed, settings)["test"]:
+            f.write(json.dumps({"source": row["source"], "references": row["references"]}) + "\n")
     write_card(output_dir, results, settings)
     return results
 

@@ -38,8 +38,8 @@ from transformers.utils import logging
 
 from .losses import token_logprobs_from_logits
 from .rewards import get_reward, normalize_references
-from .rollout import (completion_mask, decoder_start_id, eos_ids, expand_encoder_states, pad_id,
-                      rollout_generation_config, shift_right)
+from .rollout import (completion_mask, decoder_start_id, ended_with_eos, eos_ids, expand_encoder_states, pad_id,
+                      rollout_generation_config, shift_right, strip_decoded)
 
 logger = logging.get_logger(__name__)
 
@@ -93,12 +93,9 @@ def _decode(model, enc: dict, config: GenerationConfig, prefix: torch.Tensor | N
 
     Returns: token ids `(N, T)` (forced `prefix` included, pad after EOS), lengths `(N,)`, has_eos `(N,)`.
     """
-    out = model.generate(**enc, generation_config=config, decoder_input_ids=prefix)[:, 1:]
-    if out.shape[1] == 0:
-        out = out.new_full((out.shape[0], 1), pad_id(model))
-    mask = completion_mask(out, eos_ids(model))
-    has_eos = (torch.isin(out, torch.tensor(eos_ids(model) or [-1], device=out.device)) & mask).any(dim=1)
-    return out.masked_fill(~mask, pad_id(model)), mask.sum(dim=1) - has_eos.long(), has_eos
+    out, mask = strip_decoded(model.generate(**enc, generation_config=config, decoder_input_ids=prefix), model)
+    has_eos = ended_with_eos(out, mask, eos_ids(model))
+    return out, mask.sum(dim=1) - has_eos.long(), has_eos
 
 
 def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor, banned: torch.Tensor):

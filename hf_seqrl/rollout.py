@@ -161,6 +161,21 @@ def rollout_generation_config(
     return GenerationConfig(**kwargs)
 
 
+def strip_decoded(sequences: torch.Tensor, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(token_ids, mask)` of `generate` output: start token dropped, pad after the first EOS.
+
+    Args:
+        sequences (`torch.LongTensor` of shape `(N, 1 + T)`): `generate` output, decoder start token first.
+
+    Returns: token ids `(N, max(T, 1))` and the `completion_mask` of them (true up to and including EOS).
+    """
+    ids = sequences[:, 1:]
+    if ids.shape[1] == 0:
+        ids = sequences.new_full((sequences.shape[0], 1), pad_id(model))
+    mask = completion_mask(ids, eos_ids(model))
+    return ids.masked_fill(~mask, pad_id(model)), mask
+
+
 def _split_rows(ids: torch.Tensor, group: int, with_greedy: bool):
     if not with_greedy:
         return ids, None
@@ -201,11 +216,7 @@ def sample_rollout(
         )
     finally:
         model.train(was_training)
-    ids = sequences[:, 1:]  # drop the decoder start token
-    if ids.shape[1] == 0:
-        ids = torch.full((sequences.shape[0], 1), pad_id(model), dtype=sequences.dtype, device=sequences.device)
-    mask = completion_mask(ids, eos_ids(model))
-    ids = ids.masked_fill(~mask, pad_id(model))
+    ids, mask = strip_decoded(sequences, model)
     sample_ids, greedy_ids = _split_rows(ids, group, with_greedy)
     sample_mask, greedy_mask = _split_rows(mask, group, with_greedy)
     return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)

@@ -40,6 +40,8 @@ def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
     assert results["arms"]["scst"]["train_rewards"], "SCST logged no rl/reward"
     out = capsys.readouterr().out
     assert "C + SCST" in out and "C + scheduled sampling" in out
+    heldout = [json.loads(line) for line in (tmp_path / "heldout_test.jsonl").read_text().splitlines()]
+    assert len(heldout) == QUICK.test_size and len(heldout[0]["references"]) == QUICK.dialects
     card = (tmp_path / "README.md").read_text()
     assert "SCST" in card and "test_bleu_scst" in card and 'pipeline("translation"' in card
 
