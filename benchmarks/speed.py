@@ -230,7 +230,7 @@ def main():
         print(json.dumps(run_arm(arm, shape, task, int(batch), int(repeats), args.device, args.threads)))
         return
     if args.quick:
-        plan = [("t5-small", "translation", 4, 2), ("t5-small", "summarization", 2, 2)]
+        plan = [("t5-small", "translation", 2, 2), ("t5-small", "summarization", 1, 2)]
     else:
         plan = [(s, t, 8 if t == "translation" else 4, 5) for s in SHAPES for t in TASKS]
     results = []
