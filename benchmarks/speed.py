@@ -223,6 +223,8 @@ def main():
     parser.add_argument("--output", default=os.path.join(HERE, "results", "speed.json"))
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch intra-op threads (use 1 on a machine shared with other jobs)")
+    parser.add_argument("--translation-batch", type=int, default=None, help="override the plan's batch size")
+    parser.add_argument("--summarization-batch", type=int, default=None, help="override the plan's batch size")
     parser.add_argument("--_arm", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._arm:
@@ -233,6 +235,8 @@ def main():
         plan = [("t5-small", "translation", 2, 2), ("t5-small", "summarization", 1, 2)]
     else:
         plan = [(s, t, 8 if t == "translation" else 4, 5) for s in SHAPES for t in TASKS]
+    override = {"translation": args.translation_batch, "summarization": args.summarization_batch}
+    plan = [(shape, task, override[task] or batch, repeats) for shape, task, batch, repeats in plan]
     results = []
     for shape, task, batch, repeats in plan:
         for arm in ARMS:
