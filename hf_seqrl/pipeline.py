@@ -49,6 +49,8 @@ class ScriptArguments:
     tiny_d_model: int = field(default=32, metadata={"help": "Width of the tiny model."})
     tiny_layers: int = field(default=1, metadata={"help": "Encoder and decoder layers of the tiny model."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "Run model/tokenizer code shipped in a Hub repo. Off unless you trust that repo."})
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset id."})
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
     train_file: str | None = field(default=None, metadata={"help": "json/jsonl/csv/tsv/txt training file."})
@@ -168,15 +170,18 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
     """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, ByT5Tokenizer
 
+    remote = bool(script_args.trust_remote_code)
     if script_args.tiny_model is not None:
-        tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name) if script_args.tokenizer_name \
-            else ByT5Tokenizer()
+        tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name, trust_remote_code=remote) \
+            if script_args.tokenizer_name else ByT5Tokenizer()
         positions = max(1024, script_args.max_source_length, script_args.max_target_length) + 2
         model = build_tiny_model(script_args.tiny_model, tokenizer, script_args.tiny_d_model, script_args.tiny_layers,
                                  positions)
         return model, tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path)
-    return AutoModelForSeq2SeqLM.from_pretrained(script_args.model_name_or_path), tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path,
+                                              trust_remote_code=remote)
+    model = AutoModelForSeq2SeqLM.from_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
+    return model, tokenizer
 
 
 def load_splits(script_args: ScriptArguments, tokenizer) -> dict:

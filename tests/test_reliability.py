@@ -152,3 +152,26 @@ def test_bad_reference_types_are_named_at_collation(tmp_path, tokenizer, bad, me
     trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=rows, processing_class=tokenizer)
     with pytest.raises(TypeError, match=message):
         trainer.train()
+
+
+def test_remote_code_stays_off_unless_asked(tmp_path, monkeypatch):
+    import transformers
+
+    from hf_seqrl.pipeline import ScriptArguments, load_model_and_tokenizer
+
+    calls = []
+
+    def record(name):
+        def fake(path, **kwargs):
+            calls.append((name, kwargs.get("trust_remote_code")))
+            return object()
+        return fake
+
+    monkeypatch.setattr(transformers.AutoModelForSeq2SeqLM, "from_pretrained", record("model"))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record("tokenizer"))
+    load_model_and_tokenizer(ScriptArguments(model_name_or_path="some/model", dataset_name="wmt16"))
+    assert calls == [("tokenizer", False), ("model", False)]
+    calls.clear()
+    load_model_and_tokenizer(ScriptArguments(model_name_or_path="some/model", dataset_name="wmt16",
+                                             trust_remote_code=True))
+    assert calls == [("tokenizer", True), ("model", True)]
