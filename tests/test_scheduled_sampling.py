@@ -111,3 +111,25 @@ def test_config_errors(tmp_path):
         make_args(tmp_path, schedule="cosine")
     with pytest.raises(ValueError, match="sampling must be"):
         make_args(tmp_path, sampling="beam")
+
+
+def test_resume_restores_the_schedule_position(tmp_path, tokenizer):
+    src, tgt = toy_pairs(24, seed=6)
+    ds = toy_dataset(tokenizer, src, tgt)
+
+    def run(resume=None):
+        args = make_args(tmp_path, schedule="linear", schedule_k=4, min_teacher_forcing_ratio=0.0, max_steps=6,
+                         warmup_xe_steps=1, learning_rate=1e-3, save_strategy="steps", save_steps=3)
+        trainer = ScheduledSamplingTrainer(model=tiny_model("t5", seed=4), args=args, train_dataset=ds,
+                                           processing_class=tokenizer)
+        trainer.train(resume_from_checkpoint=resume)
+        ratios = {h["step"]: h["ss/teacher_forcing_ratio"] for h in trainer.state.log_history
+                  if "ss/teacher_forcing_ratio" in h}
+        return ratios, {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    full_ratios, full = run()
+    resumed_ratios, resumed = run(resume=str(tmp_path / "ss" / "checkpoint-3"))
+    # ε after the resume continues from step 3: 1 - (step - 1)/4 for steps 4..6, as in the uninterrupted run.
+    assert [resumed_ratios[s] for s in (4, 5, 6)] == [full_ratios[s] for s in (4, 5, 6)] == [0.5, 0.25, 0.0]
+    for key in full:
+        torch.testing.assert_close(resumed[key], full[key], atol=1e-6, rtol=1e-6)
