@@ -310,7 +310,14 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     return metrics
 
 
-def train_main(argv: list[str] | None = None) -> dict[str, float]:
-    """Runs `hf-seqrl train` / the recipes: parses `argv` (default `sys.argv[1:]`) and returns the final metrics."""
-    script_args, training_args = parse_args(argv)
+def train_main(argv: list[str] | None = None, task: str | None = None) -> dict[str, float]:
+    """Runs `hf-seqrl train` / a recipe: parses `argv` (default `sys.argv[1:]`) and returns the final metrics.
+
+    A recipe passes its `task`: it is the default, and a config asking for another task is refused.
+    """
+    script_args, training_args = parse_args(argv, defaults={"task": task} if task else None)
+    if task is not None and script_args.task != task:
+        other = "summarization" if task == "translation" else "translation"
+        raise SystemExit(f"task={script_args.task!r}: this is the {task} recipe; use recipes/{other}.py.")
+    # parse → data → trainer → train → evaluate on the test split → save (model, tokenizer, card) → push
     return run(script_args, training_args)

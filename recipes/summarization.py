@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from hf_seqrl.pipeline import parse_args, run
+from hf_seqrl.pipeline import train_main
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    script_args, training_args = parse_args(argv, defaults={"task": "summarization"})
-    if script_args.task != "summarization":
-        raise SystemExit(f"task={script_args.task!r}: this recipe summarizes; use recipes/translation.py.")
-    # parse → data → trainer → train → evaluate on the test split → save (model, tokenizer, card) → push
-    return run(script_args, training_args)
+    return train_main(argv, task="summarization")
 
 
 if __name__ == "__main__":
