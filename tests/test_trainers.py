@@ -264,3 +264,22 @@ def test_plain_training_arguments_are_rejected(tmp_path, tokenizer):
     with pytest.raises(TypeError, match="SeqRLConfig"):
         SCSTTrainer(model=tiny_model("t5"), args=Seq2SeqTrainingArguments(output_dir=str(tmp_path)),
                     train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
+
+
+def test_rl_weight_zero_is_plain_cross_entropy_without_decoding(tmp_path, tokenizer, monkeypatch):
+    import hf_seqrl.trainers.base as base
+
+    def no_rollouts(*args, **kwargs):
+        raise AssertionError("rl_weight=0 must not decode")
+
+    monkeypatch.setattr(base, "sample_rollout", no_rollouts)
+    results = []
+    for rl_weight in (0.0, None):
+        model = tiny_model("t5", seed=7)
+        extra = {"rl_weight": rl_weight} if rl_weight is not None else {"warmup_xe_steps": 10}
+        args = config(tmp_path / str(rl_weight), max_steps=2, optim="sgd", **extra)
+        SCSTTrainer(model=model, args=args, train_dataset=copy_dataset(tokenizer),
+                    processing_class=tokenizer).train()
+        results.append(params(model))
+    for key in results[0]:  # identical to the teacher-forced warm-up path
+        assert torch.equal(results[0][key], results[1][key]), key

@@ -303,6 +303,12 @@ class SequenceRLTrainer(SeqTrainerBase):
     # ---- the loss -------------------------------------------------------------------------------
 
     def sequence_loss(self, model, inputs, references, sources, num_items_in_batch):
+        args = self.args
+        if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
+            # Nothing a rollout produces would reach the loss: skip decoding and train as Seq2SeqTrainer does.
+            self.loss_is_scaled_for_ga = None
+            self._record("train", {"rl/phase": 1.0})
+            return super(SeqTrainerBase, self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
         if references is None:
             references = self._decode_labels(inputs.get("labels"))
