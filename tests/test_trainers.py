@@ -283,3 +283,12 @@ def test_rl_weight_zero_is_plain_cross_entropy_without_decoding(tmp_path, tokeni
         results.append(params(model))
     for key in results[0]:  # identical to the teacher-forced warm-up path
         assert torch.equal(results[0][key], results[1][key]), key
+
+
+def test_mixing_without_labels_names_the_fix(tmp_path, tokenizer):
+    src, tgt = toy_pairs(8, seed=1, alphabet="abcd", lengths=(2, 5))
+    ds = toy_dataset(tokenizer, src, tgt, references=tgt, with_labels=False)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, max_steps=1, rl_weight=0.5), train_dataset=ds,
+                          processing_class=tokenizer)
+    with pytest.raises(ValueError, match="rl_weight=0.5 mixes in cross-entropy.*set rl_weight=1.0"):
+        trainer.train()

@@ -310,6 +310,11 @@ class SequenceRLTrainer(SeqTrainerBase):
             self._record("train", {"rl/phase": 1.0})
             return super(SeqTrainerBase, self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
+        if args.rl_weight < 1 and inputs.get("labels") is None:
+            raise ValueError(
+                f"SeqRLConfig.rl_weight={args.rl_weight} mixes in cross-entropy, which needs tokenized 'labels' in the "
+                "dataset: add them (tokenizer(text_target=...)) or set rl_weight=1.0 for pure RL on 'references'."
+            )
         if references is None:
             references = self._decode_labels(inputs.get("labels"))
         return self.rl_loss(model, inputs, references, sources)
