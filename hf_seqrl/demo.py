@@ -192,13 +192,10 @@ def translate(model, tokenizer, sources: list[str], desc: str, batch_size: int =
 
 def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
     """Returns greedy corpus BLEU and chrF of `model` on `rows`, against all references of each source."""
-    import sacrebleu
+    from . import rewards
 
     hypotheses = translate(model, tokenizer, [r["source"] for r in rows], desc)
-    # sacrebleu takes one stream per reference index; every source has the same number of dialects.
-    streams = [list(refs) for refs in zip(*(r["references"] for r in rows))]
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, streams).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, streams).score}
+    return rewards.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
 
 
 # ---- training --------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from transformers import GenerationConfig, TrainerCallback
 from transformers.utils import logging
 
 from .losses import token_logprobs_from_logits
-from .rewards import get_reward, normalize_references
+from .rewards import corpus_scores, get_reward, normalize_references
 from .rollout import (completion_mask, decoder_start_id, ended_with_eos, eos_ids, expand_encoder_states, pad_id,
                       rollout_generation_config, shift_right, strip_decoded)
 
@@ -60,15 +60,7 @@ def greedy_generation_config(model, max_new_tokens: int) -> GenerationConfig:
 
 def corpus_metric(predictions: list[str], references: list[list[str]], metric: str) -> float:
     """Returns corpus BLEU / chrF (sacrebleu, all references) or the mean sentence ROUGE F1, in [0, 1]."""
-    if metric in ("bleu", "chrf"):
-        from sacrebleu.metrics import BLEU, CHRF
-
-        # sacrebleu wants one stream per reference slot; None marks a source with fewer references.
-        width = max(len(refs) for refs in references)
-        streams = [[refs[r] if r < len(refs) else None for refs in references] for r in range(width)]
-        scorer = BLEU() if metric == "bleu" else CHRF()
-        return min(1.0, scorer.corpus_score(predictions, streams).score / 100.0)
-    return sum(get_reward(metric)(predictions, references)) / max(len(predictions), 1)
+    return min(1.0, corpus_scores(predictions, references, (metric,))[metric] / 100.0)
 
 
 def rejoin_delay(continuation: Sequence[int], gold: Sequence[int], j: int, window: int) -> int | None:

@@ -22,6 +22,7 @@ from transformers import HfArgumentParser
 
 from .configs import ScheduledSamplingConfig, SeqRLConfig
 from .data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_pairs
+from .rewards import corpus_scores
 
 ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")
 SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
@@ -235,21 +236,8 @@ def build_compute_metrics(tokenizer, task: str, references: list[list[str]]):
         # the last batches; the real rows come first, in dataset order.
         texts, ids = texts[: len(references)], ids[: len(references)]
         metrics = {"gen_len": float(np.mean([(row != tokenizer.pad_token_id).sum() for row in ids]))}
-        if task == "translation":
-            import sacrebleu
-
-            depth = max(len(refs) for refs in references)
-            streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(depth)]
-            metrics["bleu"] = sacrebleu.corpus_bleu(texts, streams).score
-            metrics["chrf"] = sacrebleu.corpus_chrf(texts, streams).score
-        else:
-            from rouge_score import rouge_scorer
-
-            names = ("rouge1", "rouge2", "rougeL")
-            scorer = rouge_scorer.RougeScorer(list(names), use_stemmer=True)
-            scores = [scorer.score_multi(list(refs), text) for text, refs in zip(texts, references)]
-            for name in names:
-                metrics[name] = 100.0 * float(np.mean([s[name].fmeasure for s in scores]))
+        names = ("bleu", "chrf") if task == "translation" else ("rouge1", "rouge2", "rougeL")
+        metrics.update(corpus_scores(texts, references, names))
         return metrics
 
     return compute_metrics

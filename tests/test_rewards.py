@@ -107,3 +107,15 @@ def test_normalize_references():
         rewards.normalize_references([["a", 3]])
     with pytest.raises(TypeError, match=r"references\[0\] is a int"):
         rewards.normalize_references([5])
+
+
+def test_corpus_scores_use_every_reference():
+    preds = ["the cat sat on the mat", "a dog runs in a park"]
+    refs = [["a cat sat on the mat", "the cat sat on the mat"], ["a dog runs through a park"]]
+    streams = [["a cat sat on the mat", "a dog runs through a park"], ["the cat sat on the mat", None]]
+    scores = rewards.corpus_scores(preds, refs, ("bleu", "chrf", "rougeL"))
+    assert scores["bleu"] == sacrebleu.corpus_bleu(preds, streams).score
+    assert scores["chrf"] == sacrebleu.corpus_chrf(preds, streams).score
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    expected = 100 * sum(scorer.score_multi(r, p)["rougeL"].fmeasure for p, r in zip(preds, refs)) / 2
+    assert scores["rougeL"] == pytest.approx(expected)
