@@ -349,7 +349,7 @@ def run_with_settings(output_dir: str, seed: int, settings: DemoSettings, quick:
     # the same cores make every step many times slower; one thread also leaves CPU to others.
     torch.set_num_threads(1)
     try:
-        results, model, tokenizer = compare(seed, settings)
+        results, model, tokenizer, test_rows = compare(seed, settings)
     finally:
         torch.set_num_threads(threads)
     results["quick"] = quick
@@ -360,7 +360,7 @@ def run_with_settings(output_dir: str, seed: int, settings: DemoSettings, quick:
     with open(os.path.join(output_dir, RESULTS_FILE), "w") as f:
         json.dump(results, f, indent=2)
     with open(os.path.join(output_dir, HELDOUT_FILE), "w") as f:
-        for row in make_task(seed, settings)["test"]:
+        for row in test_rows:
             f.write(json.dumps({"source": row["source"], "references": row["references"]}) + "\n")
     write_card(output_dir, results, settings)
     return results
@@ -387,7 +387,7 @@ def write_card(output_dir: str, results: dict, settings: DemoSettings) -> str:
 
 
 def compare(seed: int, settings: DemoSettings):
-    """Returns `(results, SCST model, tokenizer)`: warm-up to C, then SCST and cross-entropy from C."""
+    """Returns `(results, SCST model, tokenizer, held-out test rows)`: warm-up to C, then the arms from C."""
     from transformers import set_seed
 
     start = time.time()
@@ -429,4 +429,4 @@ def compare(seed: int, settings: DemoSettings):
         record("ss", ss_model, settings.compare_steps, clock)
 
     results["wall_seconds"] = time.time() - start
-    return results, model, tokenizer
+    return results, model, tokenizer, task["test"]
