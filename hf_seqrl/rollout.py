@@ -1,7 +1,8 @@
 """Rollouts: sampled sequences and the greedy baseline (no grad), then their token log-probs (with grad).
 
 One `generate` call decodes the `n` samples and, for SCST, the greedy baseline row of every source: the
-encoder runs once per source and a logits processor turns the baseline rows into argmax decoding.
+encoder runs once per source and a logits processor picks each row's token (argmax on baseline rows, a sample
+on the others, drawn exactly as a separate sampling call would draw it).
 The log-prob pass is one teacher-forced forward through the (possibly DDP-wrapped) model: the encoder
 runs once per source and its states are expanded to the decoder rows by a forward pre-hook, so
 gradients flow back through the expansion.
@@ -39,26 +40,53 @@ class Rollout:
     num_samples: int
 
 
-class ArgmaxRowsProcessor(LogitsProcessor):
-    """Leaves only the argmax token possible in the rows where `row % group_size == 0`.
+class GroupSampler(LogitsProcessor):
+    """Chooses every row's next token: the argmax in each group's first row when `greedy_first`, a sample from
+    the warped distribution (temperature, top-k, top-p) elsewhere; returns scores that allow only that token.
 
-    Sampling from such a row returns its argmax, so one sampling `generate` call also yields the greedy
-    decode of each group's first row.
+    In a sampling `generate` call with no warpers of its own, one decode thus yields the greedy baseline and
+    the samples (`generate` then samples from one-hot distributions, i.e. takes the chosen tokens). The sample
+    rows draw from `generator` exactly as `generate(do_sample=True)` over the same rows draws from the global
+    RNG (one `torch.multinomial` over their probabilities per step): given a copy of the global RNG state, the
+    samples are the tokens a separate sampling call with that seed returns.
+
+    Args:
+        group_size (`int`): rows per source (`num_samples`, plus 1 with `greedy_first`).
+        greedy_first (`bool`): whether row `g * group_size` of each group is the greedy row.
+        warpers (`LogitsProcessorList`): applied to the sample rows' scores before sampling, as `generate` would.
+        generator (`torch.Generator`, *optional*): the sample rows' RNG; `None` uses the global one.
     """
 
-    def __init__(self, group_size: int):
-        self.group_size = group_size
+    def __init__(self, group_size: int, greedy_first: bool, warpers: LogitsProcessorList,
+                 generator: torch.Generator | None = None):
+        self.group_size, self.greedy_first, self.warpers = group_size, greedy_first, warpers
+        self.generator = generator
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows = torch.arange(scores.shape[0], device=scores.device) % self.group_size == 0
-        if not rows.any():
-            return scores
-        greedy = scores[rows]
-        forced = torch.full_like(greedy, float("-inf"))
-        forced.scatter_(-1, greedy.argmax(dim=-1, keepdim=True), 0.0)
-        scores = scores.clone()
-        scores[rows] = forced
-        return scores
+        chosen = scores.argmax(dim=-1)
+        sampled = torch.ones_like(chosen, dtype=torch.bool)
+        if self.greedy_first:
+            sampled = torch.arange(scores.shape[0], device=scores.device) % self.group_size != 0
+        if sampled.any():
+            warped = self.warpers(input_ids[sampled], scores[sampled])
+            probs = torch.nn.functional.softmax(warped, dim=-1)
+            chosen[sampled] = torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(-1, chosen.unsqueeze(-1), 0.0)
+
+
+def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
+    """Returns the temperature / top-k / top-p warpers that `generate` would add for `generation_config`."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if generation_config.temperature is not None and generation_config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(generation_config.temperature))
+    if generation_config.top_k is not None and generation_config.top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=generation_config.top_k, min_tokens_to_keep=1))
+    if generation_config.top_p is not None and generation_config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=generation_config.top_p, min_tokens_to_keep=1))
+    return warpers
 
 
 def eos_ids(model) -> list[int]:
@@ -183,6 +211,19 @@ def _split_rows(ids: torch.Tensor, group: int, with_greedy: bool):
     return grouped[:, 1:].reshape(-1, ids.shape[-1]), grouped[:, 0]
 
 
+def _copy_of_global_rng(device: torch.device) -> torch.Generator:
+    """Returns a generator in the state of `device`'s global RNG, which it leaves untouched."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device)
+    if device.type == "cuda":
+        generator.set_state(torch.cuda.get_rng_state(device))
+    elif device.type == "cpu":
+        generator.set_state(torch.get_rng_state())
+    else:
+        generator.manual_seed(int(torch.randint(2**62, (1,)).item()))
+    return generator
+
+
 @torch.no_grad()
 def sample_rollout(
     model,
@@ -202,9 +243,10 @@ def sample_rollout(
         generation_config: from `rollout_generation_config`.
     """
     group = num_samples + int(with_greedy)
-    processors = LogitsProcessorList([ArgmaxRowsProcessor(group)] if with_greedy else [])
+    sampler = GroupSampler(group, with_greedy, sampling_warpers(generation_config), _copy_of_global_rng(model.device))
+    # The sampler picks every token; `generate` keeps sampling mode (for `num_return_sequences`) with no warpers.
     generation_config = copy.deepcopy(generation_config)
-    generation_config.num_return_sequences = group
+    generation_config.update(do_sample=True, temperature=None, top_k=None, top_p=None, num_return_sequences=group)
     was_training = model.training
     model.eval()
     try:
@@ -212,7 +254,7 @@ def sample_rollout(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=generation_config,
-            logits_processor=processors,
+            logits_processor=LogitsProcessorList([sampler]),
         )
     finally:
         model.train(was_training)

@@ -2,11 +2,13 @@
 
 import pytest
 import torch
+from transformers import GenerationConfig, LogitsProcessorList
 
 from conftest import byt5_tokenizer, tiny_model
 from hf_seqrl import losses
-from hf_seqrl.rollout import (ArgmaxRowsProcessor, completion_mask, decoder_start_id, pad_id,
-                              rollout_generation_config, sample_rollout, score_rollout, shift_right)
+from hf_seqrl.rollout import (GroupSampler, completion_mask, decoder_start_id, pad_id,
+                              rollout_generation_config, sample_rollout, sampling_warpers, score_rollout,
+                              shift_right, strip_decoded)
 
 ARCHS = ["t5", "bart", "marian"]
 
@@ -19,12 +21,17 @@ def test_completion_mask_counts_eos_not_after():
     assert completion_mask(torch.tensor([[5, 9, 1]]), [1, 9]).int().tolist() == [[1, 1, 0]]
 
 
-def test_argmax_rows_processor():
-    scores = torch.tensor([[0.1, 0.7, 0.2], [0.1, 0.7, 0.2], [0.5, 0.1, 0.4], [0.5, 0.1, 0.4]])
-    out = ArgmaxRowsProcessor(2)(None, scores)
+def test_group_sampler_forces_argmax_rows_and_samples_the_others():
     inf = float("-inf")
-    assert out[0].tolist() == [inf, 0.0, inf] and out[2].tolist() == [0.0, inf, inf]
-    assert out[1].tolist() == scores[1].tolist() and out[3].tolist() == scores[3].tolist()
+    # Rows 1 and 3 can only sample one token each (-inf elsewhere); rows 0 and 2 are the greedy rows.
+    scores = torch.tensor([[0.1, 0.7, 0.2], [inf, inf, 0.0], [0.5, 0.1, 0.4], [0.0, inf, inf]])
+    out = GroupSampler(2, True, LogitsProcessorList())(torch.zeros(4, 1, dtype=torch.long), scores)
+    assert out.argmax(dim=-1).tolist() == [1, 2, 0, 0]
+    assert torch.isinf(out).sum().item() == 8  # one allowed token per row
+    # Without greedy rows every row samples; top-k = 1 turns sampling into argmax.
+    warpers = sampling_warpers(GenerationConfig(do_sample=True, top_k=1))
+    out = GroupSampler(2, False, warpers)(torch.zeros(4, 1, dtype=torch.long), scores.clamp(min=-50))
+    assert out.argmax(dim=-1).tolist() == [1, 2, 0, 0]
 
 
 def test_shift_right():
@@ -61,6 +68,31 @@ def test_sample_rollout_shapes_masks_and_greedy_rows(arch):
     length = min(greedy.shape[1], ro.greedy_ids.shape[1])
     g = greedy[:, :length].masked_fill(~completion_mask(greedy, [1])[:, :length], pad_id(model))
     assert torch.equal(ro.greedy_ids[:, :length], g)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("with_greedy", [True, False])
+@pytest.mark.parametrize("warp", [{}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}])
+def test_sample_rows_equal_a_separate_sampling_call_with_the_same_seed(arch, with_greedy, warp):
+    tok = byt5_tokenizer()
+    model = tiny_model(arch).eval()
+    ids, attn = batch(tok)
+    config = rollout_generation_config(model, max_new_tokens=9, **warp)
+    torch.manual_seed(123)
+    ro = sample_rollout(model, ids, attn, config, num_samples=3, with_greedy=with_greedy)
+    torch.manual_seed(123)
+    separate = model.generate(input_ids=ids, attention_mask=attn, generation_config=config, num_return_sequences=3)
+    expected, expected_mask = strip_decoded(separate, model)
+    length = max(expected.shape[1], ro.sample_ids.shape[1])
+    pad = pad_id(model)
+
+    def widen(t, value):
+        return torch.nn.functional.pad(t, (0, length - t.shape[1]), value=value)
+
+    # the combined call may run longer (a greedy row still going): beyond the samples' end it is all pad
+    assert torch.equal(widen(ro.sample_ids, pad), widen(expected, pad))
+    assert torch.equal(widen(ro.sample_mask, False), widen(expected_mask, False))
+    assert len(set(map(tuple, expected.tolist()))) > 1  # real samples, not a degenerate distribution
 
 
 def test_rollout_config_drops_decoding_heuristics():
