@@ -55,6 +55,9 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         list of those, which are combined with `reward_weights`.
     reward_weights (`list[float]`, *optional*, defaults to `None`):
         Weights of a list of rewards; `None` gives every reward the same weight (they average).
+    reward_workers (`int`, *optional*, defaults to `0`):
+        With 2 or more, batches of at least 256 predictions are scored in that many worker processes (same values;
+        worth it for ROUGE on long outputs with many samples). Custom callables must then be picklable.
     nonfinite_rewards (`str`, *optional*, defaults to `"error"`):
         What to do when a reward returns NaN or inf: `"error"` raises, `"drop"` gives those samples a zero
         advantage and logs their count as `rl/nonfinite_rewards`.
@@ -104,6 +107,7 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     )
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of a list of rewards."})
     nonfinite_rewards: str = field(default="error", metadata={"help": "'error' or 'drop' on NaN/inf rewards."})
+    reward_workers: int = field(default=0, metadata={"help": "Processes scoring large reward batches (0 = in-process)."})
     baseline: str | None = field(
         default=None, metadata={"help": "greedy | mean | moving_average | none (default: the trainer's)."}
     )
@@ -153,6 +157,8 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError(f"SeqRLConfig.top_p must be in (0, 1], got {self.top_p}.")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"SeqRLConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}.")
+        if self.reward_workers < 0:
+            raise ValueError(f"SeqRLConfig.reward_workers must be >= 0 (0 scores in-process), got {self.reward_workers}.")
         if self.entropy_coef < 0 or self.kl_coef < 0:
             raise ValueError("SeqRLConfig.entropy_coef and kl_coef must be >= 0.")
         if self.nonfinite_rewards not in ("error", "drop"):

@@ -119,3 +119,39 @@ def test_corpus_scores_use_every_reference():
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
     expected = 100 * sum(scorer.score_multi(r, p)["rougeL"].fmeasure for p, r in zip(preds, refs)) / 2
     assert scores["rougeL"] == pytest.approx(expected)
+
+
+def _real_pairs():
+    """Returns summarization-like (predictions, references): SciTLDR dev when ../shared/data has it."""
+    import json
+    import os
+
+    from conftest import SHARED_DATA
+
+    path = os.path.join(SHARED_DATA, "scitldr", "dev.jsonl")
+    if not os.path.exists(path):
+        return PREDS * 8, REFS * 8
+    with open(path) as f:
+        rows = [json.loads(line) for _, line in zip(range(40), f)]
+    # Each abstract's first sentence as a "sample" against its TL;DRs, plus a TL;DR of another paper.
+    predictions = [r["source"][0] for r in rows] + [rows[i - 1]["target"][0] for i in range(len(rows))]
+    return predictions, [r["target"] for r in rows] * 2
+
+
+@pytest.mark.parametrize("spec", ["bleu", "chrf", "rougeL", ["bleu", "rouge2"]])
+def test_pooled_reward_equals_in_process(spec):
+    predictions, references = _real_pairs()
+    pooled = rewards.PooledReward(spec, None, workers=2, min_pairs=8)
+    try:
+        assert pooled(predictions, references) == build_reward(spec)(predictions, references)
+        # below min_pairs it scores in-process, same values
+        assert pooled(predictions[:3], references[:3]) == build_reward(spec)(predictions[:3], references[:3])
+    finally:
+        if pooled._pool is not None:
+            pooled._pool.shutdown()
+    assert isinstance(build_reward(spec, workers=2), rewards.PooledReward)
+
+
+def test_pooled_reward_needs_a_picklable_reward():
+    with pytest.raises(ValueError, match="reward_workers=2 needs a picklable reward"):
+        build_reward(lambda p, r, s=None: [0.0] * len(p), workers=2)

@@ -234,6 +234,8 @@ def test_config_errors_name_the_field(tmp_path):
         config(tmp_path, baseline="median")
     with pytest.raises(ValueError, match="rl_weight must be in"):
         config(tmp_path, rl_weight=1.5)
+    with pytest.raises(ValueError, match="reward_workers must be >= 0"):
+        config(tmp_path, reward_workers=-1)
 
 
 def test_decoder_only_model_is_rejected(tmp_path, tokenizer):

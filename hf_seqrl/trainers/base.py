@@ -276,7 +276,7 @@ class SequenceRLTrainer(SeqTrainerBase):
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.baseline = self.args.baseline or self.default_baseline
-        self.reward_fn = build_reward(self.args.reward, self.args.reward_weights)
+        self.reward_fn = build_reward(self.args.reward, self.args.reward_weights, self.args.reward_workers)
         self.reward_label = reward_name(self.reward_fn)
         self.baseline_ema: float | None = None
         self.ref_model = self._build_ref_model() if self.args.kl_coef > 0 else None
