@@ -117,6 +117,18 @@ def test_baselines(tmp_path, tokenizer, trainer_cls, baseline, expected):
         assert trainer.baseline_ema is not None
 
 
+def test_reward_workers_score_in_a_process_pool(tmp_path, tokenizer):
+    args = config(tmp_path, max_steps=2, num_samples=3, reward="rougeL", reward_workers=2)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=copy_dataset(tokenizer),
+                          processing_class=tokenizer)
+    trainer.reward_fn.min_pairs = 4  # the 4 sources x (3 samples + greedy) of a step go to the pool
+    trainer.train()
+    assert trainer.reward_fn._pool is not None
+    trainer.reward_fn._pool.shutdown()
+    logs = [h for h in trainer.state.log_history if "rl/reward" in h]
+    assert len(logs) == 2 and all(0.0 <= h["rl/reward"] <= 1.0 for h in logs)
+
+
 def test_rewards_receive_all_references_and_sources(tmp_path, tokenizer):
     seen = {}
 
