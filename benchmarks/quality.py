@@ -362,7 +362,7 @@ def train_checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, wor
     trainer.train()
     stopper.restore_best(model)
     record = {"steps_run": trainer.state.global_step, "best_step": stopper.best_step,
-              f"best_dev_{metric}": stopper.best_score, "dev_history": stopper.history,
+              f"best_dev_{metric}": stopper.best_score, "dev_history": [list(h) for h in stopper.history],
               "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(time.time() - clock),
               "parameters": sum(p.numel() for p in model.parameters()),
               "criterion": f"greedy dev {metric} on {len(splits['dev'])} dev rows every {settings.eval_every} steps; "
@@ -503,7 +503,7 @@ def _cached(path: str, compute):
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    value = compute()
+    value = json.loads(json.dumps(compute()))  # what a rerun will read back
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(value, f, indent=2)

