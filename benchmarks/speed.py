@@ -34,6 +34,8 @@ SHAPES = {  # name: (config kwargs, batch, source length, target length / max ne
     "marian-base": dict(arch="marian", d_model=512, layers=6, heads=8, ffn=2048, vocab=58101),
 }
 TASKS = {"translation": dict(src_len=32, tgt_len=32), "summarization": dict(src_len=256, tgt_len=48)}
+# --quick: the same sources, half the new tokens, so that the whole table takes under 3 minutes.
+QUICK_TASKS = {"translation": dict(src_len=32, tgt_len=16), "summarization": dict(src_len=256, tgt_len=24)}
 ARMS = ("xe", "seqrl_scst", "seqrl_loo4", "reference_scst", "reference_loo4")
 
 
@@ -143,7 +145,7 @@ def step_seqrl(model, tok, src, attn, labels, refs, task, n, timer):
         scored = score_rollout(model, src, attn, ro.sample_ids, n, decoder_start_id(model), pad_id(model))
         loss = losses.policy_gradient_loss(scored.token_logprobs, ro.sample_mask, losses.advantages(rewards, base))
         loss.backward()
-    return loss.item()
+    return loss.item(), (scored.token_logprobs.detach() * ro.sample_mask).sum().item()
 
 
 def step_reference(model, tok, src, attn, labels, refs, task, n, timer):
@@ -175,7 +177,7 @@ def step_reference(model, tok, src, attn, labels, refs, task, n, timer):
         seq = (logp * mask).sum(1)
         loss = -((rewards - base).to(seq.device) * seq).mean()
         loss.backward()
-    return loss.item()
+    return loss.item(), seq.detach().sum().item()
 
 
 STEPS = {"xe": (step_xe, 1), "seqrl_scst": (step_seqrl, 1), "seqrl_loo4": (step_seqrl, 4),
@@ -195,13 +197,13 @@ def run_arm(arm, shape, task, batch, repeats, device, threads):
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    totals, parts = [], []
+    totals, parts, step_losses = [], [], []
     for i in range(repeats + 1):
         torch.manual_seed(i)
         timer = Timer(device)
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        fn(model, tok, src, attn, labels, refs, task, n, timer)
+        step_losses.append(fn(model, tok, src, attn, labels, refs, task, n, timer))
         if device == "cuda":
             torch.cuda.synchronize()
         total = time.perf_counter() - start
@@ -213,7 +215,7 @@ def run_arm(arm, shape, task, batch, repeats, device, threads):
     keys = sorted({k for p in parts for k in p})
     return {"step_s": statistics.median(totals),
             "parts_s": {k: statistics.median(p.get(k, 0.0) for p in parts) for k in keys},
-            "peak_mem_mib": peak}
+            "peak_mem_mib": peak, "losses": step_losses}
 
 
 def main():
@@ -227,12 +229,14 @@ def main():
     parser.add_argument("--summarization-batch", type=int, default=None, help="override the plan's batch size")
     parser.add_argument("--_arm", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        TASKS.update(QUICK_TASKS)
     if args._arm:
         arm, shape, task, batch, repeats = args._arm
         print(json.dumps(run_arm(arm, shape, task, int(batch), int(repeats), args.device, args.threads)))
         return
     if args.quick:
-        plan = [("t5-small", "translation", 2, 2), ("t5-small", "summarization", 1, 2)]
+        plan = [("t5-small", "translation", 2, 1), ("t5-small", "summarization", 1, 1)]
     else:
         plan = [(s, t, 8 if t == "translation" else 4, 5) for s in SHAPES for t in TASKS]
     override = {"translation": args.translation_batch, "summarization": args.summarization_batch}
@@ -241,7 +245,7 @@ def main():
     for shape, task, batch, repeats in plan:
         for arm in ARMS:
             cmd = [sys.executable, __file__, "--device", args.device, "--threads", str(args.threads), "--_arm", arm,
-                   shape, task, str(batch), str(repeats)]
+                   shape, task, str(batch), str(repeats)] + (["--quick"] if args.quick else [])
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             row = dict(shape=shape, task=task, batch=batch, arm=arm, **json.loads(out))
             results.append(row)
@@ -249,14 +253,14 @@ def main():
     print_table(results)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
-        json.dump({"device": args.device, "quick": args.quick, "torch": torch.__version__,
+        json.dump({"device": args.device, "quick": args.quick, "tasks": TASKS, "torch": torch.__version__,
                    "threads": args.threads, "results": results}, f, indent=1)
     print(f"\nwrote {args.output}")
 
 
 def print_table(results):
     header = (f"{'shape':12s} {'task':13s} {'arm':15s} {'step s':>8s} {'decode':>7s} {'reward':>7s} "
-              f"{'fwd/bwd':>7s} {'other':>7s} {'peak MiB':>9s} {'vs ref':>7s} {'vs XE mem':>9s}")
+              f"{'fwd/bwd':>7s} {'other':>7s} {'peak MiB':>9s} {'vs ref':>7s} {'vs XE mem':>9s} {'rel diff':>9s}")
     print(header)
     print("-" * len(header))
     for row in results:
@@ -265,10 +269,15 @@ def print_table(results):
         ratio = row["step_s"] / ref["step_s"] if ref and row["arm"].startswith("seqrl") else float("nan")
         mem = row["peak_mem_mib"] / max(same["xe"]["peak_mem_mib"], 1e-9) if row["arm"] == "seqrl_loo4" else float(
             "nan")
+        # Same seeds, same samples: the loss and the samples' total log-prob of every step must equal the
+        # reference implementation's (relative difference; float rounding differs with batch shapes).
+        diff = (max(abs(a - b) / max(abs(b), 1.0) for mine, theirs in zip(row["losses"], ref["losses"])
+                    for a, b in zip(mine, theirs))
+                if ref and row["arm"].startswith("seqrl") else float("nan"))
         p = row["parts_s"]
         print(f"{row['shape']:12s} {row['task']:13s} {row['arm']:15s} {row['step_s']:8.3f} {p.get('decode', 0):7.3f} "
               f"{p.get('reward', 0):7.3f} {p.get('forward_backward', 0):7.3f} {p.get('other', 0):7.3f} "
-              f"{row['peak_mem_mib']:9.0f} {ratio:7.2f} {mem:9.2f}")
+              f"{row['peak_mem_mib']:9.0f} {ratio:7.2f} {mem:9.2f} {diff:9.1e}")
 
 
 if __name__ == "__main__":
