@@ -352,8 +352,13 @@ def train_checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, wor
     set_seed(0)
     model = build_model(settings, tokenizer)
     metric = settings.metrics[0]
-    stopper = PlateauStopper(lambda m: score(m, tokenizer, splits["dev"], settings, 1, "dev")[metric],
-                             settings.eval_every, settings.patience, max_seconds=60 * settings.c_max_minutes)
+    def dev_score(m) -> float:
+        value = score(m, tokenizer, splits["dev"], settings, 1, "dev")[metric]
+        print(f"dev {metric}: {value:.2f}", flush=True)
+        return value
+
+    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience,
+                             max_seconds=60 * settings.c_max_minutes)
     args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, settings.c_lr,
                          settings.c_max_steps, settings.c_warmup_steps)
     trainer = xe_trainer(model, tokenizer, dataset, args)
