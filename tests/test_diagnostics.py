@@ -1,5 +1,6 @@
 """Exposure-bias diagnostics on tiny models: report, horizon semantics, recovery, plot, data files, CLI, callback."""
 
+import glob
 import json
 import os
 
@@ -201,6 +202,28 @@ def test_callback_adds_eval_diag_metrics(tmp_path, heldout):
     assert not any(k.startswith("eval_diag/") for k in trainer.evaluate())  # every=2: skipped
     assert callback.last_report is first
     assert "eval_diag/tf_nll" in trainer.evaluate()
+
+
+def test_bound_callback_reaches_tensorboard(tmp_path, heldout):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hf_seqrl import SCSTTrainer, SeqRLConfig
+
+    tok, model = byt5_tokenizer(), tiny_model("t5")
+    sources, targets = heldout[0][:8], heldout[1][:8]
+    callback = DiagnosticsCallback(tok, sources, targets, **SMALL)
+    args = SeqRLConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, per_device_eval_batch_size=8,
+                       max_steps=2, eval_strategy="steps", eval_steps=2, logging_steps=1, report_to=["tensorboard"],
+                       save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False, max_new_tokens=6)
+    data = toy_dataset(tok, sources, targets)
+    trainer = SCSTTrainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok)
+    trainer.add_callback(callback)
+    assert callback.trainer is trainer  # hf-seqrl trainers bind it
+    trainer.train()
+    events = glob.glob(str(tmp_path / "runs" / "*" / "events.out.tfevents.*"))
+    tags = EventAccumulator(os.path.dirname(events[0])).Reload().Tags()["scalars"]
+    assert {"eval/diag/tf_nll", "eval/diag/free_metric", "eval/loss", "train/rl/reward"} <= set(tags), tags
 
 
 def test_diagnose_main_writes_report(copy_model, tmp_path, capsys):

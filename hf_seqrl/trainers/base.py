@@ -113,6 +113,16 @@ class SeqTrainerBase(Seq2SeqTrainer):
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        for callback in self.callback_handler.callbacks:
+            self._bind(callback)
+
+    def _bind(self, callback):
+        if not isinstance(callback, type) and hasattr(callback, "bind_trainer"):  # DiagnosticsCallback
+            callback.bind_trainer(self)
+
+    def add_callback(self, callback):
+        super().add_callback(callback)
+        self._bind(callback)
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
