@@ -516,6 +516,20 @@ def _cached(path: str, compute):
     return value
 
 
+def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Settings, str]:
+    """Returns the settings with `FIELD=VALUE` overrides of arm fields applied, and the run-name suffix."""
+    changes = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or key not in Settings.__dataclass_fields__ or key in C_FIELDS or key in ("metrics", "seeds"):
+            sys.exit(f"--set {item!r}: use FIELD=VALUE with an arm field of Settings "
+                     f"(not one that defines checkpoint C: {', '.join(C_FIELDS)}).")
+        kind = type(getattr(settings, key))
+        changes[key] = tuple(int(v) for v in value.split(",")) if kind is tuple else kind(value)
+    tag = "".join(f"_{key}{value}" for key, value in sorted(changes.items())).replace(",", "-")
+    return replace(settings, **changes), tag
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=("translation", "summarization"), required=True)
@@ -528,6 +542,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to other work)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="override arm settings (not those of C), e.g. --set rl_weight=0.9 arm_lr=1e-4; "
+                        "runs and results get a suffix naming the overrides. Compare variants on dev, not test.")
     args = parser.parse_args(argv)
 
     import torch
@@ -536,13 +553,14 @@ def main(argv: list[str] | None = None) -> dict:
     settings = SETTINGS[(args.task, args.quick)]
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
+    settings, tag = apply_overrides(settings, args.set)
     folder = {"translation": "multi30k", "summarization": "scitldr"}[args.task]
     if not os.path.isdir(os.path.join(args.data_dir, folder)):
         sys.exit(f"No {folder} data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
     name = f"quality_{args.task}" + ("_quick" if args.quick else "")
     work_dir = args.work_dir or os.path.join(HERE, "cache", name)
-    output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
-                             else os.path.join(HERE, "results", f"{name}.json"))
+    output = args.output or (os.path.join(work_dir, f"{name}{tag}.json") if args.quick
+                             else os.path.join(HERE, "results", f"{name}{tag}.json"))
     os.makedirs(work_dir, exist_ok=True)
 
     start = time.time()
@@ -556,7 +574,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for seed in settings.seeds:
         for arm in args.arms:
-            runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}.json"),
+            runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}{tag}.json"),
                                 lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir)))
             print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
     summary = summarize(settings, c_eval, runs)

@@ -76,3 +76,13 @@ def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
     (folder / "record.json").write_text(json.dumps(record))
     with pytest.raises(SystemExit, match="other settings \\(d_model\\)"):
         quality.checkpoint_c(settings, {}, None, None, str(tmp_path))
+
+
+def test_quality_overrides_name_their_runs():
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("translation", False)]
+    changed, tag = quality.apply_overrides(settings, ["rl_weight=0.9", "arm_lr=1e-4"])
+    assert changed.rl_weight == 0.9 and changed.arm_lr == 1e-4 and tag == "_arm_lr0.0001_rl_weight0.9"
+    assert quality.apply_overrides(settings, []) == (settings, "")
+    with pytest.raises(SystemExit, match="defines checkpoint C"):
+        quality.apply_overrides(settings, ["d_model=64"])
