@@ -77,6 +77,7 @@ class Settings:
     beams: tuple[int, ...] = (1, 4)
     diag_examples: int = 200
     diag_horizon: int = 12
+    diag_inject: tuple[int, ...] = (0, 1, 2, 4, 8)  # positions of the injected mistakes
     seeds: tuple[int, ...] = (0, 1)
 
 
@@ -94,12 +95,12 @@ SETTINGS = {
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
                                    d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
                                    c_max_minutes=2.0, budget_positions=8000, diag_examples=20, diag_horizon=4,
-                                   seeds=(0,)),
+                                   diag_inject=(0, 2), seeds=(0,)),
     ("summarization", False): SUMMARIZATION,
     ("summarization", True): replace(SUMMARIZATION, train_limit=64, dev_size=16, test_limit=16, max_source_tokens=48,
                                      max_target_tokens=24, max_new_tokens=16, eval_every=4, c_max_steps=8,
                                      c_max_minutes=2.0, budget_positions=600, diag_examples=8, diag_horizon=3,
-                                     seeds=(0,), eval_batch=16),
+                                     diag_inject=(0, 2), seeds=(0,), eval_batch=16),
 }
 
 
@@ -285,7 +286,8 @@ def evaluate(model, tokenizer, splits: dict, settings: Settings, name: str) -> d
         result[label] = score(model, tokenizer, splits["test"], settings, beams, f"{name}: test {label}")
     test = splits["test"][:settings.diag_examples]
     report = run_diagnostics(model, tokenizer, [r["source"] for r in test], [r["references"] for r in test],
-                             max_horizon=settings.diag_horizon, metric=settings.metrics[0],
+                             max_horizon=settings.diag_horizon, inject_positions=settings.diag_inject,
+                             metric=settings.metrics[0],
                              batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
                              max_source_length=settings.max_source_tokens, progress=False)
     result["diagnostics"] = {key: (round(value, 4) if isinstance(value, float) else value)
