@@ -246,33 +246,14 @@ def to_dataset(rows: list[dict], tokenizer, settings: Settings):
 # ---- evaluation ------------------------------------------------------------------------------------------
 
 
-def generate(model, tokenizer, sources: list[str], settings: Settings, beams: int, desc: str) -> list[str]:
-    """Returns the decoded outputs (greedy when `beams` is 1), batched by source length for little padding."""
-    import torch
-    from tqdm.auto import tqdm
-
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    outputs = [""] * len(sources)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for start in tqdm(range(0, len(order), settings.eval_batch), desc=desc, leave=False):
-            rows = order[start:start + settings.eval_batch]
-            batch = tokenizer([sources[i] for i in rows], return_tensors="pt", padding=True, truncation=True,
-                              max_length=settings.max_source_tokens)
-            ids = model.generate(**batch, do_sample=False, num_beams=beams, max_new_tokens=settings.max_new_tokens)
-            for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
-                outputs[i] = text.strip()
-    model.train(was_training)
-    return outputs
-
-
 def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, desc: str) -> dict[str, float]:
     """Returns the corpus metrics of `model` on `rows`, against every reference of each source."""
-    from hf_seqrl.rewards import corpus_scores
+    from hf_seqrl.evaluation import evaluate_model
 
-    outputs = generate(model, tokenizer, [r["source"] for r in rows], settings, beams, desc)
-    scores = corpus_scores(outputs, [r["references"] for r in rows], settings.metrics)
+    scores, _ = evaluate_model(model, tokenizer, [r["source"] for r in rows], [r["references"] for r in rows],
+                               settings.metrics, num_beams=beams, batch_size=settings.eval_batch,
+                               max_new_tokens=settings.max_new_tokens, max_source_length=settings.max_source_tokens,
+                               desc=desc)
     return {name: round(value, 2) for name, value in scores.items()}
 
 

@@ -1,4 +1,4 @@
-"""Command line: `hf-seqrl demo | train | diagnose`."""
+"""Command line: `hf-seqrl demo | train | evaluate | diagnose`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     # The same code path as recipes/translation.py and recipes/summarization.py.
     train_main(rest)
     return 0
+
+
+def _evaluate(args: argparse.Namespace, rest: list[str]) -> int:
+    from .evaluation import evaluate_from_args
+
+    return evaluate_from_args(args)
 
 
 def _diagnose(args: argparse.Namespace, rest: list[str]) -> int:
@@ -43,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="Train from a YAML config (recipes/configs/*.yaml) with CLI overrides: "
                                 "hf-seqrl train --config FILE.yaml [--field value ...]")
     train.set_defaults(func=_train)
+
+    from .evaluation import add_evaluate_arguments
+
+    evaluate = sub.add_parser("evaluate", help="Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file "
+                                               "(greedy or beam search, against every reference).")
+    add_evaluate_arguments(evaluate)
+    evaluate.set_defaults(func=_evaluate)
 
     from .diagnostics import add_diagnose_arguments
 

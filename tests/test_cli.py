@@ -15,7 +15,7 @@ def test_help_lists_the_subcommands(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ("demo", "train", "diagnose"))
+    assert all(name in out for name in ("demo", "train", "evaluate", "diagnose"))
     args = build_parser().parse_args(["demo", "--output-dir", "x", "--quick"])
     assert (args.output_dir, args.quick) == ("x", True)
 
@@ -29,3 +29,30 @@ def test_train_subcommand_runs_a_yaml_config(tmp_path, monkeypatch):
     assert (tmp_path / "model.safetensors").exists() and (tmp_path / "README.md").exists()
     results = json.loads((tmp_path / "all_results.json").read_text())
     assert any(key.startswith("test_") for key in results)
+
+
+def test_evaluate_subcommand_scores_against_every_reference(tmp_path, capsys):
+    from conftest import byt5_tokenizer, tiny_model
+    from hf_seqrl.rewards import corpus_scores
+
+    model, tok = tiny_model("marian"), byt5_tokenizer()
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    sources = ["abc", "a much longer source", "xy"]
+    references = [["abc", "abd"], ["a longer one"], ["xy"]]
+    data = tmp_path / "test.jsonl"
+    data.write_text("\n".join(json.dumps({"src": s, "refs": r}) for s, r in zip(sources, references)))
+    out, preds = tmp_path / "scores.json", tmp_path / "preds.jsonl"
+    assert main(["evaluate", "--model", str(tmp_path / "model"), "--data", str(data), "--source-column", "src",
+                 "--target-column", "refs", "--metrics", "chrf", "rougeL", "--num-beams", "2", "--batch-size", "2",
+                 "--max-new-tokens", "6", "--output", str(out), "--predictions", str(preds)]) == 0
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert [r["source"] for r in rows] == sources and [r["references"] for r in rows] == references
+    # the same outputs, one source at a time with a plain generate call
+    expected = [tok.decode(model.generate(**tok(s, return_tensors="pt"), num_beams=2, do_sample=False,
+                                          max_new_tokens=6)[0], skip_special_tokens=True).strip() for s in sources]
+    assert [r["prediction"] for r in rows] == expected
+    scores = json.loads(out.read_text())
+    assert scores["scores"] == corpus_scores(expected, references, ("chrf", "rougeL"))
+    assert scores["decoding"] == "beam 2" and scores["num_examples"] == 3
+    assert "chrf" in capsys.readouterr().out

@@ -1,0 +1,110 @@
+"""Corpus scores of a seq2seq model on a data file (`hf-seqrl evaluate`): greedy or beam search, every reference.
+
+    hf-seqrl evaluate --model DIR --data test.jsonl --metrics bleu chrf --num-beams 4 --output scores.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+
+import torch
+
+from .rewards import BUILTIN_REWARDS, corpus_scores
+
+
+def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int = 1, batch_size: int = 32,
+                   max_new_tokens: int | None = None, max_source_length: int | None = None,
+                   progress: bool = True, desc: str = "generate") -> list[str]:
+    """Returns the model's decoded output for each source, in order (greedy when `num_beams` is 1).
+
+    Sources are batched by length (less padding); the model's own generation config applies otherwise (its
+    `max_new_tokens` when not given). The model is left in its original train/eval mode.
+    """
+    from tqdm.auto import tqdm
+
+    if num_beams < 1 or batch_size < 1:
+        raise ValueError(f"num_beams and batch_size must be >= 1, got {num_beams} and {batch_size}.")
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs = [""] * len(sources)
+    kwargs = {"num_beams": num_beams, "do_sample": False}
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=not progress):
+                rows = order[start:start + batch_size]
+                batch = tokenizer([sources[i] for i in rows], return_tensors="pt", padding=True,
+                                  truncation=max_source_length is not None, max_length=max_source_length)
+                ids = model.generate(**batch.to(model.device), **kwargs)
+                for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+                    outputs[i] = text.strip()
+    finally:
+        model.train(was_training)
+    return outputs
+
+
+def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequence[Sequence[str]],
+                   metrics: Sequence[str] = ("bleu", "chrf"), **generate_kwargs) -> tuple[dict[str, float], list[str]]:
+    """Returns `(scores, predictions)`: corpus scores in [0, 100] against every reference of each source
+    (`rewards.corpus_scores`), and the decoded outputs. `generate_kwargs` go to `generate_texts`."""
+    unknown = [m for m in metrics if m not in BUILTIN_REWARDS]
+    if unknown:
+        raise ValueError(f"Unknown metric(s) {', '.join(unknown)}; choose from {', '.join(BUILTIN_REWARDS)}.")
+    if len(sources) != len(references):
+        raise ValueError(f"Got {len(sources)} sources but {len(references)} reference rows: give one row per source.")
+    predictions = generate_texts(model, tokenizer, sources, **generate_kwargs)
+    return corpus_scores(predictions, [list(r) for r in references], metrics), predictions
+
+
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Returns `parser` with the `hf-seqrl evaluate` arguments added and `func` set to `evaluate_from_args`."""
+    parser.add_argument("--model", required=True, help="Local directory (or Hub id) of a seq2seq model and tokenizer.")
+    parser.add_argument("--data", required=True, help="A .json, .jsonl, .csv or .tsv file of source/target pairs.")
+    parser.add_argument("--source-column", default="source")
+    parser.add_argument("--target-column", default="target", help="A string or a list of references per row.")
+    parser.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=BUILTIN_REWARDS)
+    parser.add_argument("--num-beams", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--max-source-length", type=int, default=None)
+    parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--output", default=None, help="Write the scores (and settings) to this JSON file.")
+    parser.add_argument("--predictions", default=None, help="Write one JSON line per source with its output.")
+    parser.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
+    parser.set_defaults(func=evaluate_from_args)
+    return parser
+
+
+def evaluate_from_args(args: argparse.Namespace) -> int:
+    """Returns 0 after scoring the model named in `args` on its data file and printing (and writing) the scores."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .diagnostics import load_pairs
+
+    sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=False).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    scores, predictions = evaluate_model(model, tokenizer, sources, references, args.metrics,
+                                         num_beams=args.num_beams, batch_size=args.batch_size,
+                                         max_new_tokens=args.max_new_tokens,
+                                         max_source_length=args.max_source_length)
+    decoding = "greedy" if args.num_beams == 1 else f"beam {args.num_beams}"
+    for name, value in scores.items():
+        print(f"{name:<10}{value:8.2f}")
+    print(f"({len(sources)} sources, {decoding}, corpus scores against every reference)")
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as f:
+            json.dump({"scores": scores, "num_examples": len(sources), "decoding": decoding, "model": args.model,
+                       "data": args.data, "max_new_tokens": args.max_new_tokens}, f, indent=2)
+    if args.predictions:
+        with open(args.predictions, "w") as f:
+            for source, prediction, refs in zip(sources, predictions, references):
+                f.write(json.dumps({"source": source, "prediction": prediction, "references": refs}) + "\n")
+    return 0
