@@ -487,6 +487,31 @@ def format_table(settings: Settings, summary: dict) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(settings: Settings, summary: dict) -> str:
+    """Returns the README table: test scores as mean (min-max over seeds), dev score and diagnostics per arm."""
+    decodings = ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
+    diag = ("horizon_gap", "recovery_rate", "metric_drop")
+    head = (["arm", "seeds", "steps"] + [f"{d} {m}" for d in decodings for m in settings.metrics]
+            + [f"dev {settings.metrics[0]}"] + list(diag))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(x):
+        if isinstance(x, dict):
+            return f"{x['mean']:.2f}" if x["min"] == x["max"] else f"{x['mean']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
+        return "–" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
+
+    c = summary["C"]
+    lines.append("| " + " | ".join([TITLES["C"], "–", "–"] + [cell(c[d][m]) for d in decodings for m in settings.metrics]
+                                   + [cell(c["dev"][settings.metrics[0]])]
+                                   + [cell(c["diagnostics"].get(k)) for k in diag]) + " |")
+    for arm, row in summary["arms"].items():
+        diagnostics = [cell(row["diagnostics"].get(k)) for k in diag]
+        lines.append("| " + " | ".join([TITLES[arm], str(len(row["seeds"])), f"{row['steps']['mean']:.0f}"]
+                                       + [cell(row[d][m]) for d in decodings for m in settings.metrics]
+                                       + [cell(row["dev"][settings.metrics[0]])] + diagnostics) + " |")
+    return "\n".join(lines)
+
+
 def _cached(path: str, compute):
     if os.path.exists(path):
         with open(path) as f:
@@ -565,8 +590,11 @@ def main(argv: list[str] | None = None) -> dict:
                + " ".join(argv if argv is not None else sys.argv[1:]),
                "data": {split: len(rows) for split, rows in splits.items()}, "settings": asdict(settings),
                "budget": "decoder token positions (generated + teacher-forced, padding included) per arm",
-               "checkpoint_c": c_record, **summary, "runs": runs, "wall_seconds": round(time.time() - start)}
+               "checkpoint_c": c_record, **summary, "markdown": format_markdown(settings, summary), "runs": runs,
+               "wall_seconds": round(time.time() - start)}
     print(format_table(settings, summary))
+    print()
+    print(format_markdown(settings, summary))
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w") as f:
         json.dump(results, f, indent=2)
