@@ -69,6 +69,8 @@ class Settings:
     patience: int = 2  # (C)
     c_max_steps: int = 20000  # (C)
     c_max_minutes: float = 40.0  # (C)
+    anneal_lr: float | None = 2e-4  # (C) then cross-entropy at this LR until dev plateaus again (None: skip)
+    anneal_max_minutes: float = 20.0  # (C)
     arm_lr: float = 2e-4
     budget_positions: int = 1_000_000  # decoder token positions per arm
     rl_weight: float = 0.7
@@ -84,22 +86,25 @@ class Settings:
 C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vocab_size", "d_model", "ffn",
             "layers", "heads", "dropout", "batch_size", "c_lr", "c_warmup_steps", "eval_every", "patience",
             "c_max_steps", "c_max_minutes")
+ANNEAL_FIELDS = ("anneal_lr", "anneal_max_minutes")
 
 TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"))
 SUMMARIZATION = Settings(
     task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
-    c_max_minutes=50.0, arm_lr=2e-5, budget_positions=40_000, diag_examples=50, diag_horizon=8)
+    c_max_minutes=50.0, anneal_lr=2e-5, arm_lr=2e-5, budget_positions=40_000, diag_examples=50, diag_horizon=8)
 SETTINGS = {
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
                                    d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
-                                   c_max_minutes=2.0, budget_positions=8000, diag_examples=20, diag_horizon=4,
+                                   c_max_minutes=2.0, anneal_max_minutes=1.0, budget_positions=8000,
+                                   diag_examples=20, diag_horizon=4,
                                    diag_inject=(0, 2), seeds=(0,)),
     ("summarization", False): SUMMARIZATION,
     ("summarization", True): replace(SUMMARIZATION, train_limit=64, dev_size=16, test_limit=16, max_source_tokens=48,
                                      max_target_tokens=24, max_new_tokens=16, eval_every=4, c_max_steps=8,
-                                     c_max_minutes=2.0, budget_positions=600, diag_examples=8, diag_horizon=3,
+                                     c_max_minutes=2.0, anneal_max_minutes=1.0, budget_positions=600,
+                                     diag_examples=8, diag_horizon=3,
                                      diag_inject=(0, 2), seeds=(0,), eval_batch=16),
 }
 
@@ -326,24 +331,37 @@ def xe_trainer(model, tokenizer, dataset, args):
                           data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
 
 
-def train_checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> dict:
-    """Trains C with cross-entropy until the dev metric plateaus, saves it in `work_dir/C`; returns its record."""
+def stage_fields(stage: str) -> tuple[str, ...]:
+    """Returns the settings that define a stage of C (and its cache)."""
+    return C_FIELDS + (ANNEAL_FIELDS if stage == "C_annealed" else ())
+
+
+def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str, stage: str) -> dict:
+    """Trains a stage of C with cross-entropy until the dev metric plateaus, saves it in `work_dir/<stage>` and
+    returns its record. Stage "C": from the initial model at `c_lr` (with warm-up). Stage "C_annealed": from
+    "C" at `anneal_lr`: a model trained at a high LR still gains from a lower one, and the arms, which
+    run at a lower LR, would otherwise all collect that gain, more cross-entropy most of all."""
     from transformers import Seq2SeqTrainingArguments, set_seed
 
     from hf_seqrl.callbacks import PlateauStopper
 
     set_seed(0)
-    model = build_model(settings, tokenizer)
+    if stage == "C_annealed":
+        model, lr, warmup, minutes = load_model(settings, os.path.join(work_dir, "C")), settings.anneal_lr, 0, \
+            settings.anneal_max_minutes
+    else:
+        model, lr, warmup, minutes = build_model(settings, tokenizer), settings.c_lr, settings.c_warmup_steps, \
+            settings.c_max_minutes
     metric = settings.metrics[0]
+
     def dev_score(m) -> float:
         value = score(m, tokenizer, splits["dev"], settings, 1, "dev")[metric]
-        print(f"dev {metric}: {value:.2f}", flush=True)
+        print(f"{stage} dev {metric}: {value:.2f}", flush=True)
         return value
 
-    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience,
-                             max_seconds=60 * settings.c_max_minutes)
-    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, settings.c_lr,
-                         settings.c_max_steps, settings.c_warmup_steps)
+    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, max_seconds=60 * minutes)
+    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr,
+                         settings.c_max_steps, warmup)
     trainer = xe_trainer(model, tokenizer, dataset, args)
     trainer.add_callback(stopper)
     clock = time.time()
@@ -352,12 +370,12 @@ def train_checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, wor
     record = {"steps_run": trainer.state.global_step, "best_step": stopper.best_step,
               f"best_dev_{metric}": stopper.best_score, "dev_history": [list(h) for h in stopper.history],
               "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(time.time() - clock),
-              "parameters": sum(p.numel() for p in model.parameters()),
+              "parameters": sum(p.numel() for p in model.parameters()), "learning_rate": lr,
               "criterion": f"greedy dev {metric} on {len(splits['dev'])} dev rows every {settings.eval_every} steps; "
                            f"stop after {settings.patience} evaluations without a new best, or after "
-                           f"{settings.c_max_minutes:g} minutes; C = the best weights",
-              "settings": {name: getattr(settings, name) for name in C_FIELDS}}
-    folder = os.path.join(work_dir, "C")
+                           f"{minutes:g} minutes; keep the best weights",
+              "settings": {name: getattr(settings, name) for name in stage_fields(stage)}}
+    folder = os.path.join(work_dir, stage)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     with open(os.path.join(folder, "record.json"), "w") as f:
@@ -365,20 +383,29 @@ def train_checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, wor
     return record
 
 
-def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> dict:
-    """Returns the record of C, training it unless the work directory already holds one for these settings."""
-    path = os.path.join(work_dir, "C", "record.json")
+def checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str, stage: str) -> dict:
+    """Returns the record of a stage of C, training it unless the work directory holds one for these settings."""
+    path = os.path.join(work_dir, stage, "record.json")
     if not os.path.exists(path):
-        return train_checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+        return train_stage(settings, splits, tokenizer, dataset, work_dir, stage)
     with open(path) as f:
         record = json.load(f)
-    wanted = {name: getattr(settings, name) for name in C_FIELDS}
+    wanted = {name: getattr(settings, name) for name in stage_fields(stage)}
     if record["settings"] != wanted:
         changed = sorted(k for k in wanted if record["settings"].get(k) != wanted[k])
         sys.exit(f"{os.path.dirname(path)} was trained with other settings ({', '.join(changed)}): "
                  f"pass another --work-dir or delete it to retrain C.")
-    print(f"Using the cached checkpoint C in {os.path.dirname(path)} (step {record['best_step']}).")
+    print(f"Using the cached {stage} in {os.path.dirname(path)} (step {record['best_step']}).")
     return record
+
+
+def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:
+    """Returns the record of checkpoint C (the annealed one, with the first stage under "phase1") and its folder."""
+    record = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C")
+    if settings.anneal_lr is None:
+        return record, os.path.join(work_dir, "C")
+    annealed = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C_annealed")
+    return {**annealed, "phase1": record}, os.path.join(work_dir, "C_annealed")
 
 
 def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_dir: str, seed: int,
@@ -405,12 +432,13 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
     return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
-def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> dict:
-    """Trains one arm from C for the position budget and evaluates it; returns its record."""
+def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str,
+            c_folder: str) -> dict:
+    """Trains one arm from C (in `c_folder`) for the position budget and evaluates it; returns its record."""
     from transformers import set_seed
 
     set_seed(seed)
-    model = load_model(settings, os.path.join(work_dir, "C"))
+    model = load_model(settings, c_folder)
     lengths = [len(x) for x in dataset["labels"]]
     trainer = arm_trainer(arm, model, tokenizer, dataset, settings, os.path.join(work_dir, "tmp"), seed,
                           statistics.mean(lengths))
@@ -529,9 +557,10 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
     changes = {}
     for item in assignments:
         key, sep, value = item.partition("=")
-        if not sep or key not in Settings.__dataclass_fields__ or key in C_FIELDS or key in ("metrics", "seeds"):
+        if (not sep or key not in Settings.__dataclass_fields__ or key in C_FIELDS + ANNEAL_FIELDS
+                or key in ("metrics", "seeds")):
             sys.exit(f"--set {item!r}: use FIELD=VALUE with an arm field of Settings "
-                     f"(not one that defines checkpoint C: {', '.join(C_FIELDS)}).")
+                     f"(not one that defines checkpoint C: {', '.join(C_FIELDS + ANNEAL_FIELDS)}).")
         kind = type(getattr(settings, key))
         changes[key] = tuple(int(v) for v in value.split(",")) if kind is tuple else kind(value)
     tag = "".join(f"_{key}{value}" for key, value in sorted(changes.items())).replace(",", "-")
@@ -575,15 +604,15 @@ def main(argv: list[str] | None = None) -> dict:
     splits = load_task(settings, args.data_dir)
     tokenizer = build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
     dataset = to_dataset(splits["train"], tokenizer, settings)
-    c_record = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+    c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
     c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
-                     lambda: evaluate(load_model(settings, os.path.join(work_dir, "C")), tokenizer, splits, settings,
-                                      "C"))
+                     lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
     runs = []
     for seed in settings.seeds:
         for arm in args.arms:
             runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}{tag}.json"),
-                                lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir)))
+                                lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir,
+                                                c_folder)))
             print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
     summary = summarize(settings, c_eval, runs)
     results = {"task": args.task, "quick": args.quick, "command": "python benchmarks/quality.py "
