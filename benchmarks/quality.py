@@ -97,15 +97,14 @@ SETTINGS = {
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
                                    d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
-                                   c_max_minutes=2.0, anneal_max_minutes=1.0, budget_positions=8000,
+                                   c_max_minutes=2.0, anneal_max_minutes=0.5, budget_positions=8000,
                                    diag_examples=20, diag_horizon=4,
                                    diag_inject=(0, 2), seeds=(0,)),
     ("summarization", False): SUMMARIZATION,
-    ("summarization", True): replace(SUMMARIZATION, train_limit=64, dev_size=16, test_limit=16, max_source_tokens=48,
-                                     max_target_tokens=24, max_new_tokens=16, eval_every=4, c_max_steps=8,
-                                     c_max_minutes=2.0, anneal_max_minutes=1.0, budget_positions=600,
-                                     diag_examples=8, diag_horizon=3,
-                                     diag_inject=(0, 2), seeds=(0,), eval_batch=16),
+    ("summarization", True): replace(SUMMARIZATION, train_limit=32, dev_size=8, test_limit=8, max_source_tokens=48,
+                                     max_target_tokens=16, max_new_tokens=10, eval_every=2, c_max_steps=4,
+                                     c_max_minutes=2.0, anneal_max_minutes=0.5, budget_positions=400,
+                                     diag_examples=4, diag_horizon=3, diag_inject=(0,), seeds=(0,), eval_batch=8),
 }
 
 
