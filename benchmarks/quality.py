@@ -358,7 +358,9 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
         print(f"{stage} dev {metric}: {value:.2f}", flush=True)
         return value
 
-    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, max_seconds=60 * minutes)
+    # Annealing starts from a good model: it is C_annealed only where it beats C on dev.
+    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, max_seconds=60 * minutes,
+                             score_at_start=stage == "C_annealed")
     args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr,
                          settings.c_max_steps, warmup)
     trainer = xe_trainer(model, tokenizer, dataset, args)

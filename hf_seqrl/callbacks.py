@@ -23,6 +23,8 @@ class PlateauStopper(TrainerCallback):
         patience (`int`): scores without a new best before stopping.
         max_seconds (`float`, *optional*): wall-clock cap of the training run, checked at every score.
         min_delta (`float`, *optional*, defaults to `0.0`): a score must beat the best by more than this to count.
+        score_at_start (`bool`, *optional*, defaults to `False`): also score the model before the first step, so
+            that the starting weights win if training never beats them (fine-tuning an already good model).
 
     After training, `best_state` holds the best weights (load them with `model.load_state_dict`), `best_step` and
     `best_score` say where they came from, `history` lists `(step, score)`, and `stop_reason` is `"plateau"`,
@@ -30,35 +32,40 @@ class PlateauStopper(TrainerCallback):
     """
 
     def __init__(self, score_fn: Callable, every: int, patience: int, max_seconds: float | None = None,
-                 min_delta: float = 0.0):
+                 min_delta: float = 0.0, score_at_start: bool = False):
         if every < 1 or patience < 1:
             raise ValueError(f"PlateauStopper needs every >= 1 and patience >= 1, got every={every}, "
                              f"patience={patience}.")
         self.score_fn, self.every, self.patience = score_fn, every, patience
-        self.max_seconds, self.min_delta = max_seconds, min_delta
+        self.max_seconds, self.min_delta, self.score_at_start = max_seconds, min_delta, score_at_start
         self.history: list[tuple[int, float]] = []
         self.best_score, self.best_step, self.best_state, self.stale = float("-inf"), 0, None, 0
         self.stop_reason: str | None = None
         self._start = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._start = time.monotonic()
+        if self.score_at_start and model is not None:
+            self._score(state.global_step, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every:
             return
-        score = float(self.score_fn(model))
-        self.history.append((state.global_step, round(score, 4)))
-        if score > self.best_score + self.min_delta:
-            self.best_score, self.best_step, self.stale = score, state.global_step, 0
-            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            self.stale += 1
+        self._score(state.global_step, model)
         if self.stale >= self.patience:
             self.stop_reason = "plateau"
         elif self.max_seconds is not None and time.monotonic() - self._start >= self.max_seconds:
             self.stop_reason = "time cap"
         control.should_training_stop = control.should_training_stop or self.stop_reason is not None
+
+    def _score(self, step: int, model) -> None:
+        score = float(self.score_fn(model))
+        self.history.append((step, round(score, 4)))
+        if score > self.best_score + self.min_delta:
+            self.best_score, self.best_step, self.stale = score, step, 0
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.stale += 1
 
     def restore_best(self, model) -> None:
         """Loads the best weights seen into `model` (no-op when nothing was scored)."""
