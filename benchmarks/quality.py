@@ -72,6 +72,7 @@ class Settings:
     anneal_lr: float | None = 2e-4  # (C) then cross-entropy at this LR until dev plateaus again (None: skip)
     anneal_max_minutes: float = 20.0  # (C)
     arm_lr: float = 2e-4
+    rl_lr: float = 0.0  # learning rate of the SCST / leave-one-out arms; 0 = arm_lr
     budget_positions: int = 1_000_000  # decoder token positions per arm
     rl_weight: float = 0.7
     ss_min_ratio: float = 0.75
@@ -428,6 +429,7 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
                              schedule_k=max(1.0, steps / 2 / (1 - settings.ss_min_ratio)),
                              min_teacher_forcing_ratio=settings.ss_min_ratio)
         return ScheduledSamplingTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    common = (settings, output_dir, seed, settings.rl_lr or settings.arm_lr, 10**6)
     args = training_args(SeqRLConfig, *common, reward=settings.metrics[0], rl_weight=settings.rl_weight,
                          max_new_tokens=settings.max_new_tokens, **RL_ARMS[arm])
     return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
@@ -553,8 +555,18 @@ def _cached(path: str, compute):
     return value
 
 
-def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Settings, str]:
-    """Returns the settings with `FIELD=VALUE` overrides of arm fields applied, and the run-name suffix."""
+# Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
+ARM_ONLY = {"rl_lr": ("scst", "loo4"), "rl_weight": ("scst", "loo4"), "ss_min_ratio": ("ss",)}
+
+
+def run_tag(arm: str | None, overrides: dict) -> str:
+    """Returns the run-name suffix of `arm` under `overrides` (only the fields that arm reads; all with None)."""
+    changed = {k: v for k, v in overrides.items() if arm is None or arm in ARM_ONLY.get(k, (arm,))}
+    return "".join(f"_{key}{value}" for key, value in sorted(changed.items())).replace(",", "-")
+
+
+def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Settings, dict]:
+    """Returns the settings with `FIELD=VALUE` overrides of arm fields applied, and the overrides."""
     changes = {}
     for item in assignments:
         key, sep, value = item.partition("=")
@@ -564,8 +576,7 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
                      f"(not one that defines checkpoint C: {', '.join(C_FIELDS + ANNEAL_FIELDS)}).")
         kind = type(getattr(settings, key))
         changes[key] = tuple(int(v) for v in value.split(",")) if kind is tuple else kind(value)
-    tag = "".join(f"_{key}{value}" for key, value in sorted(changes.items())).replace(",", "-")
-    return replace(settings, **changes), tag
+    return replace(settings, **changes), changes
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -591,7 +602,8 @@ def main(argv: list[str] | None = None) -> dict:
     settings = SETTINGS[(args.task, args.quick)]
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
-    settings, tag = apply_overrides(settings, args.set)
+    settings, overrides = apply_overrides(settings, args.set)
+    tag = run_tag(None, overrides)
     folder = {"translation": "multi30k", "summarization": "scitldr"}[args.task]
     if not os.path.isdir(os.path.join(args.data_dir, folder)):
         sys.exit(f"No {folder} data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
@@ -611,12 +623,12 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for seed in settings.seeds:
         for arm in args.arms:
-            runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}{tag}.json"),
+            runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}.json"),
                                 lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir,
                                                 c_folder)))
             print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
     summary = summarize(settings, c_eval, runs)
-    results = {"task": args.task, "quick": args.quick, "command": "python benchmarks/quality.py "
+    results = {"task": args.task, "quick": args.quick, "overrides": overrides, "command": "python benchmarks/quality.py "
                + " ".join(argv if argv is not None else sys.argv[1:]),
                "data": {split: len(rows) for split, rows in splits.items()}, "settings": asdict(settings),
                "budget": "decoder token positions (generated + teacher-forced, padding included) per arm",

@@ -81,8 +81,11 @@ def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
 def test_quality_overrides_name_their_runs():
     quality = load_benchmark()
     settings = quality.SETTINGS[("translation", False)]
-    changed, tag = quality.apply_overrides(settings, ["rl_weight=0.9", "arm_lr=1e-4"])
-    assert changed.rl_weight == 0.9 and changed.arm_lr == 1e-4 and tag == "_arm_lr0.0001_rl_weight0.9"
-    assert quality.apply_overrides(settings, []) == (settings, "")
+    changed, overrides = quality.apply_overrides(settings, ["rl_weight=0.9", "arm_lr=1e-4"])
+    assert changed.rl_weight == 0.9 and changed.arm_lr == 1e-4
+    assert quality.run_tag("scst", overrides) == "_arm_lr0.0001_rl_weight0.9"
+    assert quality.run_tag("xe", overrides) == "_arm_lr0.0001"  # the cross-entropy arm does not read rl_weight
+    assert quality.run_tag("xe", quality.apply_overrides(settings, ["rl_lr=2e-5"])[1]) == ""
+    assert quality.apply_overrides(settings, []) == (settings, {})
     with pytest.raises(SystemExit, match="defines checkpoint C"):
         quality.apply_overrides(settings, ["d_model=64"])
