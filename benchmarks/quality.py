@@ -532,7 +532,8 @@ def format_markdown(settings: Settings, summary: dict) -> str:
         return "–" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
 
     c = summary["C"]
-    lines.append("| " + " | ".join([TITLES["C"], "–", "–"] + [cell(c[d][m]) for d in decodings for m in settings.metrics]
+    lines.append("| " + " | ".join([TITLES["C"], "–", "–"]
+                                   + [cell(c[d][m]) for d in decodings for m in settings.metrics]
                                    + [cell(c["dev"][settings.metrics[0]])]
                                    + [cell(c["diagnostics"].get(k)) for k in diag]) + " |")
     for arm, row in summary["arms"].items():
@@ -628,8 +629,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                 c_folder)))
             print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
     summary = summarize(settings, c_eval, runs)
-    results = {"task": args.task, "quick": args.quick, "overrides": overrides, "command": "python benchmarks/quality.py "
-               + " ".join(argv if argv is not None else sys.argv[1:]),
+    command = "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = {"task": args.task, "quick": args.quick, "overrides": overrides, "command": command,
                "data": {split: len(rows) for split, rows in splits.items()}, "settings": asdict(settings),
                "budget": "decoder token positions (generated + teacher-forced, padding included) per arm",
                "checkpoint_c": c_record, **summary, "markdown": format_markdown(settings, summary), "runs": runs,

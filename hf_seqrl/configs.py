@@ -107,7 +107,7 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     )
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of a list of rewards."})
     nonfinite_rewards: str = field(default="error", metadata={"help": "'error' or 'drop' on NaN/inf rewards."})
-    reward_workers: int = field(default=0, metadata={"help": "Processes scoring large reward batches (0 = in-process)."})
+    reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
     baseline: str | None = field(
         default=None, metadata={"help": "greedy | mean | moving_average | none (default: the trainer's)."}
     )
@@ -158,7 +158,8 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"SeqRLConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}.")
         if self.reward_workers < 0:
-            raise ValueError(f"SeqRLConfig.reward_workers must be >= 0 (0 scores in-process), got {self.reward_workers}.")
+            raise ValueError(
+                f"SeqRLConfig.reward_workers must be >= 0 (0 scores in-process), got {self.reward_workers}.")
         if self.entropy_coef < 0 or self.kl_coef < 0:
             raise ValueError("SeqRLConfig.entropy_coef and kl_coef must be >= 0.")
         if self.nonfinite_rewards not in ("error", "drop"):

@@ -41,7 +41,8 @@ def check_results(results, metrics, out_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="../shared/data/multi30k is absent")
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
+                    reason="../shared/data/multi30k is absent")
 def test_quality_quick_translation(tmp_path, capsys):
     quality = load_benchmark()
     out = tmp_path / "q.json"
