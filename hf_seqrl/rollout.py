@@ -244,15 +244,21 @@ def sample_rollout(
     """
     group = num_samples + int(with_greedy)
     sampler = GroupSampler(group, with_greedy, sampling_warpers(generation_config), _copy_of_global_rng(model.device))
-    # The sampler picks every token; `generate` keeps sampling mode (for `num_return_sequences`) with no warpers.
+    # The sampler picks every token, so `generate` runs greedy (an argmax over one allowed token, where sampling
+    # mode would pay a second softmax and multinomial over the vocabulary). Greedy mode takes no
+    # `num_return_sequences`: the encoder runs once per source here and its states are repeated per row.
     generation_config = copy.deepcopy(generation_config)
-    generation_config.update(do_sample=True, temperature=None, top_k=None, top_p=None, num_return_sequences=group)
+    generation_config.update(do_sample=False, temperature=None, top_k=None, top_p=None, num_return_sequences=1)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
     was_training = model.training
     model.eval()
     try:
+        encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        encoded.last_hidden_state = encoded.last_hidden_state.repeat_interleave(group, dim=0)
         sequences = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            encoder_outputs=encoded,
+            attention_mask=attention_mask.repeat_interleave(group, dim=0),
             generation_config=generation_config,
             logits_processor=LogitsProcessorList([sampler]),
         )
