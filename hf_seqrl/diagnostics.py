@@ -422,14 +422,21 @@ def add_diagnose_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     return parser
 
 
-def diagnose_from_args(args: argparse.Namespace) -> int:
-    """Returns 0 after loading the model and data named in `args`, running the diagnostics and writing the report."""
+def load_model_and_pairs(args: argparse.Namespace):
+    """Returns `(model, tokenizer, sources, references)` named by the `--model`, `--data`, column, `--max-examples`
+    and `--device` arguments shared by `hf-seqrl diagnose` and `hf-seqrl evaluate`."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    return model, tokenizer, sources, references
+
+
+def diagnose_from_args(args: argparse.Namespace) -> int:
+    """Returns 0 after loading the model and data named in `args`, running the diagnostics and writing the report."""
+    model, tokenizer, sources, references = load_model_and_pairs(args)
     report = run_diagnostics(model, tokenizer, sources, references, max_horizon=args.max_horizon,
                              inject_positions=args.inject_positions, metric=args.metric, batch_size=args.batch_size,
                              max_new_tokens=args.max_new_tokens, max_examples=args.max_examples)
@@ -477,16 +484,17 @@ class DiagnosticsCallback(TrainerCallback):
         values = {f"eval_diag/{key}": value for key, value in self.last_report["summary"].items() if value is not None}
         if metrics is not None:
             metrics.update(values)
-        last = state.log_history[-1] if state.log_history else {}
         if self.trainer is not None:
             from transformers import Trainer
 
             # The base `log`: hf-seqrl's own would flush its buffered train metrics into this entry.
             Trainer.log(self.trainer, dict(values))
-        elif metrics and all(key in last for key in metrics if key not in values):
-            # Trainer.evaluate logged its metrics just before this event: extend that entry rather than add a row.
-            last.update(values)
         else:
-            state.log_history.append({**values, "step": state.global_step})
+            last = state.log_history[-1] if state.log_history else {}
+            if metrics and all(key in last for key in metrics if key not in values):
+                # Trainer.evaluate logged its metrics just before this event: extend that entry, not a new row.
+                last.update(values)
+            else:
+                state.log_history.append({**values, "step": state.global_step})
         if state.is_world_process_zero:
             logger.info("diagnostics: " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))

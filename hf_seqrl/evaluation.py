@@ -82,14 +82,9 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
 
 def evaluate_from_args(args: argparse.Namespace) -> int:
     """Returns 0 after scoring the model named in `args` on its data file and printing (and writing) the scores."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from .diagnostics import load_model_and_pairs
 
-    from .diagnostics import load_pairs
-
-    sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=False).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    model, tokenizer, sources, references = load_model_and_pairs(args)
     scores, predictions = evaluate_model(model, tokenizer, sources, references, args.metrics,
                                          num_beams=args.num_beams, batch_size=args.batch_size,
                                          max_new_tokens=args.max_new_tokens,
