@@ -93,7 +93,7 @@ TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"))
 SUMMARIZATION = Settings(
     task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
-    c_max_minutes=50.0, anneal_lr=2e-5, arm_lr=2e-5, budget_positions=40_000, diag_examples=50, diag_horizon=8)
+    c_max_minutes=50.0, anneal_lr=None, arm_lr=2e-5, budget_positions=40_000, diag_examples=50, diag_horizon=8)
 SETTINGS = {
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
@@ -591,6 +591,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "--quick writes into the work dir)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--runs-only", action="store_true",
+                        help="train (or load) C and run the selected arm units only: no evaluation of C, no "
+                        "results file. For a second process running other seeds in parallel; a final run "
+                        "without it reads every cached unit and writes the results.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to other work)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="override arm settings (not those of C), e.g. --set rl_weight=0.9 arm_lr=1e-4; "
@@ -619,8 +623,9 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
     dataset = to_dataset(splits["train"], tokenizer, settings)
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
-    c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
-                     lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
+    if not args.runs_only:
+        c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
+                         lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
     runs = []
     for seed in settings.seeds:
         for arm in args.arms:
@@ -628,6 +633,9 @@ def main(argv: list[str] | None = None) -> dict:
                                 lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir,
                                                 c_folder)))
             print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
+    if args.runs_only:
+        print("--runs-only: rerun without it for the evaluation of C and the results.")
+        return {"runs": runs}
     summary = summarize(settings, c_eval, runs)
     command = "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"task": args.task, "quick": args.quick, "overrides": overrides, "command": command,

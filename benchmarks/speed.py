@@ -2,8 +2,9 @@
 
 Models are built locally from configs of realistic shape (t5-small-sized, Marian-base-sized) with a synthetic
 word-level tokenizer, so decoded samples are real strings of 20-60 words and rewards cost what they cost in
-practice. Every arm runs in its own subprocess (peak memory is that process's high-water mark above the
-loaded model on CPU, `torch.cuda.max_memory_allocated` on GPU). Times are medians over repeats; compare
+practice. One process per (shape, task) builds the model; on CPU every arm runs in a child forked from it
+(peak memory: the child's high-water RSS above its RSS at the start), on GPU the arms run in turn
+(`torch.cuda.max_memory_allocated` above the memory in use at the start). Times are medians over repeats; compare
 ratios within one run.
 
     python benchmarks/speed.py --quick              # < 3 minutes on 2 CPU cores
@@ -184,19 +185,46 @@ STEPS = {"xe": (step_xe, 1), "seqrl_scst": (step_seqrl, 1), "seqrl_loo4": (step_
          "reference_scst": (step_reference, 1), "reference_loo4": (step_reference, 4)}
 
 
-def run_arm(arm, shape, task, batch, repeats, device, threads):
-    """Runs one arm in this process; returns its timings (medians) and peak memory."""
-    torch.set_num_threads(threads)
-    model, tok = build(shape, device)
+def _rss_kib(field: str) -> int | None:
+    """Returns a `/proc/self/status` memory field (VmRSS, VmHWM) in KiB, or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> int | None:
+    """Resets this process's peak RSS to its current RSS (Linux `clear_refs`); returns that RSS in KiB, or None
+    where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _rss_kib("VmRSS")
+
+
+def run_arm(arm, model, tok, shape, task, batch, repeats, device):
+    """Runs one arm on `model` in this process; returns its timings (medians) and peak memory (MiB above the
+    memory in use when the arm starts)."""
     src, attn, labels, refs = batch_for(task, batch, SHAPES[shape]["vocab"], device)
     # A random model almost never samples EOS (p ~ 1/vocab), so every arm decodes ~max_new_tokens tokens.
     fn, n = STEPS[arm]
     if arm == "xe":
         # Same number of target sequences as the 4-sample RL step, for the memory comparison.
         src, attn, labels = (t.repeat_interleave(4, 0) for t in (src, attn, labels))
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if device == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _reset_peak_rss()
+        if base is None:  # no clear_refs: the high-water mark of this (freshly forked) process
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     totals, parts, step_losses = [], [], []
     for i in range(repeats + 1):
         torch.manual_seed(i)
@@ -210,12 +238,49 @@ def run_arm(arm, shape, task, batch, repeats, device, threads):
         if i:  # the first step warms up allocators and caches
             totals.append(total)
             parts.append(dict(timer.parts, other=total - sum(timer.parts.values())))
-    peak = (torch.cuda.max_memory_allocated() / 2**20 if device == "cuda"
-            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024)
+    model.zero_grad(set_to_none=True)
+    if device == "cuda":
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        peak = ((_rss_kib("VmHWM") if _rss_kib("VmHWM") is not None
+                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) - base) / 1024
     keys = sorted({k for p in parts for k in p})
     return {"step_s": statistics.median(totals),
             "parts_s": {k: statistics.median(p.get(k, 0.0) for p in parts) for k in keys},
             "peak_mem_mib": peak, "losses": step_losses}
+
+
+def run_group(shape, task, batch, repeats, device, threads, arms=ARMS):
+    """Builds the model once and runs every arm on it; yields one result per arm.
+
+    On CPU each arm runs in a child forked from this process (`os.fork`: the model's memory is shared, the
+    arm's own allocations are its peak, and no arm sees another's allocator state). On CUDA, where a fork
+    cannot use the device, the arms run one after another here with the allocator's peak reset between them.
+    """
+    torch.set_num_threads(threads)
+    model, tok = build(shape, device)
+    for arm in arms:
+        if device == "cuda" or not hasattr(os, "fork"):
+            yield run_arm(arm, model, tok, shape, task, batch, repeats, device)
+            continue
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(read)
+            status = 1
+            try:
+                with os.fdopen(write, "w") as out:
+                    json.dump(run_arm(arm, model, tok, shape, task, batch, repeats, device), out)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write)
+        with os.fdopen(read) as inp:
+            text = inp.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or not text:
+            raise RuntimeError(f"arm {arm} ({shape}, {task}) failed in its child process (status {status}).")
+        yield json.loads(text)
 
 
 def main():
@@ -227,29 +292,35 @@ def main():
                         help="torch intra-op threads (use 1 on a machine shared with other jobs)")
     parser.add_argument("--translation-batch", type=int, default=None, help="override the plan's batch size")
     parser.add_argument("--summarization-batch", type=int, default=None, help="override the plan's batch size")
-    parser.add_argument("--_arm", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--_group", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         TASKS.update(QUICK_TASKS)
-    if args._arm:
-        arm, shape, task, batch, repeats = args._arm
-        print(json.dumps(run_arm(arm, shape, task, int(batch), int(repeats), args.device, args.threads)))
+    if args._group:
+        shape, task, batch, repeats = args._group
+        for row in run_group(shape, task, int(batch), int(repeats), args.device, args.threads):
+            print(json.dumps(row), flush=True)
         return
     if args.quick:
         plan = [("t5-small", "translation", 2, 1), ("t5-small", "summarization", 1, 1)]
     else:
         plan = [(s, t, 8 if t == "translation" else 4, 5) for s in SHAPES for t in TASKS]
     override = {"translation": args.translation_batch, "summarization": args.summarization_batch}
-    plan = [(shape, task, override[task] or batch, repeats) for shape, task, batch, repeats in plan]
+    plan = [(shape, task, override[task] or batch, repeats) for shape, task, batch, repeats in plan
+            if task in args.tasks]
     results = []
     for shape, task, batch, repeats in plan:
-        for arm in ARMS:
-            cmd = [sys.executable, __file__, "--device", args.device, "--threads", str(args.threads), "--_arm", arm,
-                   shape, task, str(batch), str(repeats)] + (["--quick"] if args.quick else [])
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-            row = dict(shape=shape, task=task, batch=batch, arm=arm, **json.loads(out))
-            results.append(row)
-            print(f"  {shape:12s} {task:13s} {arm:15s} {row['step_s']:.3f} s", file=sys.stderr)
+        # One process per (shape, task): imports and the model build are paid once, not per arm.
+        cmd = [sys.executable, __file__, "--device", args.device, "--threads", str(args.threads), "--_group",
+               shape, task, str(batch), str(repeats)] + (["--quick"] if args.quick else [])
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+            for arm, line in zip(ARMS, proc.stdout):
+                row = dict(shape=shape, task=task, batch=batch, arm=arm, **json.loads(line))
+                results.append(row)
+                print(f"  {shape:12s} {task:13s} {arm:15s} {row['step_s']:.3f} s", file=sys.stderr, flush=True)
+        if proc.returncode:
+            raise SystemExit(f"speed.py: the {shape} {task} group failed (exit {proc.returncode}).")
     print_table(results)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
