@@ -224,6 +224,16 @@ def _copy_of_global_rng(device: torch.device) -> torch.Generator:
     return generator
 
 
+def _continue_global_rng(generator: torch.Generator) -> None:
+    """Moves the global RNG of `generator`'s device to `generator`'s state, so that the draws made from the copy
+    count as drawn: the next rollout gets fresh noise even where nothing else (dropout) uses the RNG."""
+    device = generator.device
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(generator.get_state(), device)
+    elif device.type == "cpu":
+        torch.set_rng_state(generator.get_state())
+
+
 @torch.no_grad()
 def sample_rollout(
     model,
@@ -243,7 +253,8 @@ def sample_rollout(
         generation_config: from `rollout_generation_config`.
     """
     group = num_samples + int(with_greedy)
-    sampler = GroupSampler(group, with_greedy, sampling_warpers(generation_config), _copy_of_global_rng(model.device))
+    generator = _copy_of_global_rng(model.device)
+    sampler = GroupSampler(group, with_greedy, sampling_warpers(generation_config), generator)
     # The sampler picks every token, so `generate` runs greedy (an argmax over one allowed token, where sampling
     # mode would pay a second softmax and multinomial over the vocabulary). Greedy mode takes no
     # `num_return_sequences`: the encoder runs once per source here and its states are repeated per row.
@@ -262,6 +273,7 @@ def sample_rollout(
             generation_config=generation_config,
             logits_processor=LogitsProcessorList([sampler]),
         )
+        _continue_global_rng(generator)
     finally:
         model.train(was_training)
     ids, mask = strip_decoded(sequences, model)

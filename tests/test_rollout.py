@@ -93,6 +93,24 @@ def test_sample_rows_equal_a_separate_sampling_call_with_the_same_seed(arch, wit
     assert torch.equal(widen(ro.sample_ids, pad), widen(expected, pad))
     assert torch.equal(widen(ro.sample_mask, False), widen(expected_mask, False))
     assert len(set(map(tuple, expected.tolist()))) > 1  # real samples, not a degenerate distribution
+    if not with_greedy:  # same draws as the separate call, and the global RNG moved on by exactly those draws
+        after_separate = torch.get_rng_state()
+        torch.manual_seed(123)
+        sample_rollout(model, ids, attn, config, num_samples=3, with_greedy=False)
+        assert torch.equal(torch.get_rng_state(), after_separate)
+
+
+def test_consecutive_rollouts_draw_fresh_noise_without_dropout():
+    # The sampler draws from a copy of the global RNG; the global RNG must still move on, or a dropout-free
+    # model (nothing else drawing) would reuse the same noise at every step.
+    tok = byt5_tokenizer()
+    model = tiny_model("t5").eval()
+    ids, attn = batch(tok)
+    config = rollout_generation_config(model, max_new_tokens=9)
+    torch.manual_seed(5)
+    first = sample_rollout(model, ids, attn, config, num_samples=2).sample_ids
+    second = sample_rollout(model, ids, attn, config, num_samples=2).sample_ids
+    assert not torch.equal(first, second)
 
 
 def test_rollout_config_drops_decoding_heuristics():
