@@ -54,6 +54,11 @@ def test_quality_quick_translation(tmp_path, capsys):
     # a rerun reuses the cached C and the finished arms: same numbers, nothing retrained
     again = quality.main(argv)
     assert again["runs"] == results["runs"] and again["checkpoint_c"] == results["checkpoint_c"]
+    # --runs-only (a second process running other seeds): the selected units from the cached C, no results file
+    out.unlink()
+    extra = quality.main(argv + ["--runs-only", "--seeds", "1", "--arms", "xe"])
+    assert [(r["arm"], r["seed"]) for r in extra["runs"]] == [("xe", 1)] and not out.exists()
+    assert (tmp_path / "w" / "runs" / "xe_seed1.json").exists()
 
 
 @pytest.mark.slow
