@@ -89,11 +89,11 @@ C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vo
             "c_max_steps", "c_max_minutes")
 ANNEAL_FIELDS = ("anneal_lr", "anneal_max_minutes")
 
-TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"))
+TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps=5000, c_max_minutes=90.0)
 SUMMARIZATION = Settings(
     task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
-    c_max_minutes=50.0, anneal_lr=None, arm_lr=2e-5, budget_positions=40_000, diag_examples=50, diag_horizon=8)
+    c_max_minutes=50.0, anneal_lr=None, arm_lr=2e-5, budget_positions=100_000, diag_examples=50, diag_horizon=8)
 SETTINGS = {
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
@@ -580,6 +580,27 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
     return replace(settings, **changes), changes
 
 
+def _run_units(command: list[str], units: list[tuple[str, int]], jobs: int):
+    """Starts `command --arms ARM --seeds SEED` for every unit, `jobs` at a time, in the background; returns a
+    future that raises if any of them failed."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(unit):
+        arm, seed = unit
+        done = subprocess.run(command + ["--arms", arm, "--seeds", str(seed)], stdout=subprocess.DEVNULL)
+        if done.returncode:
+            raise RuntimeError(f"the {arm} seed {seed} unit failed (exit {done.returncode}); its output is above")
+        print(f"finished in a worker: {arm} seed {seed}", flush=True)
+
+    def run_all():
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:
+            for future in [executor.submit(one, unit) for unit in units]:
+                future.result()
+
+    return ThreadPoolExecutor(max_workers=1).submit(run_all)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=("translation", "summarization"), required=True)
@@ -595,6 +616,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="train (or load) C and run the selected arm units only: no evaluation of C, no "
                         "results file. For a second process running other seeds in parallel; a final run "
                         "without it reads every cached unit and writes the results.")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="arm units run in this many processes at once (each with --threads threads), beside "
+                        "the evaluation of C in this one; default: 2 (the benchmark's 2-core budget)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to other work)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="override arm settings (not those of C), e.g. --set rl_weight=0.9 arm_lr=1e-4; "
@@ -623,16 +647,26 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
     dataset = to_dataset(splits["train"], tokenizer, settings)
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+    units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}.json"))
+             for seed in settings.seeds for arm in args.arms]
+    pool = None
+    if args.jobs > 1 and not args.runs_only:
+        # Each unfinished arm unit in its own `--runs-only` process, `--jobs` at a time, while this one scores C.
+        child = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--data-dir", args.data_dir,
+                 "--work-dir", work_dir, "--threads", str(args.threads), "--runs-only"]
+        child += (["--quick"] if args.quick else []) + (["--set", *args.set] if args.set else [])
+        todo = [(arm, seed) for arm, seed, path in units if not os.path.exists(path)]
+        pool = _run_units(child, todo, args.jobs)
     if not args.runs_only:
         c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
                          lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
+    if pool is not None:
+        pool.result()
     runs = []
-    for seed in settings.seeds:
-        for arm in args.arms:
-            runs.append(_cached(os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}.json"),
-                                lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir,
-                                                c_folder)))
-            print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
+    for arm, seed, path in units:
+        runs.append(_cached(path, lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir,
+                                                  c_folder)))
+        print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
     if args.runs_only:
         print("--runs-only: rerun without it for the evaluation of C and the results.")
         return {"runs": runs}
