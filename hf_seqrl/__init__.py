@@ -22,6 +22,7 @@ _LAZY = {
     "WeightedReward": "rewards",
     "SeqRLDataCollator": "data",
     "tokenize_pairs": "data",
+    "strip_start_token": "data",
     "run_diagnostics": "diagnostics",
     "DiagnosticsCallback": "diagnostics",
     "Rollout": "rollout",

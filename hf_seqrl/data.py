@@ -69,6 +69,19 @@ def check_rows(dataset, name: str = "train_dataset", batch_size: int = 1000) -> 
         offset += size
 
 
+def strip_start_token(label_ids: list[list[int]], decoder_start_token_id: int | None) -> list[list[int]]:
+    """Returns the label rows without a leading `decoder_start_token_id`.
+
+    Tokenizers of encoder-only checkpoints (BERT, RoBERTa) wrap a target in [CLS] ... [SEP], and a BERT2BERT
+    `EncoderDecoderModel` starts decoding from [CLS]: left in the labels, the leading [CLS] teaches the model to
+    emit a second one, and teacher-forced scores see a prefix that decoding never produces. Labels of T5, BART,
+    Marian, mBART and Pegasus do not start with their decoder start token and are returned unchanged.
+    """
+    if decoder_start_token_id is None:
+        return label_ids
+    return [ids[1:] if len(ids) > 1 and ids[0] == decoder_start_token_id else ids for ids in label_ids]
+
+
 def tokenize_pairs(
     examples: dict[str, list],
     tokenizer,
@@ -77,11 +90,13 @@ def tokenize_pairs(
     max_source_length: int | None = None,
     max_target_length: int | None = None,
     prefix: str = "",
+    decoder_start_token_id: int | None = None,
 ) -> dict[str, list]:
     """Returns tokenized `input_ids`, `attention_mask`, `labels` and raw `references` / `sources` (batched map).
 
     A target cell may hold one string or a list of references; the first reference is the training label,
-    all of them are kept as rewards' references.
+    all of them are kept as rewards' references. With `decoder_start_token_id`, labels lose a leading copy of
+    that token (`strip_start_token`).
     """
     sources = examples[source_column]
     targets = examples[target_column]
@@ -94,7 +109,7 @@ def tokenize_pairs(
             raise ValueError(f"Row {i} of this batch has an empty {target_column!r}: drop or fix it.")
     model_inputs = tokenizer([prefix + s for s in sources], max_length=max_source_length, truncation=True)
     labels = tokenizer(text_target=[refs[0] for refs in references], max_length=max_target_length, truncation=True)
-    model_inputs["labels"] = labels["input_ids"]
+    model_inputs["labels"] = strip_start_token(labels["input_ids"], decoder_start_token_id)
     model_inputs["references"] = references
     model_inputs["sources"] = list(sources)
     return model_inputs

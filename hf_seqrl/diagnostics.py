@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, TrainerCallback
 from transformers.utils import logging
 
+from .data import strip_start_token
 from .losses import token_logprobs_from_logits
 from .rewards import corpus_scores, get_reward, normalize_references
 from .rollout import (completion_mask, decoder_start_id, ended_with_eos, eos_ids, expand_encoder_states, pad_id,
@@ -242,6 +243,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
     gold = tokenizer(text_target=[refs[0] for refs in references], truncation=limit is not None,
                      max_length=limit)["input_ids"]
+    gold = strip_start_token(gold, decoder_start_id(model))
     gold_content = [next((i for i, t in enumerate(g) if t in eos), len(g)) for g in gold]  # tokens before EOS
     budget = max_new_tokens or 2 * max(len(g) for g in gold) + 10
     budget = min(budget, limit - 1) if limit else budget

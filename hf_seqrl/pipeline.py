@@ -23,6 +23,7 @@ from transformers import HfArgumentParser
 from .configs import ScheduledSamplingConfig, SeqRLConfig
 from .data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_pairs
 from .rewards import corpus_scores
+from .rollout import decoder_start_id
 
 ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")
 SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
@@ -185,7 +186,7 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
     return model, tokenizer
 
 
-def load_splits(script_args: ScriptArguments, tokenizer) -> dict:
+def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id: int | None = None) -> dict:
     """Returns the tokenized splits present among train / validation / test (with `references`, `sources`)."""
     from datasets import load_dataset
 
@@ -211,7 +212,7 @@ def load_splits(script_args: ScriptArguments, tokenizer) -> dict:
             tokenize_pairs, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
             fn_kwargs=dict(tokenizer=tokenizer, source_column="source", target_column="target",
                            max_source_length=s.max_source_length, max_target_length=s.max_target_length,
-                           prefix=s.source_prefix))
+                           prefix=s.source_prefix, decoder_start_token_id=decoder_start_token_id))
     if "train" not in out:
         raise ValueError("The data has no 'train' split: give train_file, or a dataset_name with a train split.")
     return out
@@ -274,7 +275,7 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     transformers.set_seed(training_args.seed)  # the tiny model's initial weights
     model, tokenizer = load_model_and_tokenizer(script_args)
     with training_args.main_process_first(desc="data"):
-        splits = load_splits(script_args, tokenizer)
+        splits = load_splits(script_args, tokenizer, decoder_start_id(model))
     trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
 
     resume = training_args.resume_from_checkpoint
