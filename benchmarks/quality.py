@@ -436,8 +436,9 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
 
 
 def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str,
-            c_folder: str) -> dict:
-    """Trains one arm from C (in `c_folder`) for the position budget and evaluates it; returns its record."""
+            c_folder: str, dev_only: bool = False) -> dict:
+    """Trains one arm from C (in `c_folder`) for the position budget and evaluates it (on dev only with
+    `dev_only`); returns its record."""
     from transformers import set_seed
 
     set_seed(seed)
@@ -456,7 +457,10 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
               "train_seconds": round(train_seconds), "first_logged_reward": rewards[0] if rewards else None,
               "last_logged_reward": rewards[-1] if rewards else None}
-    record.update(evaluate(model, tokenizer, splits, settings, f"{arm} seed {seed}"))
+    if dev_only:
+        record["dev"] = score(model, tokenizer, splits["dev"], settings, 1, f"{arm} seed {seed}: dev")
+    else:
+        record.update(evaluate(model, tokenizer, splits, settings, f"{arm} seed {seed}"))
     return record
 
 
@@ -580,6 +584,29 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
     return replace(settings, **changes), changes
 
 
+def write_dev_results(args, settings: Settings, overrides: dict, c_eval: dict, runs: list[dict], output: str) -> dict:
+    """Prints and writes the dev scores of C and of each arm (mean and min..max over seeds) of a --dev-only run."""
+    metric = settings.metrics[0]
+    arms = {}
+    for arm in args.arms:
+        mine = [r for r in runs if r["arm"] == arm]
+        arms[arm] = {"seeds": [r["seed"] for r in mine], "steps": _spread([r["steps"] for r in mine]),
+                     "dev": {m: _spread([r["dev"][m] for r in mine]) for m in settings.metrics}}
+    print(f"{'arm':<32}{'seeds':>6}{'steps':>7}{'dev ' + metric:>24}")
+    print(f"{TITLES['C']:<32}{'-':>6}{'-':>7}{c_eval['dev'][metric]:>24.2f}")
+    for arm, row in arms.items():
+        cell = row["dev"][metric]
+        print(f"{TITLES[arm]:<32}{len(row['seeds']):>6}{row['steps']['mean']:>7.0f}"
+              f"{cell['mean']:>12.2f} ({cell['min']:.2f}..{cell['max']:.2f})")
+    results = {"task": args.task, "dev_only": True, "overrides": overrides, "settings": asdict(settings),
+               "C": c_eval, "arms": arms, "runs": runs}
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {output}")
+    return results
+
+
 def _run_units(command: list[str], units: list[tuple[str, int]], jobs: int):
     """Starts `command --arms ARM --seeds SEED` for every unit, `jobs` at a time, in the background; returns a
     future that raises if any of them failed."""
@@ -616,6 +643,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="train (or load) C and run the selected arm units only: no evaluation of C, no "
                         "results file. For a second process running other seeds in parallel; a final run "
                         "without it reads every cached unit and writes the results.")
+    parser.add_argument("--dev-only", action="store_true",
+                        help="score the arm units on dev only (greedy), to choose a variant on dev before spending "
+                        "test decoding on it; runs are named *_dev, results go to quality_<task>[tag]_dev.json")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="arm units run in this many processes at once (each with --threads threads), beside "
                         "the evaluation of C in this one; default: 2 (the benchmark's 2-core budget)")
@@ -647,17 +677,22 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
     dataset = to_dataset(splits["train"], tokenizer, settings)
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
-    units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}.json"))
+    suffix = "_dev" if args.dev_only else ""
+    units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}{suffix}.json"))
              for seed in settings.seeds for arm in args.arms]
     pool = None
     if args.jobs > 1 and not args.runs_only:
         # Each unfinished arm unit in its own `--runs-only` process, `--jobs` at a time, while this one scores C.
         child = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--data-dir", args.data_dir,
                  "--work-dir", work_dir, "--threads", str(args.threads), "--runs-only"]
-        child += (["--quick"] if args.quick else []) + (["--set", *args.set] if args.set else [])
+        child += (["--quick"] if args.quick else []) + (["--dev-only"] if args.dev_only else [])
+        child += ["--set", *args.set] if args.set else []
         todo = [(arm, seed) for arm, seed, path in units if not os.path.exists(path)]
         pool = _run_units(child, todo, args.jobs)
-    if not args.runs_only:
+    if args.dev_only and not args.runs_only:
+        c_eval = _cached(os.path.join(work_dir, "runs", "C_dev.json"), lambda: {
+            "dev": score(load_model(settings, c_folder), tokenizer, splits["dev"], settings, 1, "C: dev")})
+    elif not args.runs_only:
         c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
                          lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
     if pool is not None:
@@ -665,11 +700,14 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for arm, seed, path in units:
         runs.append(_cached(path, lambda: run_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir,
-                                                  c_folder)))
+                                                  c_folder, args.dev_only)))
         print(f"done: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
     if args.runs_only:
         print("--runs-only: rerun without it for the evaluation of C and the results.")
         return {"runs": runs}
+    if args.dev_only:
+        return write_dev_results(args, settings, overrides, c_eval, runs, args.output or os.path.join(
+            os.path.dirname(output), f"{name}{tag}_dev.json"))
     summary = summarize(settings, c_eval, runs)
     command = "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"task": args.task, "quick": args.quick, "overrides": overrides, "command": command,

@@ -59,6 +59,12 @@ def test_quality_quick_translation(tmp_path, capsys):
     extra = quality.main(argv + ["--runs-only", "--seeds", "1", "--arms", "xe"])
     assert [(r["arm"], r["seed"]) for r in extra["runs"]] == [("xe", 1)] and not out.exists()
     assert (tmp_path / "w" / "runs" / "xe_seed1.json").exists()
+    # --dev-only (choosing a variant on dev): dev scores only, under their own run names and results file
+    dev_out = tmp_path / "dev.json"
+    dev = quality.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "scst", "--set", "rl_lr=1e-4"])
+    assert set(dev["arms"]) == {"scst"} and "greedy" not in dev["runs"][0] and dev_out.exists()
+    assert 0 <= dev["arms"]["scst"]["dev"]["bleu"]["mean"] <= 100 and dev["C"]["dev"]["bleu"] >= 0
+    assert (tmp_path / "w" / "runs" / "scst_seed0_rl_lr0.0001_dev.json").exists()
 
 
 @pytest.mark.slow
