@@ -256,13 +256,16 @@ def sample_rollout(
         generation_config: from `rollout_generation_config`.
     """
     group = num_samples + int(with_greedy)
-    generator = _copy_of_global_rng(model.device)
-    sampler = GroupSampler(group, with_greedy, sampling_warpers(generation_config), generator)
-    # The sampler picks every token, so `generate` runs greedy (an argmax over one allowed token, where sampling
-    # mode would pay a second softmax and multinomial over the vocabulary). Greedy mode takes no
-    # `num_return_sequences`: the encoder runs once per source here and its states are repeated per row.
     generation_config = copy.deepcopy(generation_config)
-    generation_config.update(do_sample=False, temperature=None, top_k=None, top_p=None, num_return_sequences=1)
+    generation_config.num_return_sequences = 1  # the encoder runs once per source here; its states are repeated
+    generator, processors = None, LogitsProcessorList()
+    if with_greedy:
+        # The sampler picks every token, so `generate` runs greedy (an argmax over one allowed token, where
+        # sampling mode would pay a second softmax and multinomial over the vocabulary).
+        generator = _copy_of_global_rng(model.device)
+        processors.append(GroupSampler(group, True, sampling_warpers(generation_config), generator))
+        generation_config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    # Without greedy rows, `generate` samples every row itself, from the global RNG.
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     was_training = model.training
@@ -274,9 +277,10 @@ def sample_rollout(
             encoder_outputs=encoded,
             attention_mask=attention_mask.repeat_interleave(group, dim=0),
             generation_config=generation_config,
-            logits_processor=LogitsProcessorList([sampler]),
+            logits_processor=processors,
         )
-        _continue_global_rng(generator)
+        if generator is not None:
+            _continue_global_rng(generator)
     finally:
         model.train(was_training)
     ids, mask = strip_decoded(sequences, model)
