@@ -237,13 +237,14 @@ def to_dataset(rows: list[dict], tokenizer, settings: Settings):
     """Returns a `datasets.Dataset` with `input_ids`, `attention_mask`, `labels` and `references`."""
     from datasets import Dataset
 
+    from hf_seqrl.data import strip_start_token
+
     sources = tokenizer([r["source"] for r in rows], truncation=True, max_length=settings.max_source_tokens)
     labels = tokenizer(text_target=[r["target"] for r in rows], truncation=True,
                        max_length=settings.max_target_tokens)["input_ids"]
-    if tokenizer.cls_token_id is not None:
-        # BERT wraps every text in [CLS] ... [SEP]; the decoder starts from [CLS] already, so the label starts
-        # with the first word (else the model learns to emit a second [CLS] and the rollouts carry it).
-        labels = [ids[1:] if ids and ids[0] == tokenizer.cls_token_id else ids for ids in labels]
+    # BERT wraps every text in [CLS] ... [SEP]; the decoder starts from [CLS] already, so the label starts with the
+    # first word (else the model learns to emit a second [CLS] and the rollouts carry it).
+    labels = strip_start_token(labels, tokenizer.cls_token_id)
     return Dataset.from_dict({"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"],
                               "labels": labels, "references": [r["references"] for r in rows]})
 

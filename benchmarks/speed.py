@@ -197,6 +197,12 @@ def _rss_kib(field: str) -> int | None:
     return None
 
 
+def _peak_rss_kib() -> int:
+    """Returns this process's peak RSS in KiB (VmHWM, else `ru_maxrss`)."""
+    peak = _rss_kib("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _reset_peak_rss() -> int | None:
     """Resets this process's peak RSS to its current RSS (Linux `clear_refs`); returns that RSS in KiB, or None
     where the kernel does not allow it."""
@@ -224,7 +230,7 @@ def run_arm(arm, model, tok, shape, task, batch, repeats, device):
     else:
         base = _reset_peak_rss()
         if base is None:  # no clear_refs: the high-water mark of this (freshly forked) process
-            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            base = _peak_rss_kib()
     totals, parts, step_losses = [], [], []
     for i in range(repeats + 1):
         torch.manual_seed(i)
@@ -242,8 +248,7 @@ def run_arm(arm, model, tok, shape, task, batch, repeats, device):
     if device == "cuda":
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     else:
-        peak = ((_rss_kib("VmHWM") if _rss_kib("VmHWM") is not None
-                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) - base) / 1024
+        peak = (_peak_rss_kib() - base) / 1024
     keys = sorted({k for p in parts for k in p})
     return {"step_s": statistics.median(totals),
             "parts_s": {k: statistics.median(p.get(k, 0.0) for p in parts) for k in keys},

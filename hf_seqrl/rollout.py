@@ -63,19 +63,16 @@ class GroupSampler(LogitsProcessor):
         self.generator = generator
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if not self.greedy_first:  # every row samples: no argmax, no row selection
-            chosen = self._sample(input_ids, scores)
-        else:
-            chosen = scores.argmax(dim=-1)
+        chosen = scores.argmax(dim=-1)
+        sampled = torch.ones_like(chosen, dtype=torch.bool)
+        if self.greedy_first:
             sampled = torch.arange(scores.shape[0], device=scores.device) % self.group_size != 0
-            if sampled.any():
-                chosen[sampled] = self._sample(input_ids[sampled], scores[sampled])
+        if sampled.any():
+            warped = self.warpers(input_ids[sampled], scores[sampled])
+            probs = torch.nn.functional.softmax(warped, dim=-1)
+            chosen[sampled] = torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter_(-1, chosen.unsqueeze(-1), 0.0)
-
-    def _sample(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.LongTensor:
-        probs = torch.nn.functional.softmax(self.warpers(input_ids, scores), dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
 
 
 def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
