@@ -256,11 +256,15 @@ def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, de
     """Returns the corpus metrics of `model` on `rows`, against every reference of each source."""
     from hf_seqrl.evaluation import evaluate_model
 
-    scores, _ = evaluate_model(model, tokenizer, [r["source"] for r in rows], [r["references"] for r in rows],
-                               settings.metrics, num_beams=beams, batch_size=settings.eval_batch,
-                               max_new_tokens=settings.max_new_tokens, max_source_length=settings.max_source_tokens,
-                               desc=desc)
-    return {name: round(value, 2) for name, value in scores.items()}
+    scores, predictions = evaluate_model(model, tokenizer, [r["source"] for r in rows],
+                                         [r["references"] for r in rows], settings.metrics, num_beams=beams,
+                                         batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                                         max_source_length=settings.max_source_tokens, desc=desc)
+    out = {name: round(value, 2) for name, value in scores.items()}
+    # Output words over first-reference words, summed over the rows: how much a metric change is a length change.
+    words = sum(len(r["references"][0].split()) for r in rows)
+    out["length_ratio"] = round(sum(len(p.split()) for p in predictions) / max(words, 1), 3)
+    return out
 
 
 def evaluate(model, tokenizer, splits: dict, settings: Settings, name: str) -> dict:
@@ -320,7 +324,7 @@ def training_args(config_class, settings: Settings, output_dir: str, seed: int, 
     """Returns the arguments every phase shares: batch, data order, CPU, nothing saved or reported."""
     return config_class(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=settings.batch_size,
                         learning_rate=lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup_steps,
-                        seed=seed, data_seed=seed, logging_steps=50, save_strategy="no", report_to=[],
+                        seed=seed, data_seed=seed, logging_steps=10, save_strategy="no", report_to=[],
                         use_cpu=True, dataloader_pin_memory=False, disable_tqdm=False, **extra)
 
 
@@ -457,7 +461,10 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
     rewards = [entry["rl/reward"] for entry in history if "rl/reward" in entry]
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
               "train_seconds": round(train_seconds), "first_logged_reward": rewards[0] if rewards else None,
-              "last_logged_reward": rewards[-1] if rewards else None}
+              "last_logged_reward": rewards[-1] if rewards else None,
+              # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
+              "curve": [{key: entry[key] for key in ("step", "rl/reward", "rl/sample_length", "loss") if key in entry}
+                        for entry in history if "rl/reward" in entry]}
     if dev_only:
         record["dev"] = score(model, tokenizer, splits["dev"], settings, 1, f"{arm} seed {seed}: dev")
     else:

@@ -29,10 +29,17 @@ def check_results(results, metrics, out_path):
         assert run["steps"] >= 1 and run["positions"] >= budget
         for decoding in ("greedy", "beam4", "dev"):
             assert all(math.isfinite(run[decoding][m]) and 0 <= run[decoding][m] <= 100 for m in metrics)
+            assert run[decoding]["length_ratio"] >= 0
         assert {"tf_nll", "free_metric", "recovery_rate"} <= set(run["diagnostics"])
     for run in results["runs"]:
         if run["arm"] in ("scst", "loo4"):
             assert run["first_logged_reward"] is not None
+            # the reward and sample-length curve, one point per logging step, the last at or before the end
+            assert run["curve"] and all(0 <= point["rl/reward"] <= 1 and point["rl/sample_length"] >= 1
+                                        for point in run["curve"])
+            assert run["curve"][-1]["step"] <= run["steps"]
+        else:
+            assert run["curve"] == []
     c = results["checkpoint_c"]
     assert c["best_step"] >= 0 and c["stop_reason"] in ("plateau", "time cap", "max_steps") and c["dev_history"]
     assert set(results["target"]) == {"greedy", "beam4"}
