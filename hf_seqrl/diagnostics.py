@@ -18,6 +18,12 @@ EOS included, without the decoder start token.
    Only content positions (before the gold EOS, not special tokens) are injected. The metric drop is the mean
    sentence metric of clean greedy decoding from `gold[:j]` minus that of decoding from the corrupted prefix.
 
+4. Source reliance: the teacher-forced NLL of each gold target under *another* source of its batch (sources
+   rotated by one) minus its NLL under its own source (`source_nll_gap`, nats per token), and the share of
+   distinct greedy outputs (`distinct_rate`). A gap near 0 and a low distinct rate mean the model writes one
+   generic output whatever the source: its metric differences are then template switches, not translation or
+   summarization. Batches of one source have no other source and add nothing to the gap.
+
 All metric values are in [0, 1] (sacrebleu scores / 100), as for `hf_seqrl.rewards`.
 """
 
@@ -46,7 +52,7 @@ logger = logging.get_logger(__name__)
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
 SUMMARY_KEYS = ("tf_nll", "tf_accuracy", "free_metric", "length_ratio", "horizon_gap", "horizon_accuracy_gap",
-                "recovery_rate", "recovery_delay", "metric_drop")
+                "recovery_rate", "recovery_delay", "metric_drop", "source_nll_gap", "distinct_rate")
 
 
 def greedy_generation_config(model, max_new_tokens: int) -> GenerationConfig:
@@ -120,6 +126,17 @@ def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor
     return nll, correct, wrong
 
 
+def _other_source_nll(model, enc: dict, labels: torch.Tensor) -> torch.Tensor | None:
+    """Returns the per-position NLL `(B, T)` of each gold row when the encoder reads the next source of the batch
+    (rotated by one), or None for a batch of one source."""
+    if labels.shape[0] < 2:
+        return None
+    other = {key: value.roll(-1, dims=0) for key, value in enc.items()}
+    rows = shift_right(labels, decoder_start_id(model), pad_id(model))
+    logits = model(**other, decoder_input_ids=rows, use_cache=False).logits.float()
+    return -token_logprobs_from_logits(logits, labels.clamp(min=0))
+
+
 def _mean(total: float, count: float) -> float | None:
     # None, not NaN, keeps the report strict JSON.
     value = float(total) / count if count else None
@@ -132,6 +149,7 @@ class _Totals:
     def __init__(self, max_horizon: int, positions: list[int]):
         self.horizon = torch.zeros(5, max_horizon, dtype=torch.float64)  # tf nll, tf ok, free nll, free ok, count
         self.tf_nll = self.tf_correct = self.tokens = 0.0
+        self.source_gap = self.source_tokens = 0.0  # summed (other-source NLL - own-source NLL), and its tokens
         self.predictions, self.free_lengths, self.stopped = [], [], 0
         self.recovery = {j: dict(count=0, recovered=0, delay=0, clean=0.0, injected=0.0) for j in positions}
 
@@ -148,6 +166,13 @@ class _Totals:
         for row, values in enumerate([nll[:, 0], correct[:, 0], nll[:, 1], correct[:, 1], torch.ones_like(valid)]):
             self.horizon[row, :horizon] += (values[:, :horizon] * valid).sum(dim=0).double().cpu()
 
+    def add_source_gap(self, labels, nll, other_nll):
+        """Adds the gold tokens' NLL under another source minus under their own (shapes as `_position_stats`)."""
+        if other_nll is not None:
+            is_gold = labels != -100
+            self.source_gap += float((other_nll - nll[:, 0])[is_gold].sum())
+            self.source_tokens += float(is_gold.sum())
+
     def report(self, references, gold_content: list[int], metric: str) -> dict:
         """Returns the `gap`, `horizon`, `recovery` and `summary` sections."""
         n = len(references)
@@ -155,7 +180,8 @@ class _Totals:
                    tf_accuracy=_mean(self.tf_correct, self.tokens),
                    free_metric=corpus_metric(self.predictions, references, metric),
                    free_length=sum(self.free_lengths) / n, reference_length=sum(gold_content) / n,
-                   free_stopped_rate=self.stopped / n)
+                   free_stopped_rate=self.stopped / n, source_nll_gap=_mean(self.source_gap, self.source_tokens),
+                   distinct_rate=len(set(self.predictions)) / n)
         gap["tf_perplexity"] = _mean(math.exp(min(gap["tf_nll"], 700.0)), 1) if gap["tf_nll"] is not None else None
         gap["length_ratio"] = _mean(gap["free_length"], gap["reference_length"])
         (tf_nll, tf_ok, free_nll, free_ok, count) = self.horizon.tolist()
@@ -177,7 +203,8 @@ class _Totals:
             horizon_accuracy_gap=_mean(sum(tf_ok[1:]) - sum(free_ok[1:]), sum(count[1:])),
             recovery_rate=_mean(total["recovered"], total["count"]),
             recovery_delay=_mean(total["delay"], total["recovered"]),
-            metric_drop=_mean(sum(s["clean"] - s["injected"] for s in self.recovery.values()), total["count"]))
+            metric_drop=_mean(sum(s["clean"] - s["injected"] for s in self.recovery.values()), total["count"]),
+            source_nll_gap=gap["source_nll_gap"], distinct_rate=gap["distinct_rate"])
         return dict(gap=gap, horizon=horizon, recovery=rec, summary=summary)
 
 
@@ -275,6 +302,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
                 totals.stopped += int(has_eos.sum())
                 nll, correct, wrong = _position_stats(model, enc, labels, greedy, banned)
                 totals.add_positions(labels, greedy_lengths, nll, correct)
+                totals.add_source_gap(labels, nll, _other_source_nll(model, enc, labels))
                 for j in positions:
                     # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
                     rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]

@@ -106,6 +106,32 @@ def test_free_curve_equals_one_forward_per_greedy_prefix(copy_model, heldout):
         assert row["free_nll"] == pytest.approx(total / count, abs=1e-4)
 
 
+def test_source_gap_equals_separate_forwards_with_the_next_source(copy_model, heldout):
+    """source_nll_gap: gold NLL per token with the next source of the batch minus with its own, one forward each."""
+    tok, sources, targets = byt5_tokenizer(), heldout[0][:5], heldout[1][:5]
+    report = run_diagnostics(copy_model, tok, sources, targets, **SMALL)
+    gap = tokens = 0.0
+    with torch.no_grad():
+        for i, target in enumerate(targets):
+            labels = tok(text_target=[target], return_tensors="pt")["input_ids"]
+            for source, sign in ((sources[(i + 1) % 5], 1), (sources[i], -1)):
+                loss = copy_model(**tok([source], return_tensors="pt"), labels=labels).loss.item()
+                gap += sign * loss * labels.shape[1]
+            tokens += labels.shape[1]
+    assert report["summary"]["source_nll_gap"] == pytest.approx(gap / tokens, abs=1e-4)
+    # a copying model leans on its source; the distinct rate counts different greedy outputs
+    assert report["summary"]["source_nll_gap"] > 1.0
+    greedy = {tok.decode(copy_model.generate(**tok([s], return_tensors="pt"), do_sample=False, num_beams=1,
+                                             max_new_tokens=8)[0], skip_special_tokens=True) for s in sources}
+    assert report["summary"]["distinct_rate"] == len(greedy) / 5
+
+
+def test_source_gap_needs_two_sources_per_batch(copy_model, heldout):
+    report = run_diagnostics(copy_model, byt5_tokenizer(), heldout[0][:3], heldout[1][:3],
+                             **{**SMALL, "batch_size": 1})
+    assert report["summary"]["source_nll_gap"] is None and report["summary"]["distinct_rate"] > 0
+
+
 def test_rejoin_delay_definition():
     gold = [10, 11, 12, 13, 14, 15, 1]  # EOS = 1
     # wrong token at j=1; substitution: continues with gold[2:] at once

@@ -29,7 +29,7 @@ def check_results(results, metrics, out_path):
         assert run["steps"] >= 1 and run["positions"] >= budget
         for decoding in ("greedy", "beam4", "dev"):
             assert all(math.isfinite(run[decoding][m]) and 0 <= run[decoding][m] <= 100 for m in metrics)
-            assert run[decoding]["length_ratio"] >= 0
+            assert run[decoding]["length_ratio"] >= 0 and 0 < run[decoding]["distinct"] <= 1
         assert {"tf_nll", "free_metric", "recovery_rate"} <= set(run["diagnostics"])
     for run in results["runs"]:
         if run["arm"] in ("scst", "loo4"):
