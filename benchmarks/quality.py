@@ -460,13 +460,13 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
     train_seconds = time.time() - clock
     counter.remove()
     history = trainer.state.log_history
-    rewards = [entry["rl/reward"] for entry in history if "rl/reward" in entry]
+    # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
+    curve = [{key: entry[key] for key in ("step", "rl/reward", "rl/sample_length", "loss") if key in entry}
+             for entry in history if "rl/reward" in entry]
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
-              "train_seconds": round(train_seconds), "first_logged_reward": rewards[0] if rewards else None,
-              "last_logged_reward": rewards[-1] if rewards else None,
-              # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
-              "curve": [{key: entry[key] for key in ("step", "rl/reward", "rl/sample_length", "loss") if key in entry}
-                        for entry in history if "rl/reward" in entry]}
+              "train_seconds": round(train_seconds),
+              "first_logged_reward": curve[0]["rl/reward"] if curve else None,
+              "last_logged_reward": curve[-1]["rl/reward"] if curve else None, "curve": curve}
     if dev_only:
         record["dev"] = score(model, tokenizer, splits["dev"], settings, 1, f"{arm} seed {seed}: dev")
     else:

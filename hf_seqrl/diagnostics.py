@@ -97,10 +97,10 @@ def _decode(model, enc: dict, config: GenerationConfig, prefix: torch.Tensor | N
     return out, mask.sum(dim=1) - has_eos.long(), has_eos
 
 
-def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor, banned: torch.Tensor):
+def _position_stats(model, enc: dict, encoded, labels: torch.Tensor, greedy: torch.Tensor, banned: torch.Tensor):
     """Returns per-position NLL and correctness of the gold token under gold and greedy prefixes, and wrong tokens.
 
-    One forward: the encoder runs once, the decoder scores a gold row and a greedy row per source.
+    One decoder forward over `encoded` (the encoder output of `enc`): a gold row and a greedy row per source.
 
     Args:
         labels (`torch.LongTensor` of shape `(B, T)`): gold tokens, -100 at padding.
@@ -115,7 +115,8 @@ def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor
     free = torch.nn.functional.pad(greedy, (0, max(0, length - greedy.shape[1])), value=pad)[:, :length]
     rows = torch.stack([shift_right(labels, start, pad), shift_right(free, start, pad)], dim=1).flatten(0, 1)
     with expand_encoder_states(model, 2):
-        logits = model(**enc, decoder_input_ids=rows, use_cache=False).logits.float()
+        logits = model(encoder_outputs=encoded, attention_mask=enc["attention_mask"], decoder_input_ids=rows,
+                       use_cache=False).logits.float()
     targets = labels.clamp(min=0)
     nll = -token_logprobs_from_logits(logits, targets.repeat_interleave(2, dim=0)).view(batch, 2, length)
     correct = (logits.argmax(dim=-1).view(batch, 2, length) == targets.unsqueeze(1)).float()
@@ -126,14 +127,15 @@ def _position_stats(model, enc: dict, labels: torch.Tensor, greedy: torch.Tensor
     return nll, correct, wrong
 
 
-def _other_source_nll(model, enc: dict, labels: torch.Tensor) -> torch.Tensor | None:
-    """Returns the per-position NLL `(B, T)` of each gold row when the encoder reads the next source of the batch
-    (rotated by one), or None for a batch of one source."""
+def _other_source_nll(model, enc: dict, encoded, labels: torch.Tensor) -> torch.Tensor | None:
+    """Returns the per-position NLL `(B, T)` of each gold row when the decoder reads the encoder output of the next
+    source of the batch (`encoded` rotated by one), or None for a batch of one source."""
     if labels.shape[0] < 2:
         return None
-    other = {key: value.roll(-1, dims=0) for key, value in enc.items()}
+    other = type(encoded)(last_hidden_state=encoded.last_hidden_state.roll(-1, dims=0))
     rows = shift_right(labels, decoder_start_id(model), pad_id(model))
-    logits = model(**other, decoder_input_ids=rows, use_cache=False).logits.float()
+    logits = model(encoder_outputs=other, attention_mask=enc["attention_mask"].roll(-1, dims=0),
+                   decoder_input_ids=rows, use_cache=False).logits.float()
     return -token_logprobs_from_logits(logits, labels.clamp(min=0))
 
 
@@ -300,9 +302,11 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
                 totals.predictions += tokenizer.batch_decode(greedy, skip_special_tokens=True)
                 totals.free_lengths += greedy_lengths.tolist()
                 totals.stopped += int(has_eos.sum())
-                nll, correct, wrong = _position_stats(model, enc, labels, greedy, banned)
+                # The encoder runs once for the teacher-forced rows of both the own and the rotated sources.
+                encoded = model.get_encoder()(**enc, return_dict=True)
+                nll, correct, wrong = _position_stats(model, enc, encoded, labels, greedy, banned)
                 totals.add_positions(labels, greedy_lengths, nll, correct)
-                totals.add_source_gap(labels, nll, _other_source_nll(model, enc, labels))
+                totals.add_source_gap(labels, nll, _other_source_nll(model, enc, encoded, labels))
                 for j in positions:
                     # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
                     rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]
