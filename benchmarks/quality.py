@@ -41,6 +41,9 @@ DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data")
 ARMS = ("xe", "ss", "scst", "loo4")
 TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": "C + scheduled sampling",
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)"}
+# Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
+CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
+              "rl/pg_loss", "loss")
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4}}
 
 
@@ -62,6 +65,7 @@ class Settings:
     layers: int = 3  # (C) encoder and decoder layers each
     heads: int = 4  # (C)
     dropout: float = 0.1  # (C)
+    cross_attention_init: str = "random"  # (C) summarization: "random", or "self": copy of the layer's self-attention
     batch_size: int = 32  # (C) sources per step, every phase
     c_lr: float = 1e-3  # (C)
     c_warmup_steps: int = 400  # (C)
@@ -75,6 +79,7 @@ class Settings:
     rl_lr: float = 0.0  # learning rate of the SCST / leave-one-out arms; 0 = arm_lr
     budget_positions: int = 1_000_000  # decoder token positions per arm
     rl_weight: float = 0.7
+    center_advantages: bool = False  # RL arms: subtract the batch mean of the advantages
     ss_min_ratio: float = 0.75
     eval_batch: int = 64
     beams: tuple[int, ...] = (1, 4)
@@ -82,18 +87,20 @@ class Settings:
     diag_horizon: int = 12
     diag_inject: tuple[int, ...] = (0, 1, 2, 4, 8)  # positions of the injected mistakes
     seeds: tuple[int, ...] = (0, 1)
+    device: str = "cpu"  # where every phase runs (--device); the budget counts positions, not seconds
 
 
 C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vocab_size", "d_model", "ffn",
-            "layers", "heads", "dropout", "batch_size", "c_lr", "c_warmup_steps", "eval_every", "patience",
-            "c_max_steps", "c_max_minutes")
+            "layers", "heads", "dropout", "cross_attention_init", "batch_size", "c_lr", "c_warmup_steps",
+            "eval_every", "patience", "c_max_steps", "c_max_minutes")
 ANNEAL_FIELDS = ("anneal_lr", "anneal_max_minutes")
 
 TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps=5000, c_max_minutes=90.0)
 SUMMARIZATION = Settings(
     task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
-    c_max_minutes=50.0, anneal_lr=None, arm_lr=2e-5, budget_positions=100_000, diag_examples=50, diag_horizon=8)
+    patience=4, c_max_minutes=90.0, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
+    budget_positions=100_000, diag_examples=50, diag_horizon=8)
 SETTINGS = {
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
@@ -206,6 +213,14 @@ def build_model(settings: Settings, tokenizer):
 
         path = minilm_path()
         model = EncoderDecoderModel.from_encoder_decoder_pretrained(path, path)
+        if settings.cross_attention_init == "self":
+            # MiniLM has no cross-attention: from_encoder_decoder_pretrained adds it at random (std 0.02), and
+            # SciTLDR's ~2k abstracts barely move it, so the decoder writes one template whatever the source.
+            # Started as a copy of the layer's own self-attention, the query/key/value maps are trained ones.
+            for layer in model.decoder.bert.encoder.layer:
+                layer.crossattention.load_state_dict(layer.attention.state_dict())
+        elif settings.cross_attention_init != "random":
+            raise ValueError(f"cross_attention_init={settings.cross_attention_init!r}: use 'random' or 'self'.")
         _set_special_ids(model, {"decoder_start_token_id": tokenizer.cls_token_id,
                                  "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.sep_token_id})
     else:
@@ -230,7 +245,7 @@ def load_model(settings: Settings, folder: str):
     from transformers import EncoderDecoderModel, MarianMTModel
 
     model_class = EncoderDecoderModel if settings.task == "summarization" else MarianMTModel
-    return model_class.from_pretrained(folder)
+    return model_class.from_pretrained(folder).to(settings.device)
 
 
 def to_dataset(rows: list[dict], tokenizer, settings: Settings):
@@ -323,11 +338,11 @@ def position_budget(counter: DecoderPositions, budget: int):
 
 def training_args(config_class, settings: Settings, output_dir: str, seed: int, lr: float, max_steps: int,
                   warmup_steps: int = 0, **extra):
-    """Returns the arguments every phase shares: batch, data order, CPU, nothing saved or reported."""
+    """Returns the arguments every phase shares: batch, data order, device, nothing saved or reported."""
     return config_class(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=settings.batch_size,
                         learning_rate=lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup_steps,
                         seed=seed, data_seed=seed, logging_steps=10, save_strategy="no", report_to=[],
-                        use_cpu=True, dataloader_pin_memory=False, disable_tqdm=False, **extra)
+                        use_cpu=settings.device == "cpu", dataloader_pin_memory=False, disable_tqdm=False, **extra)
 
 
 def xe_trainer(model, tokenizer, dataset, args):
@@ -400,8 +415,10 @@ def checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: s
     with open(path) as f:
         record = json.load(f)
     wanted = {name: getattr(settings, name) for name in stage_fields(stage)}
-    if record["settings"] != wanted:
-        changed = sorted(k for k in wanted if record["settings"].get(k) != wanted[k])
+    # A field added after the record was written had its default's behaviour then.
+    stored = {name: record["settings"].get(name, Settings.__dataclass_fields__[name].default) for name in wanted}
+    if stored != wanted:
+        changed = sorted(k for k in wanted if stored[k] != wanted[k])
         sys.exit(f"{os.path.dirname(path)} was trained with other settings ({', '.join(changed)}): "
                  f"pass another --work-dir or delete it to retrain C.")
     print(f"Using the cached {stage} in {os.path.dirname(path)} (step {record['best_step']}).")
@@ -438,7 +455,8 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
         return ScheduledSamplingTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     common = (settings, output_dir, seed, settings.rl_lr or settings.arm_lr, 10**6)
     args = training_args(SeqRLConfig, *common, reward=settings.metrics[0], rl_weight=settings.rl_weight,
-                         max_new_tokens=settings.max_new_tokens, **RL_ARMS[arm])
+                         max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
+                         **RL_ARMS[arm])
     return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
@@ -461,8 +479,7 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
     counter.remove()
     history = trainer.state.log_history
     # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
-    curve = [{key: entry[key] for key in ("step", "rl/reward", "rl/sample_length", "loss") if key in entry}
-             for entry in history if "rl/reward" in entry]
+    curve = [{key: entry[key] for key in CURVE_KEYS if key in entry} for entry in history if "rl/reward" in entry]
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
               "train_seconds": round(train_seconds),
               "first_logged_reward": curve[0]["rl/reward"] if curve else None,
@@ -571,7 +588,8 @@ def _cached(path: str, compute):
 
 
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
-ARM_ONLY = {"rl_lr": ("scst", "loo4"), "rl_weight": ("scst", "loo4"), "ss_min_ratio": ("ss",)}
+ARM_ONLY = {"rl_lr": ("scst", "loo4"), "rl_weight": ("scst", "loo4"), "center_advantages": ("scst", "loo4"),
+            "ss_min_ratio": ("ss",)}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:
@@ -581,15 +599,21 @@ def run_tag(arm: str | None, overrides: dict) -> str:
 
 
 def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Settings, dict]:
-    """Returns the settings with `FIELD=VALUE` overrides of arm fields applied, and the overrides."""
+    """Returns the settings with `FIELD=VALUE` overrides applied, and the overrides."""
     changes = {}
     for item in assignments:
         key, sep, value = item.partition("=")
-        if (not sep or key not in Settings.__dataclass_fields__ or key in C_FIELDS + ANNEAL_FIELDS
-                or key in ("metrics", "seeds")):
-            sys.exit(f"--set {item!r}: use FIELD=VALUE with an arm field of Settings "
-                     f"(not one that defines checkpoint C: {', '.join(C_FIELDS + ANNEAL_FIELDS)}).")
+        if not sep or key not in Settings.__dataclass_fields__ or key in ("task", "metrics", "seeds", "device"):
+            sys.exit(f"--set {item!r}: use FIELD=VALUE with a field of Settings other than task, metrics, seeds "
+                     f"and device (--seeds, --device).")
         kind = type(getattr(settings, key))
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                sys.exit(f"--set {item!r}: use FIELD=VALUE with true or false for {key}.")
+            changes[key] = value.lower() in ("true", "1")
+            continue
+        if getattr(settings, key) is None:  # an optional number (train_limit, test_limit, anneal_lr)
+            kind = float if key == "anneal_lr" else int
         changes[key] = tuple(int(v) for v in value.split(",")) if kind is tuple else kind(value)
     return replace(settings, **changes), changes
 
@@ -659,10 +683,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="arm units run in this many processes at once (each with --threads threads), beside "
                         "the evaluation of C in this one; default: 2 (the benchmark's 2-core budget)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to other work)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the arms (1 leaves a core to the "
+                        "other unit)")
+    parser.add_argument("--c-threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads while C trains (alone); default: every core")
+    parser.add_argument("--device", default="cpu", help="cpu (the benchmark's budget: 2 cores) or cuda; the arms' "
+                        "budget is counted in decoder positions, so a run elsewhere follows the same protocol")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="override arm settings (not those of C), e.g. --set rl_weight=0.9 arm_lr=1e-4; "
-                        "runs and results get a suffix naming the overrides. Compare variants on dev, not test.")
+                        help="override settings, e.g. --set rl_weight=0.9 arm_lr=1e-4; runs and results get a suffix "
+                        "naming the overrides, and overrides of C's fields (e.g. patience=6) a work directory of their "
+                        "own. Compare variants on dev, not test.")
     args = parser.parse_args(argv)
 
     import torch
@@ -671,13 +701,15 @@ def main(argv: list[str] | None = None) -> dict:
     settings = SETTINGS[(args.task, args.quick)]
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
-    settings, overrides = apply_overrides(settings, args.set)
+    settings, overrides = apply_overrides(replace(settings, device=args.device), args.set)
     tag = run_tag(None, overrides)
+    # Overrides of C's fields define another C: it gets its own work directory.
+    c_tag = run_tag(None, {k: v for k, v in overrides.items() if k in C_FIELDS + ANNEAL_FIELDS})
     folder = {"translation": "multi30k", "summarization": "scitldr"}[args.task]
     if not os.path.isdir(os.path.join(args.data_dir, folder)):
         sys.exit(f"No {folder} data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
     name = f"quality_{args.task}" + ("_quick" if args.quick else "")
-    work_dir = args.work_dir or os.path.join(HERE, "cache", name)
+    work_dir = args.work_dir or os.path.join(HERE, "cache", name + c_tag)
     output = args.output or (os.path.join(work_dir, f"{name}{tag}.json") if args.quick
                              else os.path.join(HERE, "results", f"{name}{tag}.json"))
     os.makedirs(work_dir, exist_ok=True)
@@ -686,7 +718,9 @@ def main(argv: list[str] | None = None) -> dict:
     splits = load_task(settings, args.data_dir)
     tokenizer = build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
     dataset = to_dataset(splits["train"], tokenizer, settings)
+    torch.set_num_threads(args.c_threads)
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+    torch.set_num_threads(args.threads)
     suffix = "_dev" if args.dev_only else ""
     units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}{suffix}.json"))
              for seed in settings.seeds for arm in args.arms]
@@ -694,7 +728,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.jobs > 1 and not args.runs_only:
         # Each unfinished arm unit in its own `--runs-only` process, `--jobs` at a time, while this one scores C.
         child = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--data-dir", args.data_dir,
-                 "--work-dir", work_dir, "--threads", str(args.threads), "--runs-only"]
+                 "--work-dir", work_dir, "--threads", str(args.threads), "--device", args.device, "--runs-only"]
         child += (["--quick"] if args.quick else []) + (["--dev-only"] if args.dev_only else [])
         child += ["--set", *args.set] if args.set else []
         todo = [(arm, seed) for arm, seed, path in units if not os.path.exists(path)]

@@ -71,6 +71,10 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         `SCSTTrainer`, `"moving_average"` for `ReinforceTrainer`.
     baseline_ema_decay (`float`, *optional*, defaults to `0.9`):
         Decay of the `"moving_average"` baseline: `b <- decay * b + (1 - decay) * mean(batch rewards)`.
+    center_advantages (`bool`, *optional*, defaults to `False`):
+        Subtract the batch mean of the advantages (on each process, after the baseline, before `scale_rewards`).
+        With the greedy baseline most advantages are negative while sampling is worse than greedy decoding; the
+        offset only adds noise to the gradient, which drifts the policy (samples lengthen, their reward falls).
     scale_rewards (`bool`, *optional*, defaults to `False`):
         Divide the advantages of a batch by their standard deviation (skipped when it is ~0).
 
@@ -112,6 +116,7 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         default=None, metadata={"help": "greedy | mean | moving_average | none (default: the trainer's)."}
     )
     baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline."})
+    center_advantages: bool = field(default=False, metadata={"help": "Subtract the batch mean of the advantages."})
     scale_rewards: bool = field(default=False, metadata={"help": "Divide advantages by their std."})
     num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of sampled sequences."})

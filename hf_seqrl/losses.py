@@ -42,6 +42,25 @@ def advantages(rewards: torch.Tensor, baseline: torch.Tensor | float) -> torch.T
     return (rewards - baseline).detach()
 
 
+def center_advantages(adv: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns `adv - mean(adv)` over the kept samples; the others stay 0.
+
+    The greedy baseline of SCST sits above the mean reward of the samples whenever the greedy decode is better
+    than a typical sample, so most advantages share one sign. That offset adds zero-mean noise to the gradient
+    (`offset * grad log p(y)`), which grows with the length of the samples; centering removes it.
+
+    Args:
+        adv (`torch.Tensor` of shape `(B*n,)`): advantages.
+        keep (`torch.Tensor` of shape `(B*n,)`, *optional*): false for samples left out (non-finite rewards).
+    """
+    if keep is None:
+        keep = torch.ones_like(adv, dtype=torch.bool)
+    if not keep.any():
+        return adv
+    mean = adv[keep].mean()
+    return torch.where(keep, adv - mean, torch.zeros_like(adv))
+
+
 def scale_advantages(adv: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Returns `adv / std(adv)`; `adv` unchanged when the std is below `eps` (constant rewards).
 

@@ -44,6 +44,17 @@ def test_scale_advantages():
     assert losses.scale_advantages(const).tolist() == [0.0] * 4  # no NaN from a zero std
 
 
+def test_center_advantages():
+    adv = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    assert losses.center_advantages(adv).tolist() == [-2.0, -1.0, 0.0, 3.0]
+    # a left-out sample (non-finite reward, advantage 0) neither counts in the mean nor gets one
+    keep = torch.tensor([True, True, False, True])
+    assert losses.center_advantages(torch.tensor([1.0, 2.0, 0.0, 6.0]), keep).tolist() == [-2.0, -1.0, 0.0, 3.0]
+    nothing = torch.zeros(3, dtype=torch.bool)
+    assert losses.center_advantages(torch.zeros(3), nothing).tolist() == [0.0] * 3
+    assert losses.center_advantages(torch.tensor([0.7])).tolist() == [0.0]
+
+
 def test_moving_average():
     assert losses.moving_average(None, 0.4, 0.9) == 0.4
     assert losses.moving_average(0.5, 1.0, 0.9) == pytest.approx(0.55)

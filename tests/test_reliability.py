@@ -64,10 +64,10 @@ def test_nan_reward_can_be_dropped_and_counted(tmp_path, tokenizer):
     assert all(math.isfinite(v) for h in logs for k, v in h.items() if k.startswith("rl/"))
 
 
-@pytest.mark.parametrize("scale", [False, True])
-def test_constant_rewards_make_a_no_op_step(tmp_path, tokenizer, scale):
+@pytest.mark.parametrize("scale,center", [(False, False), (True, False), (False, True)])
+def test_constant_rewards_make_a_no_op_step(tmp_path, tokenizer, scale, center):
     trainer, logs, before = run(tmp_path, tokenizer, lambda p, r, s=None: [0.3] * len(p), baseline="mean",
-                                scale_rewards=scale, weight_decay=0.0)
+                                scale_rewards=scale, center_advantages=center, weight_decay=0.0)
     assert all(h["rl/frac_zero_advantage"] == 1.0 for h in logs)
     assert all(h["rl/pg_loss"] == 0.0 for h in logs)
     after = trainer.model.state_dict()
@@ -175,3 +175,20 @@ def test_remote_code_stays_off_unless_asked(tmp_path, monkeypatch):
     load_model_and_tokenizer(ScriptArguments(model_name_or_path="some/model", dataset_name="wmt16",
                                              trust_remote_code=True))
     assert calls == [("tokenizer", True), ("model", True)]
+
+
+def test_centered_advantages_have_zero_batch_mean(tmp_path, tokenizer):
+    def length(predictions, references, sources=None):
+        return [len(p) / 10 for p in predictions]
+
+    # greedy baseline: sample and greedy lengths differ, so the advantages have an offset unless centered
+    _, plain, _ = run(tmp_path, tokenizer, length, num_samples=1, max_steps=3, learning_rate=0.0)
+    assert any(abs(h["rl/advantage_mean"]) > 1e-3 for h in plain)
+    _, centered, _ = run(tmp_path, tokenizer, length, num_samples=1, max_steps=3, learning_rate=0.0,
+                         center_advantages=True)
+    assert all(abs(h["rl/advantage_mean"]) < 1e-6 for h in centered)
+    assert [h["rl/reward"] for h in centered] == [h["rl/reward"] for h in plain]  # same rollouts, same rewards
+    # dropped samples (NaN rewards) keep advantage 0 and stay out of the mean
+    _, dropped, _ = run(tmp_path, tokenizer, nan_reward, baseline="mean", nonfinite_rewards="drop",
+                        center_advantages=True)
+    assert all(abs(h["rl/advantage_mean"]) < 1e-6 for h in dropped) and dropped[-1]["rl/nonfinite_rewards"] == 4.0

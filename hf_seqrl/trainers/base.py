@@ -339,6 +339,8 @@ class SequenceRLTrainer(SeqTrainerBase):
                                          None if sources is None else [s for s in sources for _ in range(n)])
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, references, sources)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
+        if args.center_advantages:
+            adv = losses.center_advantages(adv, ~bad)
         if args.scale_rewards:
             adv = losses.scale_advantages(adv)
         labels = inputs.get("labels") if args.rl_weight < 1 else None
@@ -363,6 +365,7 @@ class SequenceRLTrainer(SeqTrainerBase):
             "rl/reward_std": sample_rewards.std().item() if sample_rewards.numel() > 1 else 0.0,
             "rl/baseline_reward": baseline_rewards.mean().item(),
             "rl/advantage_abs": adv.abs().mean().item(),
+            "rl/advantage_mean": adv.mean().item(),
             "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item(),
             "rl/sample_length": mask.sum(dim=1).float().mean().item(),
             # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
