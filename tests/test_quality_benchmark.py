@@ -85,14 +85,21 @@ def test_quality_quick_summarization(tmp_path):
     check_results(results, ("rougeL", "rouge1", "rouge2"), out)
 
 
+def write_c_record(folder, settings, drop=(), **changes):
+    """Writes a record of C trained with `settings`, less the fields in `drop`, with `changes` applied."""
+    import quality
+
+    record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS if name not in drop},
+              "best_step": 3}
+    record["settings"].update(changes)
+    (folder / "C").mkdir()
+    (folder / "C" / "record.json").write_text(json.dumps(record))
+
+
 def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
     quality = load_benchmark()
     settings = quality.SETTINGS[("translation", True)]
-    folder = tmp_path / "C"
-    folder.mkdir()
-    record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS}, "best_step": 1}
-    record["settings"]["d_model"] = 999
-    (folder / "record.json").write_text(json.dumps(record))
+    write_c_record(tmp_path, settings, d_model=999)
     with pytest.raises(SystemExit, match="other settings \\(d_model\\)"):
         quality.checkpoint_c(settings, {}, None, None, str(tmp_path))
 
@@ -120,14 +127,13 @@ def test_quality_overrides_name_their_runs():
 def test_quality_checkpoint_record_without_a_newer_field_counts_as_its_default(tmp_path):
     quality = load_benchmark()
     settings = quality.SETTINGS[("summarization", False)]
-    folder = tmp_path / "C"
-    folder.mkdir()
-    record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS}, "best_step": 3}
-    del record["settings"]["cross_attention_init"]  # written before the field existed: random cross-attention
-    (folder / "record.json").write_text(json.dumps(record))
-    assert quality.checkpoint_c(settings, {}, None, None, str(tmp_path))[0]["best_step"] == 3
+    # written before the field existed, when the cross-attention started at random
+    write_c_record(tmp_path, settings, drop=("cross_attention_init",))
+    old = quality.replace(settings, cross_attention_init="random")
+    assert quality.checkpoint_c(old, {}, None, None, str(tmp_path))[0]["best_step"] == 3
+    assert settings.cross_attention_init == "self"  # today's default: that record is another C
     with pytest.raises(SystemExit, match="other settings \\(cross_attention_init\\)"):
-        quality.checkpoint_c(quality.replace(settings, cross_attention_init="self"), {}, None, None, str(tmp_path))
+        quality.checkpoint_c(settings, {}, None, None, str(tmp_path))
 
 
 def test_quality_summarization_cross_attention_starts_as_self_attention():
