@@ -612,8 +612,8 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
                 sys.exit(f"--set {item!r}: use FIELD=VALUE with true or false for {key}.")
             changes[key] = value.lower() in ("true", "1")
             continue
-        if getattr(settings, key) is None:  # an optional number (train_limit, test_limit, anneal_lr)
-            kind = float if key == "anneal_lr" else int
+        if getattr(settings, key) is None:  # an optional number: its annotation says which kind
+            kind = {"int | None": int, "float | None": float}[Settings.__dataclass_fields__[key].type]
         changes[key] = tuple(int(v) for v in value.split(",")) if kind is tuple else kind(value)
     return replace(settings, **changes), changes
 

@@ -39,9 +39,8 @@ PIPELINES = {"translation": "translation", "summarization": "summarization"}
 CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_xe_steps", "rl_weight",
                  "temperature", "top_k", "top_p", "max_new_tokens", "length_normalize", "entropy_coef", "kl_coef",
                  "center_advantages", "scale_rewards", "schedule", "schedule_k", "min_teacher_forcing_ratio",
-                 "sampling",
-                 "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
-                 "num_train_epochs", "seed", "bf16", "fp16")
+                 "sampling", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "max_steps", "num_train_epochs", "seed", "bf16", "fp16")
 SECRET_PATTERN = re.compile(r"(hf_[A-Za-z0-9]{20,}|api[_-]?key|token|secret|password)", re.IGNORECASE)
 # Setting names that hold credentials (`hub_token`), not ones that merely mention tokens (`max_new_tokens`).
 SECRET_KEY = re.compile(r"(^|_)(token|secret|password|api_key)$", re.IGNORECASE)
