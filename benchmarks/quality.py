@@ -593,8 +593,11 @@ ARM_ONLY = {"rl_lr": ("scst", "loo4"), "rl_weight": ("scst", "loo4"), "center_ad
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:
-    """Returns the run-name suffix of `arm` under `overrides` (only the fields that arm reads; all with None)."""
+    """Returns the run-name suffix of `arm` under `overrides` (only the fields that arm reads; all with None).
+    The RL arms read `arm_lr` only while `rl_lr` is 0."""
     changed = {k: v for k, v in overrides.items() if arm is None or arm in ARM_ONLY.get(k, (arm,))}
+    if arm in RL_ARMS and overrides.get("rl_lr"):
+        changed.pop("arm_lr", None)
     return "".join(f"_{key}{value}" for key, value in sorted(changed.items())).replace(",", "-")
 
 

@@ -112,6 +112,9 @@ def test_quality_overrides_name_their_runs():
     assert quality.run_tag("scst", overrides) == "_arm_lr0.0001_rl_weight0.9"
     assert quality.run_tag("xe", overrides) == "_arm_lr0.0001"  # the cross-entropy arm does not read rl_weight
     assert quality.run_tag("xe", quality.apply_overrides(settings, ["rl_lr=2e-5"])[1]) == ""
+    # with their own rate set, the RL arms no longer read arm_lr: their runs are shared across arm_lr values
+    overrides = quality.apply_overrides(settings, ["arm_lr=5e-5", "rl_lr=5e-5"])[1]
+    assert quality.run_tag("scst", overrides) == "_rl_lr5e-05" and quality.run_tag("ss", overrides) == "_arm_lr5e-05"
     assert quality.apply_overrides(settings, []) == (settings, {})
     # a field of C may be overridden too (main gives that C a work directory of its own); optional numbers parse
     changed, overrides = quality.apply_overrides(settings, ["d_model=64", "train_limit=100", "anneal_lr=1e-4"])
