@@ -119,13 +119,28 @@ def corpus_scores(predictions: list[str], references: list[list[str]],
         if name in ("bleu", "chrf"):
             from sacrebleu.metrics import BLEU, CHRF
 
-            width = max(len(refs) for refs in references)
-            streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
+            streams = _reference_streams(references)
             scores[name] = (BLEU() if name == "bleu" else CHRF()).corpus_score(predictions, streams).score
         else:
             values = get_reward(name)(predictions, references)
             scores[name] = 100.0 * sum(values) / max(len(values), 1)
     return scores
+
+
+def _reference_streams(references: list[list[str]]) -> list[list[str | None]]:
+    """sacrebleu's layout: one stream per reference slot, None where a source has fewer references."""
+    width = max(len(refs) for refs in references)
+    return [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
+
+
+def bleu_brevity(predictions: list[str], references: list[list[str]]) -> dict[str, float]:
+    """Returns corpus BLEU's brevity penalty `bp` (1 when the output is at least as long as the references) and
+    `ratio`, output over reference length in sacrebleu's tokens. Corpus BLEU is `bp` times its n-gram part, so
+    this splits a BLEU change into a length change and a precision change."""
+    from sacrebleu.metrics import BLEU
+
+    stat = BLEU().corpus_score(predictions, _reference_streams(references))
+    return {"bp": stat.bp, "ratio": stat.sys_len / max(stat.ref_len, 1)}
 
 
 def get_reward(name: str) -> RewardFn:

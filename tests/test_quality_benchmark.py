@@ -30,6 +30,9 @@ def check_results(results, metrics, out_path):
         for decoding in ("greedy", "beam4", "dev"):
             assert all(math.isfinite(run[decoding][m]) and 0 <= run[decoding][m] <= 100 for m in metrics)
             assert run[decoding]["length_ratio"] >= 0 and 0 < run[decoding]["distinct"] <= 1
+            # translation: corpus BLEU's brevity penalty, to split a BLEU change into length and precision
+            assert ("bleu_bp" in run[decoding]) == ("bleu" in metrics)
+            assert 0 <= run[decoding].get("bleu_bp", 1) <= 1
         assert {"tf_nll", "free_metric", "recovery_rate"} <= set(run["diagnostics"])
     for run in results["runs"]:
         if run["arm"] in ("scst", "loo4"):

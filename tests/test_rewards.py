@@ -109,6 +109,16 @@ def test_normalize_references():
         rewards.normalize_references([5])
 
 
+def test_bleu_brevity_by_hand():
+    # 4 output tokens against 6 reference tokens: bp = exp(1 - 6/4) = exp(-0.5)
+    out = rewards.bleu_brevity(["a cat sat down"], [["the cat sat on the mat"]])
+    assert out["ratio"] == pytest.approx(4 / 6) and out["bp"] == pytest.approx(math.exp(-0.5))
+    # as long as the closest reference or longer: no penalty; the second source has one reference only
+    out = rewards.bleu_brevity(["a cat sat on the mat", "a dog runs"], [["the cat sat on the mat", "cat"],
+                                                                          ["a dog runs"]])
+    assert out == {"bp": 1.0, "ratio": 1.0}
+
+
 def test_corpus_scores_use_every_reference():
     preds = ["the cat sat on the mat", "a dog runs in a park"]
     refs = [["a cat sat on the mat", "the cat sat on the mat"], ["a dog runs through a park"]]
