@@ -464,10 +464,8 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
     return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
-def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str,
-            c_folder: str, dev_only: bool = False) -> dict:
-    """Trains one arm from C (in `c_folder`) for the position budget and evaluates it (on dev only with
-    `dev_only`); returns its record."""
+def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_dir: str, c_folder: str):
+    """Trains one arm from C (in `c_folder`) for the position budget; returns the model and its training record."""
     from transformers import set_seed
 
     set_seed(seed)
@@ -488,6 +486,14 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
               "train_seconds": round(train_seconds),
               "first_logged_reward": curve[0]["rl/reward"] if curve else None,
               "last_logged_reward": curve[-1]["rl/reward"] if curve else None, "curve": curve}
+    return model, record
+
+
+def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str,
+            c_folder: str, dev_only: bool = False) -> dict:
+    """Trains one arm from C (in `c_folder`) for the position budget and evaluates it (on dev only with
+    `dev_only`); returns its record."""
+    model, record = train_arm(arm, seed, settings, tokenizer, dataset, work_dir, c_folder)
     if dev_only:
         record["dev"] = score(model, tokenizer, splits["dev"], settings, 1, f"{arm} seed {seed}: dev")
     else:
