@@ -80,6 +80,7 @@ class Settings:
     budget_positions: int = 1_000_000  # decoder token positions per arm
     rl_weight: float = 0.7
     center_advantages: bool = False  # RL arms: subtract the batch mean of the advantages
+    rl_temperature: float = 1.0  # RL arms: sampling temperature of the rollouts (log-probabilities at the same one)
     ss_min_ratio: float = 0.75
     eval_batch: int = 64
     beams: tuple[int, ...] = (1, 4)
@@ -99,7 +100,7 @@ TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps
 SUMMARIZATION = Settings(
     task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
-    patience=4, c_max_minutes=90.0, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
+    patience=4, c_max_minutes=45.0, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
     budget_positions=100_000, diag_examples=50, diag_horizon=8)
 SETTINGS = {
     ("translation", False): TRANSLATION,
@@ -460,7 +461,7 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
     common = (settings, output_dir, seed, settings.rl_lr or settings.arm_lr, 10**6)
     args = training_args(SeqRLConfig, *common, reward=settings.metrics[0], rl_weight=settings.rl_weight,
                          max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
-                         **RL_ARMS[arm])
+                         temperature=settings.rl_temperature, **RL_ARMS[arm])
     return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
@@ -486,6 +487,10 @@ def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_
               "train_seconds": round(train_seconds),
               "first_logged_reward": curve[0]["rl/reward"] if curve else None,
               "last_logged_reward": curve[-1]["rl/reward"] if curve else None, "curve": curve}
+    if arm in RL_ARMS:  # what the trainer sampled with, as it read it
+        record["sampling"] = {"temperature": trainer.args.temperature, "num_samples": trainer.args.num_samples,
+                              "baseline": trainer.args.baseline,
+                              "center_advantages": trainer.args.center_advantages}
     return model, record
 
 
@@ -599,7 +604,7 @@ def _cached(path: str, compute):
 
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
 ARM_ONLY = {"rl_lr": ("scst", "loo4"), "rl_weight": ("scst", "loo4"), "center_advantages": ("scst", "loo4"),
-            "ss_min_ratio": ("ss",)}
+            "rl_temperature": ("scst", "loo4"), "ss_min_ratio": ("ss",)}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:

@@ -71,10 +71,15 @@ def test_quality_quick_translation(tmp_path, capsys):
     assert (tmp_path / "w" / "runs" / "xe_seed1.json").exists()
     # --dev-only (choosing a variant on dev): dev scores only, under their own run names and results file
     dev_out = tmp_path / "dev.json"
-    dev = quality.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "scst", "--set", "rl_lr=1e-4"])
+    dev = quality.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "scst", "--set", "rl_lr=1e-4",
+                                    "rl_temperature=0.7"])
     assert set(dev["arms"]) == {"scst"} and "greedy" not in dev["runs"][0] and dev_out.exists()
     assert 0 <= dev["arms"]["scst"]["dev"]["bleu"]["mean"] <= 100 and dev["C"]["dev"]["bleu"] >= 0
-    assert (tmp_path / "w" / "runs" / "scst_seed0_rl_lr0.0001_dev.json").exists()
+    assert (tmp_path / "w" / "runs" / "scst_seed0_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
+    # the trainer sampled at the overridden temperature (the default runs above at 1.0)
+    assert dev["runs"][0]["sampling"] == {"temperature": 0.7, "num_samples": 1, "baseline": "greedy",
+                                          "center_advantages": False}
+    assert [r["sampling"]["temperature"] for r in results["runs"] if r["arm"] in ("scst", "loo4")] == [1.0, 1.0]
 
 
 @pytest.mark.slow
@@ -125,6 +130,9 @@ def test_quality_overrides_name_their_runs():
     changed, overrides = quality.apply_overrides(settings, ["center_advantages=true"])
     assert changed.center_advantages is True and quality.run_tag("scst", overrides) == "_center_advantagesTrue"
     assert quality.run_tag("xe", overrides) == ""
+    changed, overrides = quality.apply_overrides(settings, ["rl_temperature=0.7"])
+    assert changed.rl_temperature == 0.7 and quality.run_tag("loo4", overrides) == "_rl_temperature0.7"
+    assert quality.run_tag("ss", overrides) == ""
     for bad in ("seeds=1", "device=cuda", "nope=1", "d_model", "center_advantages=maybe"):
         with pytest.raises(SystemExit, match="FIELD=VALUE"):
             quality.apply_overrides(settings, [bad])
