@@ -603,8 +603,8 @@ def _cached(path: str, compute):
 
 
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
-ARM_ONLY = {"rl_lr": ("scst", "loo4"), "rl_weight": ("scst", "loo4"), "center_advantages": ("scst", "loo4"),
-            "rl_temperature": ("scst", "loo4"), "ss_min_ratio": ("ss",)}
+ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "center_advantages", "rl_temperature"), tuple(RL_ARMS)),
+            "ss_min_ratio": ("ss",)}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:
