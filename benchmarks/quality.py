@@ -281,7 +281,7 @@ def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, de
     words = sum(len(r["references"][0].split()) for r in rows)
     out["length_ratio"] = round(sum(len(p.split()) for p in predictions) / max(words, 1), 3)
     if "bleu" in scores:  # BLEU = brevity penalty × n-gram precisions: the part of a BLEU change due to length
-        from hf_seqrl.rewards import bleu_brevity
+        from hf_seqrl.metrics import bleu_brevity
 
         out["bleu_bp"] = round(bleu_brevity(predictions, [r["references"] for r in rows])["bp"], 4)
     # Share of distinct outputs: near 0 when the model writes one template whatever the source.

@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "SeqRLConfig": "configs",
     "ScheduledSamplingConfig": "configs",
-    "SequenceRLTrainer": "trainers.base",
+    "SeqRLTrainer": "trainers.base",
+    "SeqRLBaseTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.reinforce",
     "SCSTTrainer": "trainers.scst",
     "ScheduledSamplingTrainer": "trainers.scheduled_sampling",
@@ -30,7 +31,7 @@ _LAZY = {
     "score_rollout": "rollout",
 }
 
-__all__ = sorted(_LAZY) + ["losses", "rewards", "schedules", "__version__"]
+__all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "__version__"]
 
 
 def __getattr__(name):
@@ -39,6 +40,6 @@ def __getattr__(name):
         value = getattr(module, name)
         globals()[name] = value
         return value
-    if name in ("losses", "rewards", "schedules", "rollout", "data", "configs", "diagnostics", "hub"):
+    if name in ("losses", "rewards", "metrics", "schedules", "rollout", "data", "configs", "diagnostics", "hub"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'hf_seqrl' has no attribute {name!r}")

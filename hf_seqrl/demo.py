@@ -192,10 +192,10 @@ def translate(model, tokenizer, sources: list[str], desc: str, batch_size: int =
 
 def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
     """Returns greedy corpus BLEU and chrF of `model` on `rows`, against all references of each source."""
-    from . import rewards
+    from . import metrics
 
     hypotheses = translate(model, tokenizer, [r["source"] for r in rows], desc)
-    return rewards.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
+    return metrics.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
 
 
 # ---- training --------------------------------------------------------------------------------------

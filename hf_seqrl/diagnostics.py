@@ -44,7 +44,8 @@ from transformers.utils import logging
 
 from .data import strip_start_token
 from .losses import token_logprobs_from_logits
-from .rewards import corpus_scores, get_reward, normalize_references
+from .metrics import corpus_scores
+from .rewards import get_reward, normalize_references
 from .rollout import (completion_mask, decoder_start_id, ended_with_eos, eos_ids, expand_encoder_states, pad_id,
                       rollout_generation_config, shift_right, strip_decoded)
 

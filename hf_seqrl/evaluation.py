@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .rewards import BUILTIN_REWARDS, corpus_scores
+from .metrics import corpus_scores
+from .rewards import BUILTIN_REWARDS
 
 
 def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int = 1, batch_size: int = 32,
@@ -51,7 +52,7 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
 def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequence[Sequence[str]],
                    metrics: Sequence[str] = ("bleu", "chrf"), **generate_kwargs) -> tuple[dict[str, float], list[str]]:
     """Returns `(scores, predictions)`: corpus scores in [0, 100] against every reference of each source
-    (`rewards.corpus_scores`), and the decoded outputs. `generate_kwargs` go to `generate_texts`."""
+    (`metrics.corpus_scores`), and the decoded outputs. `generate_kwargs` go to `generate_texts`."""
     unknown = [m for m in metrics if m not in BUILTIN_REWARDS]
     if unknown:
         raise ValueError(f"Unknown metric(s) {', '.join(unknown)}; choose from {', '.join(BUILTIN_REWARDS)}.")

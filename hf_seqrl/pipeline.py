@@ -22,7 +22,7 @@ from transformers import HfArgumentParser
 
 from .configs import ScheduledSamplingConfig, SeqRLConfig
 from .data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_pairs
-from .rewards import corpus_scores
+from .metrics import corpus_scores
 from .rollout import decoder_start_id
 
 ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")

@@ -106,43 +106,6 @@ def rouge_reward(rouge_type: str) -> RewardFn:
     return reward
 
 
-def corpus_scores(predictions: list[str], references: list[list[str]],
-                  names: Sequence[str] = ("bleu", "chrf")) -> dict[str, float]:
-    """Returns corpus-level scores in [0, 100] of `predictions` against every reference of each source.
-
-    `"bleu"` / `"chrf"`: sacrebleu corpus scores, one reference stream per reference slot (None where a source
-    has fewer references). ROUGE names: the mean over sentences of rouge-score F1 against the best reference
-    (stemming on), ×100.
-    """
-    scores = {}
-    for name in names:
-        if name in ("bleu", "chrf"):
-            from sacrebleu.metrics import BLEU, CHRF
-
-            streams = _reference_streams(references)
-            scores[name] = (BLEU() if name == "bleu" else CHRF()).corpus_score(predictions, streams).score
-        else:
-            values = get_reward(name)(predictions, references)
-            scores[name] = 100.0 * sum(values) / max(len(values), 1)
-    return scores
-
-
-def _reference_streams(references: list[list[str]]) -> list[list[str | None]]:
-    """sacrebleu's layout: one stream per reference slot, None where a source has fewer references."""
-    width = max(len(refs) for refs in references)
-    return [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
-
-
-def bleu_brevity(predictions: list[str], references: list[list[str]]) -> dict[str, float]:
-    """Returns corpus BLEU's brevity penalty `bp` (1 when the output is at least as long as the references) and
-    `ratio`, output over reference length in sacrebleu's tokens. Corpus BLEU is `bp` times its n-gram part, so
-    this splits a BLEU change into a length change and a precision change."""
-    from sacrebleu.metrics import BLEU
-
-    stat = BLEU().corpus_score(predictions, _reference_streams(references))
-    return {"bp": stat.bp, "ratio": stat.sys_len / max(stat.ref_len, 1)}
-
-
 def get_reward(name: str) -> RewardFn:
     """Returns the reward callable named `name`: a built-in name or a `"module:function"` path."""
     if not isinstance(name, str):

@@ -1,8 +1,8 @@
 """Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses)."""
 
-from .base import SequenceRLTrainer
+from .base import SeqRLTrainer
 from .reinforce import ReinforceTrainer
 from .scheduled_sampling import ScheduledSamplingTrainer
 from .scst import SCSTTrainer
 
-__all__ = ["SequenceRLTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer"]
+__all__ = ["SeqRLTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer"]

@@ -1,4 +1,4 @@
-"""`SequenceRLTrainer`: teacher-forced warm-up, then sequence-level policy-gradient training.
+"""`SeqRLTrainer`: teacher-forced warm-up, then sequence-level policy-gradient training.
 
 One RL step follows the diagram of DESIGN.md: rollout → rewards → baseline → advantages → log-probs →
 policy-gradient loss mixed with cross-entropy (+ KL, − entropy). The math lives in `hf_seqrl.losses`,
@@ -75,7 +75,7 @@ def last_complete_checkpoint(folder: str) -> str | None:
     return os.path.join(folder, max(steps)[1]) if steps else None
 
 
-class SeqTrainerBase(Seq2SeqTrainer):
+class SeqRLBaseTrainer(Seq2SeqTrainer):
     """Orchestration shared by every hf-seqrl trainer.
 
     Checks the model and data, keeps the `references` / `sources` text columns through collation, runs the
@@ -273,7 +273,7 @@ class SeqTrainerBase(Seq2SeqTrainer):
                 self.load_extra_state(json.load(f))
 
 
-class SequenceRLTrainer(SeqTrainerBase):
+class SeqRLTrainer(SeqRLBaseTrainer):
     """Base of the sequence-level trainers; same constructor as `Seq2SeqTrainer`, `args` a `SeqRLConfig`."""
 
     default_baseline = "greedy"
@@ -318,7 +318,7 @@ class SequenceRLTrainer(SeqTrainerBase):
             # Nothing a rollout produces would reach the loss: skip decoding and train as Seq2SeqTrainer does.
             self.loss_is_scaled_for_ga = None
             self._record("train", {"rl/phase": 1.0})
-            return super(SeqTrainerBase, self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            return super(SeqRLBaseTrainer, self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
         if args.rl_weight < 1 and inputs.get("labels") is None:
             raise ValueError(

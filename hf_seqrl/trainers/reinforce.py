@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .base import SequenceRLTrainer
+from .base import SeqRLTrainer
 
 
-class ReinforceTrainer(SequenceRLTrainer):
+class ReinforceTrainer(SeqRLTrainer):
     """REINFORCE on sampled sequences; `SeqRLConfig.baseline` defaults to `"moving_average"`.
 
     Loss: `-mean_i (r_i - b) * log p(y_i | x_i)`, mixed with cross-entropy by `rl_weight` (Ranzato et al., 2016;

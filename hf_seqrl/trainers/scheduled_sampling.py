@@ -14,7 +14,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from ..configs import ScheduledSamplingConfig
 from ..rollout import decoder_start_id, pad_id, shift_right
 from ..schedules import teacher_forcing_ratio
-from .base import SeqTrainerBase
+from .base import SeqRLBaseTrainer
 
 
 def mix_decoder_inputs(
@@ -45,7 +45,7 @@ def mix_decoder_inputs(
     return torch.where(replaced, candidates, gold_inputs), replaced
 
 
-class ScheduledSamplingTrainer(SeqTrainerBase):
+class ScheduledSamplingTrainer(SeqRLBaseTrainer):
     """Cross-entropy training where the decoder sees its own predictions with probability 1 − ε.
 
     Same constructor as `Seq2SeqTrainer`; `args` is a `ScheduledSamplingConfig`. With ε = 1 the loss is plain
@@ -90,7 +90,7 @@ class ScheduledSamplingTrainer(SeqTrainerBase):
         second_inputs = {k: v for k, v in inputs.items() if k not in ("input_ids", "decoder_input_ids")}
         second_inputs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
         second_inputs["decoder_input_ids"] = mixed
-        loss = super(SeqTrainerBase, self).compute_loss(model, second_inputs, num_items_in_batch=num_items_in_batch)
+        loss = super(SeqRLBaseTrainer, self).compute_loss(model, second_inputs, num_items_in_batch=num_items_in_batch)
         replaceable = max(int((labels[:, :-1] != -100).sum()), 1)
         self._record("train", {
             "rl/phase": 1.0,

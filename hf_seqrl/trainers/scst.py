@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .base import SequenceRLTrainer
+from .base import SeqRLTrainer
 
 
-class SCSTTrainer(SequenceRLTrainer):
+class SCSTTrainer(SeqRLTrainer):
     """Self-critical sequence training: the baseline of a sample is the reward of the greedy decode of its source.
 
     `SeqRLConfig.baseline="mean"` with `num_samples >= 2` gives the leave-one-out mean-of-samples variant
