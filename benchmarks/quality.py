@@ -459,10 +459,11 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
                              min_teacher_forcing_ratio=settings.ss_min_ratio)
         return ScheduledSamplingTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     common = (settings, output_dir, seed, settings.rl_lr or settings.arm_lr, 10**6)
-    args = training_args(SeqRLConfig, *common, reward=settings.metrics[0], rl_weight=settings.rl_weight,
+    args = training_args(SeqRLConfig, *common, rl_weight=settings.rl_weight,
                          max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
                          temperature=settings.rl_temperature, **RL_ARMS[arm])
-    return SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    return SCSTTrainer(model=model, args=args, reward_funcs=settings.metrics[0], train_dataset=dataset,
+                       processing_class=tokenizer)
 
 
 def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_dir: str, c_folder: str):

@@ -8,24 +8,13 @@ and the fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from transformers import Seq2SeqTrainingArguments
 
 BASELINES = ("greedy", "mean", "moving_average", "none")
 SCHEDULES = ("linear", "exponential", "inverse_sigmoid", "constant")
-
-
-def _describe_reward(reward: Any) -> Any:
-    """Returns a JSON/pickle-safe description of a reward spec (callables become their qualified name)."""
-    if callable(reward):
-        module = getattr(reward, "__module__", None) or "?"
-        name = getattr(reward, "__qualname__", None) or type(reward).__name__
-        return f"{module}:{name}"
-    if isinstance(reward, (list, tuple)):
-        return [_describe_reward(r) for r in reward]
-    return reward
 
 
 class _NoSecretsInPickle:
@@ -36,9 +25,6 @@ class _NoSecretsInPickle:
         for key in state:
             if key.endswith("_token") and state[key] is not None:
                 state[key] = None
-        if "reward" in state:
-            # A lambda reward must not break saving either.
-            state["reward"] = _describe_reward(state["reward"])
         return state
 
 
@@ -47,14 +33,13 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     r"""
     Arguments of [`ReinforceTrainer`] and [`SCSTTrainer`], on top of `Seq2SeqTrainingArguments`.
 
+    Every field is plain data (JSON, pickle). The rewards themselves are a trainer argument, `reward_funcs`.
+
     > Reward
 
-    reward (`str`, `list[str]` or callable, *optional*, defaults to `"bleu"`):
-        Built-in reward name (`"bleu"`, `"chrf"`, `"rouge1"`, `"rouge2"`, `"rougeL"`, `"rougeLsum"`), a
-        `"module:function"` path, a callable `f(predictions, references, sources=None) -> list[float]`, or a
-        list of those, which are combined with `reward_weights`.
     reward_weights (`list[float]`, *optional*, defaults to `None`):
-        Weights of a list of rewards; `None` gives every reward the same weight (they average).
+        Weights of the trainer's `reward_funcs` (one per reward); `None` gives every reward the same weight (they
+        average).
     reward_workers (`int`, *optional*, defaults to `0`):
         With 2 or more, batches of at least 256 predictions are scored in that many worker processes (same values;
         worth it for ROUGE on long outputs with many samples). Custom callables must then be picklable.
@@ -103,13 +88,7 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         the initial model (built only when > 0).
     """
 
-    # Typed `str` for HfArgumentParser ("bleu" or "bleu,rougeL" on the command line); from Python a callable or a
-    # list of names/callables works too.
-    reward: str = field(
-        default="bleu",
-        metadata={"help": "Reward name(s) (bleu, chrf, rouge1, rouge2, rougeL, rougeLsum, or module:function)."},
-    )
-    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of a list of rewards."})
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward_funcs."})
     nonfinite_rewards: str = field(default="error", metadata={"help": "'error' or 'drop' on NaN/inf rewards."})
     reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
     baseline: str | None = field(
@@ -131,12 +110,12 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
-        # Imported here so that `import hf_seqrl.configs` stays light and rewards stay lazily imported.
-        from .rewards import check_reward_spec
-
-        if isinstance(self.reward, str) and "," in self.reward and ":" not in self.reward:
-            self.reward = [r.strip() for r in self.reward.split(",") if r.strip()]
-        check_reward_spec(self.reward, self.reward_weights)
+        if self.reward_weights is not None:
+            if not self.reward_weights or any(not math.isfinite(float(w)) for w in self.reward_weights):
+                raise ValueError(
+                    f"SeqRLConfig.reward_weights={self.reward_weights!r}: give one finite number per reward of "
+                    "reward_funcs, or None for equal weights.")
+            self.reward_weights = [float(w) for w in self.reward_weights]
         if self.baseline is not None and self.baseline not in BASELINES:
             raise ValueError(f"SeqRLConfig.baseline={self.baseline!r} is not one of {BASELINES}.")
         if self.num_samples < 1:
@@ -171,12 +150,6 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError(
                 f"SeqRLConfig.nonfinite_rewards must be 'error' or 'drop', got {self.nonfinite_rewards!r}."
             )
-
-    def to_dict(self):
-        d = super().to_dict()
-        d["reward"] = _describe_reward(d["reward"])
-        return d
-
 
 @dataclass
 class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):

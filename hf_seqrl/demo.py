@@ -250,9 +250,10 @@ def train_scst(model, tokenizer, dataset, settings: DemoSettings, work_dir: str,
     from .trainers.scst import SCSTTrainer
 
     args = _training_args(SeqRLConfig, work_dir, seed, settings.compare_steps, settings.lr, settings,
-                          reward="bleu", baseline=settings.baseline, num_samples=settings.num_samples,
+                          baseline=settings.baseline, num_samples=settings.num_samples,
                           rl_weight=settings.rl_weight, max_new_tokens=max_new_tokens)
-    trainer = SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs="bleu", train_dataset=dataset,
+                          processing_class=tokenizer)
     trainer.train()
     return trainer.state.log_history
 

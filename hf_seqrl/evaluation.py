@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .metrics import corpus_scores
@@ -104,3 +105,53 @@ def evaluate_from_args(args: argparse.Namespace) -> int:
             for source, prediction, refs in zip(sources, predictions, references):
                 f.write(json.dumps({"source": source, "prediction": prediction, "references": refs}) + "\n")
     return 0
+
+
+def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), references: Sequence | None = None):
+    """Returns a `compute_metrics` for `Seq2SeqTrainer`-style evaluation with `predict_with_generate=True`.
+
+    Args:
+        tokenizer: decodes the generated ids (and the labels when `references` is None).
+        metrics (`list`): built-in names (`"bleu"`, `"chrf"`: sacrebleu corpus scores; ROUGE names: mean sentence F1;
+            all in [0, 100], every reference of a source) and `evaluate.EvaluationModule`s, called once on the
+            whole split; each numeric output of a module is reported as `<module name>_<output>` (just the name when
+            the output carries it). A module whose `references` feature is not a sequence gets the first reference.
+        references (`list[str | list[str]]`, *optional*): the split's references in dataset order (a `references`
+            column keeps every reference); None scores against the decoded `labels`.
+
+    The metrics also hold `gen_len`, the mean generated length in tokens.
+    """
+    from .rewards import _accepts_reference_lists, _is_number, is_evaluation_module, normalize_references
+
+    for metric in metrics:
+        if not (is_evaluation_module(metric) or metric in BUILTIN_REWARDS):
+            raise ValueError(f"compute_metrics: unknown metric {metric!r}; use one of {', '.join(BUILTIN_REWARDS)} or "
+                             "an evaluate.EvaluationModule.")
+    fixed = None if references is None else normalize_references(references)
+    pad = tokenizer.pad_token_id
+
+    def compute_metrics(prediction) -> dict[str, float]:
+        ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        ids = np.where(ids < 0, pad, ids)
+        texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        if fixed is None:
+            labels = np.where(prediction.label_ids < 0, pad, prediction.label_ids)
+            refs = [[t.strip()] for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+        else:
+            if len(texts) < len(fixed):
+                raise ValueError(f"Got {len(texts)} predictions for {len(fixed)} references: evaluate the split "
+                                 "whose references this compute_metrics was built with.")
+            # Across processes the gather keeps the copies of the first rows that pad the last batches: the real
+            # rows come first, in dataset order.
+            texts, ids, refs = texts[: len(fixed)], ids[: len(fixed)], fixed
+        scores = {"gen_len": float(np.mean([(row != pad).sum() for row in ids]))}
+        names = [m for m in metrics if isinstance(m, str)]
+        scores.update(corpus_scores(texts, refs, names))
+        for module in (m for m in metrics if not isinstance(m, str)):
+            module_refs = refs if _accepts_reference_lists(module) else [r[0] for r in refs]
+            for key, value in module.compute(predictions=texts, references=module_refs).items():
+                if _is_number(value):
+                    scores[module.name if key == module.name else f"{module.name}_{key}"] = float(value)
+        return scores
+
+    return compute_metrics

@@ -15,14 +15,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 import torch
 import transformers
 from transformers import HfArgumentParser
 
 from .configs import ScheduledSamplingConfig, SeqRLConfig
 from .data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_pairs
-from .metrics import corpus_scores
+from .evaluation import build_compute_metrics
 from .rollout import decoder_start_id
 
 ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")
@@ -46,6 +45,9 @@ class ScriptArguments:
     config: str | None = field(default=None, metadata={"help": "YAML file of settings; CLI flags override it."})
     algorithm: Literal["scst", "reinforce", "scheduled_sampling"] = field(default="scst")
     task: Literal["translation", "summarization"] = field(default="translation")
+    reward_funcs: list[str] | None = field(default=None, metadata={
+        "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
+                "reward_weights; default: bleu for translation, rougeL for summarization."})
     model_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or local folder."})
     tiny_model: str | None = field(default=None, metadata={"help": "t5 | bart | marian, built from a config."})
     tiny_d_model: int = field(default=32, metadata={"help": "Width of the tiny model."})
@@ -218,30 +220,14 @@ def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id:
     return out
 
 
-def build_compute_metrics(tokenizer, task: str, references: list[list[str]]):
-    """Returns a `compute_metrics` scoring generated ids against every reference of the evaluated split.
+def task_metrics(task: str) -> tuple[str, ...]:
+    """Returns the corpus metrics reported for `task`: BLEU and chrF for translation, ROUGE-1/2/L for summarization."""
+    return ("bleu", "chrf") if task == "translation" else ("rouge1", "rouge2", "rougeL")
 
-    Translation: corpus BLEU and chrF (sacrebleu, all references). Summarization: ROUGE-1/2/L F1 (rouge-score,
-    stemming), each prediction scored against its best reference (`score_multi`), averaged; all ×100.
-    `references` are the split's `references` column, in dataset order (the order evaluation gathers in).
-    """
 
-    def compute_metrics(prediction) -> dict[str, float]:
-        ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-        ids = np.where(ids < 0, tokenizer.pad_token_id, ids)
-        texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
-        if len(texts) < len(references):
-            raise ValueError(f"Got {len(texts)} predictions for {len(references)} references: evaluate the split "
-                             "whose references this compute_metrics was built with.")
-        # Across processes `Seq2SeqTrainer.evaluate` gathers without dropping the copies of the first rows that pad
-        # the last batches; the real rows come first, in dataset order.
-        texts, ids = texts[: len(references)], ids[: len(references)]
-        metrics = {"gen_len": float(np.mean([(row != tokenizer.pad_token_id).sum() for row in ids]))}
-        names = ("bleu", "chrf") if task == "translation" else ("rouge1", "rouge2", "rougeL")
-        metrics.update(corpus_scores(texts, references, names))
-        return metrics
-
-    return compute_metrics
+def task_rewards(script_args: ScriptArguments) -> list[str]:
+    """Returns `reward_funcs` as given, else the task's default: sentence BLEU (translation) or ROUGE-L."""
+    return script_args.reward_funcs or (["bleu"] if script_args.task == "translation" else ["rougeL"])
 
 
 def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer, splits: dict):
@@ -250,11 +236,12 @@ def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer,
     if training_args.generation_max_length is None:
         training_args.generation_max_length = script_args.max_target_length
     validation = splits.get("validation")
+    rewards = {} if script_args.algorithm == "scheduled_sampling" else {"reward_funcs": task_rewards(script_args)}
     trainer = trainer_class(script_args.algorithm)(
         model=model, args=training_args, train_dataset=splits["train"], eval_dataset=validation,
-        processing_class=tokenizer,
+        processing_class=tokenizer, **rewards,
         compute_metrics=None if validation is None else build_compute_metrics(
-            tokenizer, script_args.task, validation["references"]),
+            tokenizer, task_metrics(script_args.task), validation["references"]),
     )
     trainer.card_task = script_args.task
     return trainer
@@ -262,7 +249,7 @@ def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer,
 
 def evaluate_split(trainer, dataset, prefix: str, task: str, num_beams: int | None = None) -> dict[str, float]:
     """Returns `prefix_*` metrics of generating on `dataset` (BLEU/chrF or ROUGE, `rl/reward`, loss)."""
-    trainer.compute_metrics = build_compute_metrics(trainer.processing_class, task, dataset["references"])
+    trainer.compute_metrics = build_compute_metrics(trainer.processing_class, task_metrics(task), dataset["references"])
     num_beams = num_beams or trainer.args.generation_num_beams
     metrics = trainer.evaluate(dataset, metric_key_prefix=prefix, num_beams=num_beams)
     trainer.log_metrics(prefix, metrics)

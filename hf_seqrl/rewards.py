@@ -1,21 +1,29 @@
-"""Sentence-level rewards.
+"""Sentence-level rewards, and how the trainers call them.
 
-A reward is any callable `f(predictions: list[str], references: list[list[str]], sources: list[str] | None = None)
--> list[float]` returning one value per prediction. Built-ins are returned by `get_reward(name)`:
+A reward is a callable called with keywords, one value per prediction:
+
+    f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float]
+
+`columns` holds every other column of the training rows (a length budget, a domain, a glossary, ...), one entry per
+prediction. A reward may declare `**kwargs` and read only what it needs. Built-ins are returned by `get_reward(name)`:
 
 - `"bleu"`: sacrebleu `sentence_bleu` (exp smoothing, effective order) / 100.
 - `"chrf"`: sacrebleu `sentence_chrf` / 100.
 - `"rouge1"`, `"rouge2"`, `"rougeL"`, `"rougeLsum"`: rouge-score F1 with stemming; with several references,
   `score_multi` (the best reference).
 
-An empty (or whitespace-only) prediction scores 0.0.
+An empty (or whitespace-only) prediction scores 0.0. An `evaluate.EvaluationModule` becomes a reward through
+`EvaluateReward`. `build_reward` turns what a trainer's `reward_funcs` holds (a name, a callable, a module, or a
+list of them) into one callable; `call_reward` calls it and checks what comes back.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+import numbers
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 RewardFn = Callable[..., Sequence[float]]
@@ -28,12 +36,22 @@ def _unit(score: float) -> float:
     return min(1.0, score / 100.0)
 
 
+# sacrebleu's own steps of `sentence_score`, called separately so that a reference set is prepared once. setup.cfg
+# bounds the sacrebleu version; tests/test_rewards.py fails loudly if these internals change.
+SACREBLEU_INTERNALS = ("_cache_references", "_compute_segment_statistics", "_preprocess_segment",
+                       "_aggregate_and_compute")
+
+
 def _sacrebleu_scores(metric, predictions: list[str], references: list[list[str]]) -> list[float]:
     """Returns `metric.sentence_score(pred, refs).score / 100` per pair, preparing each reference set once.
 
     The `n` samples of a source share its references: their n-gram statistics are extracted once and reused,
-    with the same steps as sacrebleu's `sentence_score` (exact same values; see tests).
+    with the same steps as sacrebleu's `sentence_score` (exact same values; see tests). Without those internals
+    (another sacrebleu version) it calls the public `sentence_score` per pair.
     """
+    if not all(hasattr(metric, name) for name in SACREBLEU_INTERNALS):
+        return [_unit(metric.sentence_score(p, list(r)).score) if p.strip() else 0.0
+                for p, r in zip(predictions, references)]
     prepared: dict[tuple[str, ...], Any] = {}
     scores = []
     for pred, refs in zip(predictions, references):
@@ -48,7 +66,8 @@ def _sacrebleu_scores(metric, predictions: list[str], references: list[list[str]
     return scores
 
 
-def bleu_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None) -> list[float]:
+def bleu_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None,
+                **columns: Any) -> list[float]:
     """Returns sacrebleu sentence BLEU / 100 of each prediction against its references."""
     from sacrebleu.metrics import BLEU
 
@@ -56,7 +75,8 @@ def bleu_reward(predictions: list[str], references: list[list[str]], sources: li
     return _sacrebleu_scores(BLEU(effective_order=True), predictions, references)
 
 
-def chrf_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None) -> list[float]:
+def chrf_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None,
+                **columns: Any) -> list[float]:
     """Returns sacrebleu sentence chrF / 100 of each prediction against its references."""
     from sacrebleu.metrics import CHRF
 
@@ -95,7 +115,8 @@ def _rouge_scorer(rouge_type: str):
 def rouge_reward(rouge_type: str) -> RewardFn:
     """Returns the reward computing rouge-score F1 (`rouge_type`, stemming on, best reference)."""
 
-    def reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None) -> list[float]:
+    def reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None,
+               **columns: Any) -> list[float]:
         scorer = _rouge_scorer(rouge_type)
         return [
             scorer.score_multi(list(refs), pred)[rouge_type].fmeasure if pred.strip() else 0.0
@@ -128,34 +149,142 @@ def get_reward(name: str) -> RewardFn:
         return fn
     raise ValueError(
         f"Unknown reward {name!r}. Valid names: {', '.join(BUILTIN_REWARDS)}, or 'module:function' for your own, "
-        "or pass a callable f(predictions, references, sources=None) -> list[float]."
+        "or pass a callable f(predictions, references, sources, **columns) -> list[float]."
     )
 
 
+def is_evaluation_module(obj: Any) -> bool:
+    """Returns True for an `evaluate.EvaluationModule` (checked without importing `evaluate`)."""
+    evaluate = sys.modules.get("evaluate")
+    return evaluate is not None and isinstance(obj, evaluate.EvaluationModule)
+
+
 def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None:
-    """Raises a clear error if `spec` (a name, callable, or list of them) or `weights` is invalid.
+    """Raises a clear error if `spec` (what `reward_funcs` takes) or `weights` is invalid.
 
     Built-in names are checked without importing the metric libraries.
     """
     items = list(spec) if isinstance(spec, (list, tuple)) else [spec]
     if not items:
-        raise ValueError("SeqRLConfig.reward is an empty list: name at least one reward, e.g. reward='bleu'.")
+        raise ValueError("reward_funcs is an empty list: name at least one reward, e.g. reward_funcs='bleu'.")
     for item in items:
-        if callable(item) or (isinstance(item, str) and ":" in item):
+        if callable(item) or is_evaluation_module(item) or (isinstance(item, str) and ":" in item):
             continue
         if not isinstance(item, str) or item not in BUILTIN_REWARDS:
             raise ValueError(
-                f"SeqRLConfig.reward: unknown reward {item!r}. Valid names: {', '.join(BUILTIN_REWARDS)}, "
-                "a 'module:function' path, or a callable."
+                f"reward_funcs: unknown reward {item!r}. Valid names: {', '.join(BUILTIN_REWARDS)}, a "
+                "'module:function' path, a callable, or an evaluate.EvaluationModule."
             )
     if weights is not None:
         if len(weights) != len(items):
             raise ValueError(
-                f"SeqRLConfig.reward_weights has {len(weights)} values for {len(items)} rewards: give one weight "
+                f"SeqRLConfig.reward_weights has {len(weights)} values for {len(items)} reward_funcs: give one weight "
                 "per reward, or None for equal weights."
             )
         if any(not math.isfinite(float(w)) for w in weights):
             raise ValueError("SeqRLConfig.reward_weights must be finite numbers.")
+
+
+def _accepts_reference_lists(module) -> bool:
+    """Returns True when one of `module`'s input formats takes a list of references per prediction."""
+    options = module.features if isinstance(module.features, (list, tuple)) else [module.features]
+    for features in options:
+        feature = features.get("references") if hasattr(features, "get") else None
+        if isinstance(feature, (list, tuple)) or type(feature).__name__ in ("Sequence", "List", "LargeList"):
+            return True
+    return False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class EvaluateReward:
+    """A reward that scores each prediction with an `evaluate.EvaluationModule`.
+
+    One `compute` call over the batch when the module returns a per-example list (one value per prediction) under
+    `key`; otherwise one call per (prediction, reference) pair. The choice is made on the first batch and kept.
+    Several references: a module whose `references` feature is a sequence gets all of a prediction's references;
+    any other module scores the prediction against each reference and the best value counts (as ROUGE's
+    `score_multi` does).
+
+    Args:
+        module (`evaluate.EvaluationModule`): e.g. `evaluate.load("path/to/metric.py")`.
+        key (`str`, *optional*): the output to use; by default the module's only numeric output (an error lists the
+            outputs when there are several).
+        scale (`float`, *optional*, defaults to `1.0`): multiplies every value (`0.01` for a metric in [0, 100]).
+        compute_kwargs: passed to every `compute` call (e.g. `lang="en"`).
+    """
+
+    def __init__(self, module, key: str | None = None, scale: float = 1.0, **compute_kwargs: Any):
+        if not is_evaluation_module(module):
+            raise TypeError(f"EvaluateReward needs an evaluate.EvaluationModule, got {type(module).__name__}.")
+        self.module, self.key, self.scale, self.compute_kwargs = module, key, float(scale), compute_kwargs
+        self.multi_reference = _accepts_reference_lists(module)
+        self.per_example: bool | None = None  # decided on the first batch
+        self.__name__ = module.name if key is None else f"{module.name}:{key}"
+
+    def _compute(self, predictions: list[str], references: list) -> dict:
+        result = self.module.compute(predictions=predictions, references=references, **self.compute_kwargs)
+        if not isinstance(result, dict):
+            raise TypeError(f"evaluate module {self.module.name!r} returned {type(result).__name__}, not a dict.")
+        return result
+
+    def _pick(self, result: dict, count: int) -> tuple[str, bool]:
+        """Returns `(key, per_example)`: which output to read and whether it holds one value per prediction."""
+        def per_example(value) -> bool:
+            value = value.tolist() if hasattr(value, "tolist") else value
+            return isinstance(value, (list, tuple)) and len(value) == count and all(map(_is_number, value))
+
+        if self.key is not None:
+            if self.key not in result:
+                raise KeyError(f"evaluate module {self.module.name!r} has no output {self.key!r}; its outputs: "
+                               f"{sorted(result)}.")
+            return self.key, per_example(result[self.key])
+        lists = [k for k, v in result.items() if per_example(v)]
+        scalars = [k for k, v in result.items() if _is_number(v) or (hasattr(v, "ndim") and v.ndim == 0)]
+        if len(lists) == 1:
+            return lists[0], True
+        if not lists and len(scalars) == 1:
+            return scalars[0], False
+        raise ValueError(
+            f"evaluate module {self.module.name!r} returns several numeric outputs {sorted(lists or scalars)}: say "
+            f"which one is the reward with EvaluateReward(module, key=...)."
+        )
+
+    def _pairs(self, predictions: list[str], references: list[list[str]]) -> tuple[list[str], list, list[int]]:
+        """Returns the (prediction, reference-argument) pairs to score and the prediction index of each pair."""
+        if self.multi_reference:
+            return list(predictions), [list(r) for r in references], list(range(len(predictions)))
+        owners = [i for i, refs in enumerate(references) for _ in refs]
+        return [predictions[i] for i in owners], [ref for refs in references for ref in refs], owners
+
+    def __call__(self, predictions: list[str], references: list[list[str]], sources=None, **columns) -> list[float]:
+        if not predictions:
+            return []
+        preds, refs, owners = self._pairs(predictions, references)
+        values: list[float] = []
+        if self.per_example is not False:
+            result = self._compute(preds, refs)
+            key, self.per_example = self._pick(result, len(preds))
+            self.key = key
+            if self.per_example:
+                value = result[key]
+                values = list(value.tolist() if hasattr(value, "tolist") else value)
+        if not self.per_example:
+            values = [self._compute([p], [r])[self.key] for p, r in zip(preds, refs)]
+        best = [-math.inf] * len(predictions)
+        for owner, value in zip(owners, values):
+            value = float(value.item() if hasattr(value, "item") else value)
+            best[owner] = max(best[owner], value)
+        return [self.scale * v for v in best]
+
+
+def as_reward(item: Any) -> RewardFn:
+    """Returns the callable for one entry of `reward_funcs`: a name, a callable or an `evaluate` module."""
+    if is_evaluation_module(item):
+        return EvaluateReward(item)
+    return item if callable(item) else get_reward(item)
 
 
 class WeightedReward:
@@ -163,16 +292,16 @@ class WeightedReward:
 
     def __init__(self, rewards: Sequence[Any], weights: Sequence[float] | None = None):
         check_reward_spec(list(rewards), weights)
-        self.rewards = [r if callable(r) else get_reward(r) for r in rewards]
-        self.names = [reward_name(r) for r in rewards]
+        self.rewards = [as_reward(r) for r in rewards]
+        self.names = [reward_name(r) for r in self.rewards]
         k = len(self.rewards)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0 / k] * k
         self.__name__ = "+".join(f"{w:g}*{n}" for w, n in zip(self.weights, self.names))
 
-    def __call__(self, predictions, references, sources=None) -> list[float]:
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
         total = [0.0] * len(predictions)
         for fn, name, weight in zip(self.rewards, self.names, self.weights):
-            values = call_reward(fn, predictions, references, sources, name=name)
+            values = call_reward(fn, predictions, references, sources, columns, name=name)
             total = [t + weight * v for t, v in zip(total, values)]
         return total
 
@@ -181,13 +310,16 @@ def reward_name(reward: Any) -> str:
     """Returns a readable name of a reward spec."""
     if isinstance(reward, str):
         return reward
+    if is_evaluation_module(reward):
+        return reward.name
     return getattr(reward, "__name__", None) or type(reward).__name__
 
 
 def build_reward(spec: Any, weights: Sequence[float] | None = None, workers: int = 0) -> RewardFn:
-    """Returns one callable for a reward spec: a name, a callable, or a list of those (weighted).
+    """Returns one callable for `reward_funcs`: a name, a callable, an `evaluate` module, or a list of those.
 
-    `workers >= 2` scores large batches in that many worker processes (`PooledReward`).
+    A list is combined with `weights` (`None`: their mean). `workers >= 2` scores large batches in that many
+    worker processes (`PooledReward`).
     """
     if workers >= 2:
         return PooledReward(spec, weights, workers)
@@ -197,7 +329,7 @@ def build_reward(spec: Any, weights: Sequence[float] | None = None, workers: int
         else:
             return WeightedReward(spec, weights)
     check_reward_spec(spec, weights)
-    fn = spec if callable(spec) else get_reward(spec)
+    fn = as_reward(spec)
     if weights is not None and float(weights[0]) != 1.0:
         return WeightedReward([fn], weights)
     return fn
@@ -206,12 +338,12 @@ def build_reward(spec: Any, weights: Sequence[float] | None = None, workers: int
 _WORKER_REWARDS: dict[str, RewardFn] = {}
 
 
-def _score_chunk(spec: Any, weights: Sequence[float] | None, predictions, references, sources) -> list[float]:
+def _score_chunk(spec: Any, weights: Sequence[float] | None, predictions, references, sources, columns) -> list[float]:
     """Worker side of `PooledReward`: builds the reward once per process (keeping its caches) and scores a chunk."""
     key = repr((spec, weights))
     if key not in _WORKER_REWARDS:
         _WORKER_REWARDS[key] = build_reward(spec, weights)
-    return call_reward(_WORKER_REWARDS[key], predictions, references, sources)
+    return call_reward(_WORKER_REWARDS[key], predictions, references, sources, columns)
 
 
 class PooledReward:
@@ -255,13 +387,14 @@ class PooledReward:
             atexit.register(self._pool.shutdown, cancel_futures=True)
         return self._pool
 
-    def __call__(self, predictions, references, sources=None) -> list[float]:
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
         if len(predictions) < self.min_pairs:
-            return call_reward(self.local, predictions, references, sources, name=self.__name__)
+            return call_reward(self.local, predictions, references, sources, columns, name=self.__name__)
         size = -(-len(predictions) // self.workers)
         chunks = [slice(start, start + size) for start in range(0, len(predictions), size)]
         futures = [self._executor().submit(_score_chunk, self.spec, self.weights, list(predictions[c]),
-                                           list(references[c]), None if sources is None else list(sources[c]))
+                                           list(references[c]), None if sources is None else list(sources[c]),
+                                           {k: list(v[c]) for k, v in columns.items()})
                    for c in chunks]
         return [value for future in futures for value in future.result()]
 
@@ -305,36 +438,46 @@ def call_reward(
     predictions: list[str],
     references: list[list[str]],
     sources: list[str] | None = None,
+    columns: dict[str, list] | None = None,
     name: str | None = None,
     batch_index: int | None = None,
 ) -> list[float]:
-    """Returns `reward_fn`'s values as a list of floats after checking count and type.
+    """Returns `reward_fn(predictions=, references=, sources=, **columns)` as a list of floats, checked.
 
-    Accepts lists, tuples, numpy arrays and tensors. NaN/inf pass through (the caller decides); a wrong count,
-    a non-numeric value or an exception inside the reward raises an error naming the reward (and the batch).
+    Accepts a list, tuple, numpy array or 1-D tensor of real numbers (a NaN or inf passes through; the caller
+    decides). A wrong count, a value that is not a real number (a string, None, a bool, a nested list), a tensor
+    that is not 1-D, or an exception inside the reward raises an error naming the reward, the index and the batch.
     """
     name = name or reward_name(reward_fn)
     where = "" if batch_index is None else f" on batch {batch_index}"
     try:
-        values = reward_fn(predictions, references, sources)
+        values = reward_fn(predictions=predictions, references=references, sources=sources, **(columns or {}))
     except Exception as err:
-        raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}") from err
+        hint = ""
+        if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
+            hint = (" (rewards are called with keywords: predictions, references, sources and every other dataset "
+                    "column; declare **kwargs to take the columns you do not use)")
+        raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}") from err
     if hasattr(values, "detach"):
         values = values.detach().cpu()
+    if hasattr(values, "ndim") and values.ndim != 1:
+        raise ValueError(f"reward {name!r} returned an array of shape {tuple(values.shape)}{where}: return one number "
+                         f"per prediction, shape ({len(predictions)},).")
     if hasattr(values, "tolist"):
         values = values.tolist()
-    try:
-        values = [float(v) for v in values]
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"reward {name!r} must return a sequence of numbers{where}, got {type(values).__name__}."
-        ) from err
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"reward {name!r} must return a list of numbers{where}, got {type(values).__name__}.")
+    values = list(values)
     if len(values) != len(predictions):
         raise ValueError(
             f"reward {name!r} returned {len(values)} values for {len(predictions)} predictions{where}: it must return "
             "exactly one float per prediction."
         )
-    return values
+    for i, value in enumerate(values):
+        if not _is_number(value):
+            raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}) at index {i}{where}: every "
+                            "value must be a real number (int or float; not a string, None or a bool).")
+    return [float(v) for v in values]
 
 
 def check_finite(values: Sequence[float], name: str) -> None:

@@ -46,7 +46,7 @@ def one_step_args(output_dir: str, **overrides):
     from hf_seqrl import SeqRLConfig
 
     settings = dict(output_dir=output_dir, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=1,
-                    top_k=1, baseline="none", reward=overlap_reward, rl_weight=0.5, max_new_tokens=8, optim="sgd",
+                    top_k=1, baseline="none", rl_weight=0.5, max_new_tokens=8, optim="sgd",
                     learning_rate=0.5, max_grad_norm=0.0, lr_scheduler_type="constant", logging_steps=1,
                     report_to=[], save_strategy="no", disable_tqdm=True, seed=0, dataloader_pin_memory=False,
                     use_cpu=True)
@@ -66,7 +66,7 @@ def run_one_step(output_dir: str, **overrides):
 
     tokenizer = byt5_tokenizer()
     trainer = SCSTTrainer(model=tiny_model("t5", seed=1), args=one_step_args(output_dir, **overrides),
-                          train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
+                          reward_funcs=overlap_reward, train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
     trainer.train()
     return trainer
 

@@ -33,12 +33,12 @@ def main():
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
     args = SeqRLConfig(output_dir=out, per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3,
-                       warmup_xe_steps=10, num_samples=2, reward="chrf", max_new_tokens=6, logging_steps=1,
+                       warmup_xe_steps=10, num_samples=2, max_new_tokens=6, logging_steps=1,
                        kl_coef=0.05,
                        save_strategy="steps", save_steps=5, report_to=[], disable_tqdm=True, seed=0,
                        dataloader_pin_memory=False)
     trainer = ReinforceTrainer(model=tiny_model("t5", seed=0), args=args, train_dataset=toy_dataset(tok, src, tgt),
-                               processing_class=tok, callbacks=[KillAt(kill_at)] if kill_at >= 0 else None)
+                               reward_funcs="chrf", processing_class=tok, callbacks=[KillAt(kill_at)] if kill_at >= 0 else None)
     trainer.train(resume_from_checkpoint=True if resume else None)
     torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))
     history = {h["step"]: h["rl/reward"] for h in trainer.state.log_history if "rl/reward" in h}

@@ -243,7 +243,8 @@ def test_bound_callback_reaches_tensorboard(tmp_path, heldout):
                        max_steps=2, eval_strategy="steps", eval_steps=2, logging_steps=1, report_to=["tensorboard"],
                        save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False, max_new_tokens=6)
     data = toy_dataset(tok, sources, targets)
-    trainer = SCSTTrainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok)
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs="bleu", train_dataset=data, eval_dataset=data,
+                          processing_class=tok)
     trainer.add_callback(callback)
     assert callback.trainer is trainer  # hf-seqrl trainers bind it
     trainer.train()

@@ -116,11 +116,11 @@ def test_trainer_push_to_hub_uploads_model_files_and_card_without_token(tmp_path
     sources, targets = toy_pairs(8, seed=0, alphabet="abcd", lengths=(2, 5))
     out = tmp_path / "out"
     args = SeqRLConfig(output_dir=str(out), per_device_train_batch_size=4, max_steps=2, logging_steps=1,
-                       report_to=[], save_strategy="no", max_new_tokens=8, disable_tqdm=True, reward="chrf",
+                       report_to=[], save_strategy="no", max_new_tokens=8, disable_tqdm=True,
                        push_to_hub=True, hub_model_id="someone/tiny-scst", hub_token=FAKE_TOKEN, log_level="info",
                        dataloader_pin_memory=False)
-    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=toy_dataset(tokenizer, sources, targets),
-                          processing_class=tokenizer)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs="chrf",
+                          train_dataset=toy_dataset(tokenizer, sources, targets), processing_class=tokenizer)
     assert hub.created and hub.created[0]["repo_id"] == "someone/tiny-scst"
     trainer.train()
     trainer.push_to_hub(commit_message="End of training", dataset=["toy/copy"], tasks="translation")

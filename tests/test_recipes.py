@@ -131,18 +131,20 @@ def write_yaml(tmp_path, **values) -> str:
 
 def test_cli_overrides_yaml_which_overrides_recipe_defaults(tmp_path):
     config = write_yaml(tmp_path, tiny_model="t5", train_file="x.txt", output_dir=str(tmp_path / "o"),
-                        task="translation", learning_rate="1e-4", max_steps=7, reward="bleu", report_to="none",
-                        eval_num_beams=3)
-    script_args, args = parse_args(["--config", config, "--max_steps", "3", "--reward", "chrf", "--tiny_model", "bart"],
-                                   defaults={"task": "summarization", "max_source_length": 99})
-    assert args.max_steps == 3 and args.reward == "chrf" and script_args.tiny_model == "bart"  # CLI
+                        task="translation", learning_rate="1e-4", max_steps=7, reward_funcs=["bleu"],
+                        num_samples=2, report_to="none", eval_num_beams=3)
+    script_args, args = parse_args(["--config", config, "--max_steps", "3", "--reward_funcs", "chrf", "--tiny_model",
+                                    "bart"], defaults={"task": "summarization", "max_source_length": 99})
+    assert args.max_steps == 3 and script_args.reward_funcs == ["chrf"] and script_args.tiny_model == "bart"  # CLI
     assert args.learning_rate == 1e-4 and script_args.eval_num_beams == 3  # YAML ("1e-4" is a YAML string)
     assert script_args.task == "translation"  # YAML over the recipe's default
     assert script_args.max_source_length == 99  # the recipe's default where nothing else sets it
     assert args.output_dir == str(tmp_path / "o") and type(args).__name__ == "SeqRLConfig"
-    _, args = parse_args(["--config", config, "--reward", "bleu,chrf"])
-    assert args.reward == ["bleu", "chrf"]
-    with pytest.warns(UserWarning, match=r"\['reward'\] do not apply"):
+    script_args, args = parse_args(["--config", config, "--reward_funcs", "bleu", "chrf", "--reward_weights", "0.3",
+                                    "0.7"])
+    assert script_args.reward_funcs == ["bleu", "chrf"] and args.reward_weights == [0.3, 0.7]
+    assert "reward_funcs" not in args.to_dict()  # training arguments stay plain data
+    with pytest.warns(UserWarning, match=r"\['num_samples'\] do not apply"):
         _, args = parse_args(["--config", config, "--algorithm", "scheduled_sampling"])
     assert type(args).__name__ == "ScheduledSamplingConfig"
 

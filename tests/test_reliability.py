@@ -15,12 +15,12 @@ def run(tmp_path, tokenizer, reward, arch="t5", model=None, **kwargs):
     src, tgt = toy_pairs(8, seed=0, alphabet="abcd", lengths=(2, 5))
     args = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3,
                 logging_steps=1, report_to=[], save_strategy="no", max_new_tokens=6, disable_tqdm=True,
-                dataloader_pin_memory=False, reward=reward, num_samples=2)
+                dataloader_pin_memory=False, num_samples=2)
     args.update(kwargs)
     model = model or tiny_model(arch)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = SCSTTrainer(model=model, args=SeqRLConfig(**args), train_dataset=toy_dataset(tokenizer, src, tgt),
-                          processing_class=tokenizer)
+    trainer = SCSTTrainer(model=model, args=SeqRLConfig(**args), reward_funcs=reward,
+                          train_dataset=toy_dataset(tokenizer, src, tgt), processing_class=tokenizer)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/reward" in h]
     return trainer, logs, before
@@ -35,9 +35,9 @@ def test_reward_exception_names_reward_and_batch(tmp_path, tokenizer):
 
 
 def test_reward_returning_arrays_or_tensors_is_accepted(tmp_path, tokenizer):
-    _, logs, _ = run(tmp_path, tokenizer, lambda p, r, s=None: np.linspace(0, 1, len(p)))
+    _, logs, _ = run(tmp_path, tokenizer, lambda predictions, **_: np.linspace(0, 1, len(predictions)))
     assert logs and all(math.isfinite(h["rl/reward"]) for h in logs)
-    _, logs, _ = run(tmp_path, tokenizer, lambda p, r, s=None: torch.ones(len(p)) * 0.5)
+    _, logs, _ = run(tmp_path, tokenizer, lambda predictions, **_: torch.ones(len(predictions)) * 0.5)
     assert logs[-1]["rl/reward"] == pytest.approx(0.5)
 
 
@@ -47,6 +47,14 @@ def test_reward_wrong_length_is_an_error(tmp_path, tokenizer):
 
     with pytest.raises(ValueError, match=r"reward 'short' returned 1 values for 8 predictions on batch 0"):
         run(tmp_path, tokenizer, short)
+
+
+def test_reward_returning_strings_is_an_error(tmp_path, tokenizer):
+    def strings(predictions, references, sources):
+        return ["1"] * len(predictions)
+
+    with pytest.raises(TypeError, match=r"reward 'strings' returned '1' \(str\) at index 0 on batch 0"):
+        run(tmp_path, tokenizer, strings)
 
 
 def nan_reward(predictions, references, sources=None):
@@ -66,8 +74,8 @@ def test_nan_reward_can_be_dropped_and_counted(tmp_path, tokenizer):
 
 @pytest.mark.parametrize("scale,center", [(False, False), (True, False), (False, True)])
 def test_constant_rewards_make_a_no_op_step(tmp_path, tokenizer, scale, center):
-    trainer, logs, before = run(tmp_path, tokenizer, lambda p, r, s=None: [0.3] * len(p), baseline="mean",
-                                scale_rewards=scale, center_advantages=center, weight_decay=0.0)
+    trainer, logs, before = run(tmp_path, tokenizer, lambda predictions, **_: [0.3] * len(predictions),
+                                baseline="mean", scale_rewards=scale, center_advantages=center, weight_decay=0.0)
     assert all(h["rl/frac_zero_advantage"] == 1.0 for h in logs)
     assert all(h["rl/pg_loss"] == 0.0 for h in logs)
     after = trainer.model.state_dict()
@@ -114,10 +122,11 @@ def test_module_path_reward_is_imported_only_when_named(tmp_path, tokenizer):
     import sys
 
     sys.modules.pop("json.tool", None)
-    SeqRLConfig(output_dir=str(tmp_path), reward="bleu")
+    SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path)), reward_funcs="bleu",
+                train_dataset=toy_dataset(tokenizer, ["ab"], ["ab"]), processing_class=tokenizer)
     assert "json.tool" not in sys.modules
     with pytest.raises(ValueError, match="cannot import 'nope'"):
-        SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path), reward="json.tool:nope"),
+        SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path)), reward_funcs="json.tool:nope",
                     train_dataset=toy_dataset(tokenizer, ["ab"], ["ab"]), processing_class=tokenizer)
     assert "json.tool" in sys.modules
 
@@ -134,8 +143,8 @@ def test_bad_rows_are_named_at_construction(tmp_path, tokenizer, column, values,
         ds = ds.remove_columns(column)
     ds = ds.add_column(column, values)
     with pytest.raises(ValueError, match=message):
-        SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path)), train_dataset=ds,
-                    processing_class=tokenizer)
+        SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir=str(tmp_path)), reward_funcs="bleu",
+                    train_dataset=ds, processing_class=tokenizer)
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -149,7 +158,8 @@ def test_bad_reference_types_are_named_at_collation(tmp_path, tokenizer, bad, me
         row["references"] = ref
     args = SeqRLConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[],
                        disable_tqdm=True, dataloader_pin_memory=False, max_new_tokens=4)
-    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=rows, processing_class=tokenizer)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs="bleu", train_dataset=rows,
+                          processing_class=tokenizer)
     with pytest.raises(TypeError, match=message):
         trainer.train()
 

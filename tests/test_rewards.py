@@ -50,6 +50,23 @@ def test_rouge_matches_rouge_score_multi(kind):
     assert get_reward("rouge1")(["dogs running"], [["dog runs"]])[0] == 1.0
 
 
+def test_sacrebleu_internals_are_still_there():
+    # The built-in BLEU/chrF prepare a reference set once through these private steps of `sentence_score`;
+    # setup.cfg bounds sacrebleu's version. If this fails, a new sacrebleu changed them: check the values below,
+    # then widen the bound (or drop the caching: the public-API fallback gives the same values, slower).
+    from sacrebleu.metrics import BLEU, CHRF
+
+    for metric in (BLEU(effective_order=True), CHRF()):
+        missing = [name for name in rewards.SACREBLEU_INTERNALS if not hasattr(metric, name)]
+        assert not missing, f"sacrebleu {sacrebleu.__version__} has no {missing} on {type(metric).__name__}"
+
+
+def test_public_api_fallback_gives_the_same_values(monkeypatch):
+    cached = get_reward("bleu")(PREDS, REFS), get_reward("chrf")(PREDS, REFS)
+    monkeypatch.setattr(rewards, "SACREBLEU_INTERNALS", ("_no_such_method",))
+    assert (get_reward("bleu")(PREDS, REFS), get_reward("chrf")(PREDS, REFS)) == cached
+
+
 def test_multi_reference_takes_the_best():
     one = get_reward("bleu")(["a cat sat on the mat"], [["the dog ran away quickly"]])[0]
     two = get_reward("bleu")(["a cat sat on the mat"], [["the dog ran away quickly", "a cat sat on the mat"]])[0]
@@ -82,19 +99,27 @@ def test_unknown_reward_lists_valid_names():
         assert name in str(err.value)
     with pytest.raises(ValueError, match="cannot import"):
         get_reward("no_such_module_xyz:fn")
-    with pytest.raises(ValueError, match="reward_weights has 1 values for 2 rewards"):
+    with pytest.raises(ValueError, match="reward_weights has 1 values for 2 reward_funcs"):
         build_reward(["bleu", "chrf"], [1.0])
 
 
 def test_call_reward_validates_output():
     preds, refs = ["a", "b"], [["a"], ["b"]]
-    assert call_reward(lambda p, r, s=None: np.array([0.5, 1.0]), preds, refs) == [0.5, 1.0]
-    assert call_reward(lambda p, r, s=None: torch.tensor([0.5, 1.0]), preds, refs) == [0.5, 1.0]
+    assert call_reward(lambda predictions, **_: np.array([0.5, 1.0]), preds, refs) == [0.5, 1.0]
+    assert call_reward(lambda predictions, **_: torch.tensor([0.5, 1.0]), preds, refs) == [0.5, 1.0]
     with pytest.raises(ValueError, match="returned 1 values for 2 predictions"):
-        call_reward(lambda p, r, s=None: [1.0], preds, refs, name="short")
-    with pytest.raises(TypeError, match="sequence of numbers"):
-        call_reward(lambda p, r, s=None: ["x", "y"], preds, refs)
-    values = call_reward(lambda p, r, s=None: [math.nan, 1.0], preds, refs)
+        call_reward(lambda predictions, **_: [1.0], preds, refs, name="short")
+    with pytest.raises(TypeError, match=r"reward 'strings' returned '1' \(str\) at index 0"):
+        call_reward(lambda predictions, **_: ["1", "0"], preds, refs, name="strings")
+    with pytest.raises(TypeError, match=r"returned None \(NoneType\) at index 1"):
+        call_reward(lambda predictions, **_: [0.5, None], preds, refs)
+    with pytest.raises(TypeError, match=r"returned True \(bool\) at index 0"):
+        call_reward(lambda predictions, **_: [True, False], preds, refs)
+    with pytest.raises(ValueError, match=r"shape \(2, 1\).*shape \(2,\)"):
+        call_reward(lambda predictions, **_: torch.ones(2, 1), preds, refs)
+    with pytest.raises(TypeError, match="must return a list of numbers"):
+        call_reward(lambda predictions, **_: "0.5", preds, refs)
+    values = call_reward(lambda predictions, **_: [math.nan, 1.0], preds, refs)
     with pytest.raises(ValueError, match="non-finite"):
         rewards.check_finite(values, "nanny")
 
@@ -164,4 +189,4 @@ def test_pooled_reward_equals_in_process(spec):
 
 def test_pooled_reward_needs_a_picklable_reward():
     with pytest.raises(ValueError, match="reward_workers=2 needs a picklable reward"):
-        build_reward(lambda p, r, s=None: [0.0] * len(p), workers=2)
+        build_reward(lambda predictions, **_: [0.0] * len(predictions), workers=2)

@@ -51,7 +51,8 @@ def warm_copy_model(tmp_path_factory):
     src, tgt = toy_pairs(400, seed=0, alphabet="abcd", lengths=(2, 5))
     args = config(tmp_path_factory.mktemp("warm"), per_device_train_batch_size=16, max_steps=150,
                   learning_rate=3e-3, warmup_xe_steps=10**6, logging_steps=50)
-    SCSTTrainer(model=model, args=args, train_dataset=toy_dataset(tok, src, tgt), processing_class=tok).train()
+    SCSTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=toy_dataset(tok, src, tgt),
+                processing_class=tok).train()
     return model, toy_dataset(tok, src, tgt), toy_pairs(64, seed=99, alphabet="abcd", lengths=(2, 5))
 
 
@@ -62,8 +63,8 @@ def test_rl_raises_heldout_greedy_reward(warm_copy_model, tmp_path, baseline):
     model = copy.deepcopy(warm)
     before = heldout_chrf(model, tok, h_src, h_tgt)
     args = config(tmp_path, per_device_train_batch_size=16, max_steps=200, learning_rate=1e-3, num_samples=4,
-                  baseline=baseline, reward="chrf", logging_steps=50)
-    trainer = SCSTTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tok)
+                  baseline=baseline, logging_steps=50)
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=train_ds, processing_class=tok)
     trainer.train()
     after = heldout_chrf(model, tok, h_src, h_tgt)
     rewards = [h["rl/reward"] for h in trainer.state.log_history if "rl/reward" in h]
@@ -77,8 +78,8 @@ def test_warmup_then_rl_logs_every_metric(tmp_path, tokenizer):
     model = tiny_model("t5")
     before = params(model)
     args = config(tmp_path, max_steps=4, warmup_xe_steps=2, rl_weight=0.7, num_samples=2, kl_coef=0.05,
-                  entropy_coef=0.01, reward=["bleu", "chrf"], reward_weights=[0.5, 0.5])
-    trainer = SCSTTrainer(model=model, args=args, train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
+                  entropy_coef=0.01, reward_weights=[0.5, 0.5])
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs=["bleu", "chrf"], train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["rl/phase"] for h in logs] == [0.0, 0.0, 1.0, 1.0]
@@ -101,8 +102,8 @@ def test_warmup_then_rl_logs_every_metric(tmp_path, tokenizer):
 ])
 def test_baselines(tmp_path, tokenizer, trainer_cls, baseline, expected):
     model = tiny_model("bart")
-    args = config(tmp_path, max_steps=3, baseline=baseline, num_samples=2, reward="chrf")
-    trainer = trainer_cls(model=model, args=args, train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
+    args = config(tmp_path, max_steps=3, baseline=baseline, num_samples=2)
+    trainer = trainer_cls(model=model, args=args, reward_funcs="chrf", train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
     assert trainer.baseline == expected and trainer.ref_model is None
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/reward" in h]
@@ -118,8 +119,8 @@ def test_baselines(tmp_path, tokenizer, trainer_cls, baseline, expected):
 
 
 def test_reward_workers_score_in_a_process_pool(tmp_path, tokenizer):
-    args = config(tmp_path, max_steps=2, num_samples=3, reward="rougeL", reward_workers=2)
-    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=copy_dataset(tokenizer),
+    args = config(tmp_path, max_steps=2, num_samples=3, reward_workers=2)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs="rougeL", train_dataset=copy_dataset(tokenizer),
                           processing_class=tokenizer)
     trainer.reward_fn.min_pairs = 4  # the 4 sources x (3 samples + greedy) of a step go to the pool
     trainer.train()
@@ -132,7 +133,7 @@ def test_reward_workers_score_in_a_process_pool(tmp_path, tokenizer):
 def test_rewards_receive_all_references_and_sources(tmp_path, tokenizer):
     seen = {}
 
-    def spy(predictions, references, sources=None):
+    def spy(predictions, references, sources, **columns):
         seen.setdefault("refs", []).extend(references)
         seen.setdefault("srcs", []).extend(sources)
         return [float(len(p)) / 10 for p in predictions]
@@ -140,8 +141,8 @@ def test_rewards_receive_all_references_and_sources(tmp_path, tokenizer):
     src, tgt = toy_pairs(4, seed=3, alphabet="abcd", lengths=(2, 5))
     refs = [[t, t.upper()] for t in tgt]
     ds = toy_dataset(tokenizer, src, tgt, references=refs).add_column("sources", src)
-    args = config(tmp_path, max_steps=1, per_device_train_batch_size=4, num_samples=2, baseline="none", reward=spy)
-    trainer = ReinforceTrainer(model=tiny_model("marian"), args=args, train_dataset=ds, processing_class=tokenizer)
+    args = config(tmp_path, max_steps=1, per_device_train_batch_size=4, num_samples=2, baseline="none")
+    trainer = ReinforceTrainer(model=tiny_model("marian"), args=args, reward_funcs=spy, train_dataset=ds, processing_class=tokenizer)
     trainer.train()
     assert sorted(map(tuple, seen["refs"])) == sorted(tuple(r) for r in refs for _ in range(2))
     assert sorted(seen["srcs"]) == sorted(s for s in src for _ in range(2))
@@ -161,9 +162,9 @@ def test_gradient_accumulation_matches_large_batch(tmp_path, tokenizer):
     for bs, ga in [(4, 1), (2, 2)]:
         model = tiny_model("t5", seed=1)
         args = config(tmp_path / f"{bs}-{ga}", max_steps=1, per_device_train_batch_size=bs,
-                      gradient_accumulation_steps=ga, top_k=1, baseline="none", reward="chrf", rl_weight=0.5,
+                      gradient_accumulation_steps=ga, top_k=1, baseline="none", rl_weight=0.5,
                       optim="sgd", learning_rate=0.5, max_grad_norm=0.0)
-        SCSTTrainer(model=model, args=args, train_dataset=equal_length_dataset(tokenizer),
+        SCSTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=equal_length_dataset(tokenizer),
                     processing_class=tokenizer).train()
         results.append(params(model))
     initial = params(tiny_model("t5", seed=1))
@@ -183,7 +184,7 @@ def test_evaluate_with_generate_and_compute_metrics(tmp_path, tokenizer):
 
     args = config(tmp_path, max_steps=2, predict_with_generate=True, generation_max_length=10,
                   per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=2, baseline="mean", num_samples=2)
-    trainer = SCSTTrainer(model=model, args=args, train_dataset=copy_dataset(tokenizer),
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs="bleu", train_dataset=copy_dataset(tokenizer),
                           eval_dataset=copy_dataset(tokenizer, n=6, seed=9), processing_class=tokenizer,
                           compute_metrics=compute_metrics)
     trainer.train()
@@ -199,8 +200,8 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, tokenizer):
     def run(out, resume=None):
         model = tiny_model("t5", seed=2)
         args = config(tmp_path / out, max_steps=6, save_strategy="steps", save_steps=3, warmup_xe_steps=2,
-                      num_samples=2, reward="chrf")
-        trainer = ReinforceTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
+                      num_samples=2)
+        trainer = ReinforceTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=ds, processing_class=tokenizer)
         trainer.train(resume_from_checkpoint=resume)
         return trainer, params(model)
 
@@ -223,7 +224,7 @@ def test_tensorboard_receives_rl_metrics(tmp_path, tokenizer):
 
     # transformers 5 writes TensorBoard events under output_dir/runs/
     args = config(tmp_path, max_steps=2, report_to=["tensorboard"])
-    SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=copy_dataset(tokenizer),
+    SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs="bleu", train_dataset=copy_dataset(tokenizer),
                 processing_class=tokenizer).train()
     events = glob.glob(str(tmp_path / "out" / "runs" / "**" / "events.out.tfevents.*"), recursive=True)
     assert events
@@ -240,8 +241,6 @@ def test_config_errors_name_the_field(tmp_path):
         config(tmp_path, baseline="mean", num_samples=1)
     with pytest.raises(ValueError, match="warmup_xe_steps must be >= 0"):
         config(tmp_path, warmup_xe_steps=-1)
-    with pytest.raises(ValueError, match="unknown reward 'blue'.*bleu, chrf"):
-        config(tmp_path, reward="blue")
     with pytest.raises(ValueError, match="baseline='median'"):
         config(tmp_path, baseline="median")
     with pytest.raises(ValueError, match="rl_weight must be in"):
@@ -255,28 +254,30 @@ def test_decoder_only_model_is_rejected(tmp_path, tokenizer):
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=384))
     with pytest.raises(ValueError, match="not an encoder-decoder model.*AutoModelForSeq2SeqLM"):
-        SCSTTrainer(model=model, args=config(tmp_path), train_dataset=copy_dataset(tokenizer),
+        SCSTTrainer(model=model, args=config(tmp_path), reward_funcs="bleu", train_dataset=copy_dataset(tokenizer),
                     processing_class=tokenizer)
 
 
 def test_dataset_without_labels_or_references_is_rejected(tmp_path, tokenizer):
     ds = copy_dataset(tokenizer, with_labels=False)
     with pytest.raises(ValueError, match="neither 'labels' nor 'references'"):
-        SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path), train_dataset=ds, processing_class=tokenizer)
+        SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path), reward_funcs="bleu", train_dataset=ds,
+                    processing_class=tokenizer)
 
 
 def test_references_only_dataset_trains(tmp_path, tokenizer):
     src, tgt = toy_pairs(8, seed=1, alphabet="abcd", lengths=(2, 5))
     ds = toy_dataset(tokenizer, src, tgt, references=tgt, with_labels=False)
-    args = config(tmp_path, max_steps=2, reward="chrf")
-    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, train_dataset=ds, processing_class=tokenizer)
+    args = config(tmp_path, max_steps=2)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs="chrf", train_dataset=ds,
+                          processing_class=tokenizer)
     trainer.train()
     assert any("rl/reward" in h for h in trainer.state.log_history)
 
 
 def test_plain_training_arguments_are_rejected(tmp_path, tokenizer):
     with pytest.raises(TypeError, match="SeqRLConfig"):
-        SCSTTrainer(model=tiny_model("t5"), args=Seq2SeqTrainingArguments(output_dir=str(tmp_path)),
+        SCSTTrainer(model=tiny_model("t5"), args=Seq2SeqTrainingArguments(output_dir=str(tmp_path)), reward_funcs="bleu",
                     train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
 
 
@@ -292,7 +293,7 @@ def test_rl_weight_zero_is_plain_cross_entropy_without_decoding(tmp_path, tokeni
         model = tiny_model("t5", seed=7)
         extra = {"rl_weight": rl_weight} if rl_weight is not None else {"warmup_xe_steps": 10}
         args = config(tmp_path / str(rl_weight), max_steps=2, optim="sgd", **extra)
-        SCSTTrainer(model=model, args=args, train_dataset=copy_dataset(tokenizer),
+        SCSTTrainer(model=model, args=args, reward_funcs="bleu", train_dataset=copy_dataset(tokenizer),
                     processing_class=tokenizer).train()
         results.append(params(model))
     for key in results[0]:  # identical to the teacher-forced warm-up path
@@ -302,7 +303,7 @@ def test_rl_weight_zero_is_plain_cross_entropy_without_decoding(tmp_path, tokeni
 def test_mixing_without_labels_names_the_fix(tmp_path, tokenizer):
     src, tgt = toy_pairs(8, seed=1, alphabet="abcd", lengths=(2, 5))
     ds = toy_dataset(tokenizer, src, tgt, references=tgt, with_labels=False)
-    trainer = SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, max_steps=1, rl_weight=0.5), train_dataset=ds,
-                          processing_class=tokenizer)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, max_steps=1, rl_weight=0.5), reward_funcs="bleu",
+                          train_dataset=ds, processing_class=tokenizer)
     with pytest.raises(ValueError, match="rl_weight=0.5 mixes in cross-entropy.*set rl_weight=1.0"):
         trainer.train()

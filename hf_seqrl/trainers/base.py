@@ -13,6 +13,7 @@ import math
 import os
 import re
 from collections import defaultdict
+from typing import NamedTuple
 
 import torch
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
@@ -22,7 +23,8 @@ from .. import losses
 from ..configs import SeqRLConfig
 from ..data import TEXT_COLUMNS, SeqRLDataCollator, check_rows
 from ..hub import CARD_SETTINGS, final_eval_metrics, training_curve, write_model_card
-from ..rewards import build_reward, call_reward, check_finite, normalize_references, reward_name
+from ..rewards import (build_reward, call_reward, check_finite, check_reward_spec, normalize_references,
+                       reward_name)
 from ..rollout import (decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout,
                        score_rollout)
 
@@ -42,11 +44,52 @@ def check_encoder_decoder(model) -> None:
         )
 
 
+class BatchText(NamedTuple):
+    """The columns of a batch that stay out of the model: what rewards and evaluation read."""
+
+    references: list[list[str]] | None
+    sources: list[str] | None
+    columns: dict[str, list]  # every other non-model column, one entry per row
+
+
+def repeat_rows(text: BatchText, n: int) -> BatchText:
+    """Returns `text` with each row repeated `n` times in place (the layout of `n` samples per source)."""
+    def repeat(values):
+        return None if values is None else [v for v in values for _ in range(n)]
+
+    return BatchText(repeat(text.references), repeat(text.sources),
+                     {key: repeat(values) for key, values in text.columns.items()})
+
+
+def load_tokenizer_for(model):
+    """Returns `AutoTokenizer.from_pretrained(model.name_or_path)`, or raises an error saying what to pass."""
+    from transformers import AutoTokenizer
+
+    name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
+    if not name:
+        raise ValueError(
+            "processing_class was not given, and the model has no name_or_path to load a tokenizer from (it was built "
+            "from a config): pass processing_class=<the tokenizer of its vocabulary>.")
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except Exception as err:
+        raise ValueError(
+            f"processing_class was not given, and no tokenizer could be loaded from the model's name_or_path {name!r} "
+            f"({type(err).__name__}: {err}). Pass processing_class=AutoTokenizer.from_pretrained(...) yourself."
+        ) from err
+
+
 def check_dataset_columns(dataset, name: str) -> None:
-    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, or no `input_ids`."""
+    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, or a
+    column named like a reward keyword (`predictions`)."""
     columns = getattr(dataset, "column_names", None)
     if columns is None or isinstance(columns, dict):
         return
+    if "predictions" in columns:
+        raise ValueError(
+            f"{name} has a column named 'predictions': rewards receive every dataset column as a keyword, and "
+            "'predictions' is the decoded outputs. Rename that column."
+        )
     if "input_ids" not in columns:
         raise ValueError(
             f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
@@ -98,7 +141,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             )
         check_encoder_decoder(model)
         if processing_class is None:
-            raise ValueError("Pass processing_class=<tokenizer>: it pads batches and decodes generated text.")
+            processing_class = load_tokenizer_for(model)
         if train_dataset is not None:
             check_dataset_columns(train_dataset, "train_dataset")
             check_rows(train_dataset, "train_dataset")
@@ -112,6 +155,11 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             data_collator = SeqRLDataCollator(data_collator)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        super()._set_signature_columns_if_needed()
+        if data_collator.model_input_names is None:
+            # Every column the model does not take reaches the rewards (as TRL passes a dataset's extra columns).
+            data_collator.model_input_names = set(self._signature_columns) - set(TEXT_COLUMNS)
+        self._model_input_names = set(data_collator.model_input_names)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         for callback in self.callback_handler.callbacks:
             self._bind(callback)
@@ -124,11 +172,12 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         super().add_callback(callback)
         self._bind(callback)
 
-    def _set_signature_columns_if_needed(self):
-        super()._set_signature_columns_if_needed()
-        for name in TEXT_COLUMNS:
-            if name not in self._signature_columns:
-                self._signature_columns.append(name)
+    def _remove_unused_columns(self, dataset, description=None):
+        # The collator keeps the columns the model does not take out of its inputs and hands them to the rewards.
+        return dataset
+
+    def _get_collator_with_removed_columns(self, data_collator, description=None):
+        return data_collator
 
     @property
     def phase(self) -> str:
@@ -138,37 +187,39 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     # ---- the loss -------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        references, sources = self._pop_text_columns(inputs)
+        text = self.pop_text_columns(inputs)
         if self.phase == "xe" or not model.training or return_outputs:
             # Plain Seq2SeqTrainer loss: warm-up steps and evaluation.
             self.loss_is_scaled_for_ga = None
             if model.training:
                 self._record("train", {"rl/phase": 0.0})
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        return self.sequence_loss(model, inputs, references, sources, num_items_in_batch)
+        return self.sequence_loss(model, inputs, text, num_items_in_batch)
 
-    def sequence_loss(self, model, inputs, references, sources, num_items_in_batch):
+    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         """Returns the loss of a training step after the warm-up (implemented by subclasses)."""
         raise NotImplementedError
 
-    def _pop_text_columns(self, inputs):
+    def pop_text_columns(self, inputs) -> BatchText:
+        """Returns the batch's `references`, `sources` and other non-model columns, removed from `inputs`."""
         references = inputs.pop("references", None)
         sources = inputs.pop("sources", None)
         if references is not None:
             references = normalize_references(references)
-        return references, sources
+        columns = {key: inputs.pop(key) for key in list(inputs) if key not in self._model_input_names}
+        return BatchText(references, sources, columns)
 
     # ---- evaluation ----------------------------------------------------------------------------
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
-        references, sources = self._pop_text_columns(inputs)
+        text = self.pop_text_columns(inputs)
         loss, generated, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys,
                                                           **gen_kwargs)
         if self.args.predict_with_generate and not prediction_loss_only and generated is not None:
-            self.on_generated(generated, inputs, references, sources)
+            self.on_generated(generated, inputs, text)
         return loss, generated, labels
 
-    def on_generated(self, generated, inputs, references, sources) -> None:
+    def on_generated(self, generated, inputs, text: BatchText) -> None:
         """Called with the generated ids of each evaluation batch (a hook for extra metrics)."""
 
     # ---- metrics --------------------------------------------------------------------------------
@@ -282,11 +333,19 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     config_class = SeqRLConfig
 
     def __init__(self, model=None, args: SeqRLConfig | None = None, data_collator=None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, **kwargs):
+                 eval_dataset=None, processing_class=None, reward_funcs=None, **kwargs):
+        if reward_funcs is None:
+            raise ValueError(
+                f"{type(self).__name__} needs reward_funcs=: a built-in name ('bleu', 'chrf', 'rouge1', 'rouge2', "
+                "'rougeL', 'rougeLsum'), a 'module:function' path, a callable f(predictions, references, sources, "
+                "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
+        # Checked before the (slow) Trainer set-up, so that a typo fails at once.
+        check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, SeqRLConfig) else None)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.baseline = self.args.baseline or self.default_baseline
-        self.reward_fn = build_reward(self.args.reward, self.args.reward_weights, self.args.reward_workers)
+        self.reward_funcs = reward_funcs
+        self.reward_fn = build_reward(reward_funcs, self.args.reward_weights, self.args.reward_workers)
         self.reward_label = reward_name(self.reward_fn)
         self.baseline_ema: float | None = None
         self.ref_model = self._build_ref_model() if self.args.kl_coef > 0 else None
@@ -312,7 +371,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     # ---- the loss -------------------------------------------------------------------------------
 
-    def sequence_loss(self, model, inputs, references, sources, num_items_in_batch):
+    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         args = self.args
         if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
             # Nothing a rollout produces would reach the loss: skip decoding and train as Seq2SeqTrainer does.
@@ -325,19 +384,18 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                 f"SeqRLConfig.rl_weight={args.rl_weight} mixes in cross-entropy, which needs tokenized 'labels' in the "
                 "dataset: add them (tokenizer(text_target=...)) or set rl_weight=1.0 for pure RL on 'references'."
             )
-        if references is None:
-            references = self._decode_labels(inputs.get("labels"))
-        return self.rl_loss(model, inputs, references, sources)
+        if text.references is None:
+            text = text._replace(references=self._decode_labels(inputs.get("labels")))
+        return self.rl_loss(model, inputs, text)
 
-    def rl_loss(self, model, inputs, references, sources):
+    def rl_loss(self, model, inputs, text: BatchText):
         """Returns the RL loss of a batch and records the `rl/*` metrics."""
         args, n = self.args, self.args.num_samples
         unwrapped = self.accelerator.unwrap_model(model)
         rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"),
                                  self.rollout_config, n, with_greedy=self.baseline == "greedy")
-        sample_rewards, bad = self.score(rollout.sample_ids, [r for r in references for _ in range(n)],
-                                         None if sources is None else [s for s in sources for _ in range(n)])
-        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, references, sources)
+        sample_rewards, bad = self.score(rollout.sample_ids, repeat_rows(text, n))
+        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
         if args.center_advantages:
             adv = losses.center_advantages(adv, ~bad)
@@ -382,22 +440,25 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         self._record("train", metrics)
         return loss
 
-    def score(self, token_ids, references, sources):
-        """Returns `(rewards, nonfinite)`: rewards of decoded `token_ids` (float tensor `(N,)`) and a bool mask."""
+    def score(self, token_ids, text: BatchText):
+        """Returns `(rewards, nonfinite)`: rewards of decoded `token_ids` (float tensor `(N,)`) and a bool mask.
+
+        `text` holds one row per sequence of `token_ids` (see `repeat_rows`).
+        """
         predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
-        values = call_reward(self.reward_fn, predictions, references, sources, name=self.reward_label,
-                             batch_index=self.state.global_step)
+        values = call_reward(self.reward_fn, predictions, text.references, text.sources, text.columns,
+                             name=self.reward_label, batch_index=self.state.global_step)
         if self.args.nonfinite_rewards == "error":
             check_finite(values, self.reward_label)
         rewards = torch.tensor(values, dtype=torch.float32, device=token_ids.device)
         bad = ~torch.isfinite(rewards)
         return rewards.masked_fill(bad, 0.0), bad
 
-    def baseline_rewards(self, sample_rewards, bad, rollout, references, sources):
+    def baseline_rewards(self, sample_rewards, bad, rollout, text: BatchText):
         """Returns `(baseline (B*n,), nonfinite mask (B*n,))` for the configured baseline."""
         n = rollout.num_samples
         if self.baseline == "greedy":
-            greedy, greedy_bad = self.score(rollout.greedy_ids, references, sources)
+            greedy, greedy_bad = self.score(rollout.greedy_ids, text)
             return greedy.repeat_interleave(n), bad | greedy_bad.repeat_interleave(n)
         if self.baseline == "mean":
             return losses.leave_one_out_baseline(sample_rewards, n), bad
@@ -440,13 +501,13 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     # ---- evaluation: greedy/beam reward next to the usual metrics ---------------------------------
 
-    def on_generated(self, generated, inputs, references, sources) -> None:
+    def on_generated(self, generated, inputs, text: BatchText) -> None:
         """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
-        if references is None and inputs.get("labels") is not None:
-            references = self._decode_labels(inputs["labels"])
-        if references is not None:
+        if text.references is None and inputs.get("labels") is not None:
+            text = text._replace(references=self._decode_labels(inputs["labels"]))
+        if text.references is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
-            rewards, _ = self.score(ids, references, sources)
+            rewards, _ = self.score(ids, text)
             # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
             self._metrics["eval"]["rl/reward"].extend(rewards.tolist())
 

@@ -64,7 +64,7 @@ class ScheduledSamplingTrainer(SeqRLBaseTrainer):
             position = float(max(0, self.state.global_step - args.warmup_xe_steps))
         return teacher_forcing_ratio(position, args.schedule, args.schedule_k, args.min_teacher_forcing_ratio)
 
-    def sequence_loss(self, model, inputs, references, sources, num_items_in_batch):
+    def sequence_loss(self, model, inputs, text, num_items_in_batch):
         self.loss_is_scaled_for_ga = None  # the Trainer's own cross-entropy path below
         labels = inputs["labels"]
         unwrapped = self.accelerator.unwrap_model(model)
