@@ -1,5 +1,5 @@
 """Model cards and `push_to_hub`: what the card says (the algorithm that ran, links that exist), what reaches the
-Hub client, and that no token leaks.
+Hub client, that no token leaks, and that an installed wheel carries the card template.
 
 The Hub is never contacted: `huggingface_hub.HfApi.create_repo` / `upload_folder` (what transformers'
 `Trainer.init_hf_repo` and `Trainer.push_to_hub` call, through `transformers.utils.hub.hf_api()`) are replaced by
@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import email.message
 import os
+import shutil
+import subprocess
+import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -288,3 +292,47 @@ def test_card_settings_keep_token_counts_but_drop_credentials():
     assert "`max_new_tokens` | `64`" in card and "hub_token" not in card
     assert "`eval_bleu` | 1" in card and "`test_bleu` | 2" in card and "test_runtime" not in card
 
+
+# ---- packaging -----------------------------------------------------------------------------------------------------
+
+def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
+    # Build from a copy: an in-tree build writes build/ and *.egg-info into the checkout, and a stale build/lib
+    # could hand the wheel files the checkout no longer has. The copy keeps hf_seqrl/model_cards a link.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for name in ("hf_seqrl", "model_cards"):
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    # a project URL set in setup.cfg must reach the card through the installed metadata
+    setup_cfg = (src / "setup.cfg").read_text()
+    url = "url = https://example.org/hf-seqrl\n"
+    (src / "setup.cfg").write_text(setup_cfg.replace("[metadata]\n", "[metadata]\n" + url, 1))
+
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist"),
+                          str(src)], check=True, capture_output=True, text=True)
+    (wheel,) = (tmp_path / "dist").glob("hf_seqrl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert "hf_seqrl/model_cards/seqrl.md" in archive.namelist()
+    site = tmp_path / "site"
+    subprocess.run(pip + ["install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True,
+                   capture_output=True, text=True)
+
+    script = (
+        "import hf_seqrl.hub as hub\n"
+        "print(hub.__file__)\n"
+        "print(hub.render_model_card(model_name='m', algorithm='SCST', baseline='mean', reward='chrf_reward',\n"
+        "      settings={'num_samples': 4}, metrics={'eval_chrf': 40.0}, curve=[('rl/reward', 0.1, 0.3)]))\n"
+    )
+    # PYTHONPATH names only the installed copy, and the working directory is outside the checkout
+    env = dict(os.environ, PYTHONPATH=str(site))
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True, capture_output=True,
+                         text=True)
+    module_path, card = run.stdout.split("\n", 1)
+    assert Path(module_path).resolve().is_relative_to(site.resolve())
+    assert "rloo" in front_matter(card)["tags"]
+    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "SCST" not in card
+    assert "| `num_samples` | `4` |" in card and "| `eval_chrf` | 40 |" in card and "| `rl/reward` |" in card
+    assert "## How to use" in card and "## Framework versions" in card and "@inproceedings{kool2019buy4," in card
+    assert "using [hf-seqrl](https://example.org/hf-seqrl)," in card
