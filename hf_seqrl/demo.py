@@ -360,7 +360,7 @@ def write_card(output_dir: str, results: dict, settings: DemoSettings) -> str:
                   "learning_rate": settings.lr, "per_device_train_batch_size": settings.batch_size},
         metrics=metrics, curve=[("rl/reward", rewards[0], rewards[-1])] if rewards else [],
         repo_id=output_dir, example_input=results["task"]["example"]["source"],
-        algorithm_detail="greedy baseline, from a cross-entropy checkpoint that had plateaued",
+        algorithm_detail="from a cross-entropy checkpoint that had plateaued",
     )
 
 

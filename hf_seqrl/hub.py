@@ -1,4 +1,7 @@
-"""Model cards: rendered from the templates in `model_cards/`, written on save and pushed with the model."""
+"""Model cards: `huggingface_hub.ModelCard`s rendered from the template in `model_cards/`, written on save and pushed
+with the model. The card names the algorithm that actually ran (`describe_algorithm`), which for a policy-gradient
+trainer depends on its baseline, and links only to the papers and to the project URL the installed package declares.
+"""
 
 from __future__ import annotations
 
@@ -8,33 +11,90 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+PROJECT = "hf-seqrl"
+# `hf_seqrl/model_cards` links to the top-level `model_cards/`, so a checkout and an installed wheel read the same file.
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_cards"
+TEMPLATE = "seqrl.md"
 
-BIBTEX = {
-    "SCST": """@inproceedings{rennie2017scst,
+# Papers a card may cite: `cite` is the in-text form, `url` a stable address of the paper (DOI, arXiv, ACL Anthology,
+# OpenReview), `bibtex` the entry shown under "Citation".
+REFERENCES = {
+    "rennie2017scst": dict(cite="Rennie et al., 2017", url="https://arxiv.org/abs/1612.00563", bibtex="""\
+@inproceedings{rennie2017scst,
   title     = {Self-critical Sequence Training for Image Captioning},
   author    = {Rennie, Steven J. and Marcheret, Etienne and Mroueh, Youssef and Ross, Jerret and Goel, Vaibhava},
-  booktitle = {CVPR},
-  year      = {2017}
-}""",
-    "REINFORCE": """@article{williams1992reinforce,
+  booktitle = {IEEE Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2017},
+  url       = {https://arxiv.org/abs/1612.00563}
+}"""),
+    "williams1992reinforce": dict(cite="Williams, 1992", url="https://doi.org/10.1007/BF00992696", bibtex="""\
+@article{williams1992reinforce,
   title   = {Simple statistical gradient-following algorithms for connectionist reinforcement learning},
   author  = {Williams, Ronald J.},
   journal = {Machine Learning},
   volume  = {8},
   pages   = {229--256},
-  year    = {1992}
-}""",
-    "Scheduled sampling": """@inproceedings{mihaylova2019scheduled,
+  year    = {1992},
+  doi     = {10.1007/BF00992696}
+}"""),
+    "kool2019buy4": dict(cite="Kool, van Hoof & Welling, 2019", url="https://openreview.net/forum?id=r1lgTGL5DE",
+                         bibtex="""\
+@inproceedings{kool2019buy4,
+  title     = {Buy 4 {REINFORCE} Samples, Get a Baseline for Free!},
+  author    = {Kool, Wouter and van Hoof, Herke and Welling, Max},
+  booktitle = {ICLR 2019 Workshop on Deep Reinforcement Learning Meets Structured Prediction},
+  year      = {2019},
+  url       = {https://openreview.net/forum?id=r1lgTGL5DE}
+}"""),
+    "bengio2015scheduled": dict(cite="Bengio et al., 2015", url="https://arxiv.org/abs/1506.03099", bibtex="""\
+@inproceedings{bengio2015scheduled,
+  title     = {Scheduled Sampling for Sequence Prediction with Recurrent Neural Networks},
+  author    = {Bengio, Samy and Vinyals, Oriol and Jaitly, Navdeep and Shazeer, Noam},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2015},
+  url       = {https://arxiv.org/abs/1506.03099}
+}"""),
+    "mihaylova2019scheduled": dict(cite="Mihaylova & Martins, 2019", url="https://aclanthology.org/P19-2049/",
+                                   bibtex="""\
+@inproceedings{mihaylova2019scheduled,
   title     = {Scheduled Sampling for Transformers},
   author    = {Mihaylova, Tsvetomila and Martins, Andr{\\'e} F. T.},
-  booktitle = {ACL Student Research Workshop},
-  year      = {2019}
-}""",
-    "Cross-entropy": "",
+  booktitle = {Proceedings of the 57th Annual Meeting of the ACL: Student Research Workshop},
+  year      = {2019},
+  url       = {https://aclanthology.org/P19-2049/}
+}"""),
+}
+
+# Trainer labels (`SeqTrainerBase.algorithm`) whose loss is a policy gradient, with the baseline each uses when
+# `SeqRLConfig.baseline` is None; the baseline, not the label, decides which algorithm ran.
+POLICY_GRADIENT_DEFAULT_BASELINE = {"SCST": "greedy", "REINFORCE": "moving_average", "Sequence-level RL": "greedy"}
+POLICY_GRADIENT = {
+    "greedy": dict(name="SCST", slug="scst", citations=["rennie2017scst"],
+                   description="self-critical sequence training: policy gradient with the greedy decode's reward "
+                               "as baseline"),
+    "mean": dict(name="REINFORCE with leave-one-out baseline", slug="rloo",
+                 citations=["williams1992reinforce", "kool2019buy4"],
+                 description="policy gradient over several samples per source; each sample's baseline is the mean "
+                             "reward of the other samples of its source"),
+    "moving_average": dict(name="REINFORCE with a moving-average baseline", slug="reinforce",
+                           citations=["williams1992reinforce"],
+                           description="policy gradient; the baseline is an exponential moving average of the "
+                                       "batch-mean reward"),
+    "none": dict(name="REINFORCE without baseline", slug="reinforce", citations=["williams1992reinforce"],
+                 description="policy gradient on the raw sequence rewards"),
+}
+OTHER_ALGORITHMS = {
+    "Scheduled sampling": dict(name="Scheduled sampling", slug="scheduled-sampling",
+                               citations=["bengio2015scheduled", "mihaylova2019scheduled"],
+                               description="cross-entropy on decoder inputs that mix gold tokens with the model's own "
+                                           "predictions, the gold share following a schedule"),
+    "Cross-entropy": dict(name="Cross-entropy", slug="cross-entropy", citations=[],
+                          description="maximum likelihood with teacher forcing"),
 }
 
 PIPELINES = {"translation": "translation", "summarization": "summarization"}
+PIPELINE_VARIABLES = {"translation": "translator", "summarization": "summarizer"}
+EXAMPLE_INPUTS = {"translation": "Ein Hund läuft im Park."}
 # Settings shown on the card; anything that could hold a credential is never read.
 CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_xe_steps", "rl_weight",
                  "temperature", "top_k", "top_p", "max_new_tokens", "length_normalize", "entropy_coef", "kl_coef",
@@ -44,22 +104,97 @@ CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_
 SECRET_PATTERN = re.compile(r"(hf_[A-Za-z0-9]{20,}|api[_-]?key|token|secret|password)", re.IGNORECASE)
 # Setting names that hold credentials (`hub_token`), not ones that merely mention tokens (`max_new_tokens`).
 SECRET_KEY = re.compile(r"(^|_)(token|secret|password|api_key)$", re.IGNORECASE)
+# A Hub dataset id (`wmt16`, `wmt/wmt16`); model-index results need one, a free-text description cannot serve.
+HUB_DATASET_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+EVAL_SPLITS = {"eval_": "validation", "test_": "test"}
+
+
+def describe_algorithm(algorithm: str, baseline: str | None = None) -> dict[str, Any]:
+    """Returns `name`, `slug` (a tag), `description` (loss and baseline), `baseline` (the one that ran, None
+    without policy gradient) and `citations` (keys of `REFERENCES`) of the algorithm that ran.
+
+    `algorithm` is the trainer's label (`"SCST"`, `"REINFORCE"`, `"Scheduled sampling"`, `"Cross-entropy"`),
+    `baseline` the baseline it used (`"greedy"`, `"mean"`, `"moving_average"`, `"none"`; None or `"None"` for
+    trainers without one, and for a policy-gradient trainer's default).
+
+    A policy-gradient trainer is named after its baseline: the SCST trainer with the leave-one-out baseline is
+    REINFORCE with leave-one-out baseline, not SCST, and any policy gradient with the greedy baseline is SCST.
+    """
+    if baseline in (None, "", "None"):
+        baseline = None
+    if algorithm in POLICY_GRADIENT_DEFAULT_BASELINE:
+        baseline = baseline or POLICY_GRADIENT_DEFAULT_BASELINE[algorithm]
+        if baseline in POLICY_GRADIENT:
+            return dict(POLICY_GRADIENT[baseline], baseline=baseline,
+                        citations=list(POLICY_GRADIENT[baseline]["citations"]))
+        # A baseline added to the trainers before it is described here still gets an honest, generic name.
+        return dict(name=f"REINFORCE with a {baseline} baseline", slug="reinforce",
+                    description=f"policy gradient with the `{baseline}` baseline", baseline=baseline,
+                    citations=["williams1992reinforce"])
+    if algorithm in OTHER_ALGORITHMS:
+        return dict(OTHER_ALGORITHMS[algorithm], baseline=None,
+                    citations=list(OTHER_ALGORITHMS[algorithm]["citations"]))
+    return dict(name=algorithm, slug=slug(algorithm), description="", baseline=None, citations=[])
+
+
+def slug(text: str) -> str:
+    """Returns `text` lower-cased with every run of other characters than letters and digits replaced by `-`."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def project_url() -> str | None:
+    """Returns the home page the installed hf-seqrl declares (`Home-page`, else the first `Project-URL`), or None."""
+    try:
+        meta = metadata.metadata(PROJECT)
+    except metadata.PackageNotFoundError:
+        return None
+    home = (meta.get("Home-page") or "").strip()
+    if home and home.upper() != "UNKNOWN":
+        return home
+    for entry in meta.get_all("Project-URL") or []:
+        # "Homepage, https://..." — the label may itself contain commas, the URL never starts with a space
+        url = entry.rsplit(", ", 1)[-1].strip()
+        if url.startswith(("https://", "http://")):
+            return url
+    return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def library_versions() -> list[tuple[str, str]]:
-    """Returns (package, version) of hf-seqrl and the libraries it builds on."""
-    out = []
-    for name in ("hf-seqrl", "transformers", "torch", "datasets", "accelerate", "sacrebleu", "rouge-score"):
-        try:
-            out.append((name, metadata.version(name)))
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    """Returns (package, version) of hf-seqrl and the libraries it builds on that are installed."""
+    names = (PROJECT, "transformers", "torch", "datasets", "accelerate", "sacrebleu", "rouge-score", "huggingface_hub")
+    return [(name, _version(name)) for name in names if _version(name)]
 
 
 def _safe(value: Any) -> str:
     text = str(value)
     return "<redacted>" if SECRET_PATTERN.search(text) else text
+
+
+def eval_results(task: str, datasets: list[str], metrics: list[tuple[str, float]]) -> list:
+    """Returns `huggingface_hub.EvalResult`s for the model-index: one per `eval_*` / `test_*` metric of the
+    (name, value) pairs `metrics` when the model was trained and evaluated on a single Hub dataset, else an empty
+    list (results would name no dataset).
+    """
+    from huggingface_hub import EvalResult
+
+    if len(datasets) != 1 or not HUB_DATASET_ID.match(datasets[0]):
+        return []
+    results = []
+    for name, value in metrics:
+        prefix = next((p for p in EVAL_SPLITS if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        results.append(EvalResult(task_type=PIPELINES.get(task, "text2text-generation"), dataset_type=datasets[0],
+                                  dataset_name=datasets[0], dataset_split=EVAL_SPLITS[prefix],
+                                  metric_type=name[len(prefix):], metric_value=value))
+    return results
 
 
 def render_model_card(
@@ -70,43 +205,64 @@ def render_model_card(
     base_model: str | None = None,
     datasets: list[str] | None = None,
     reward: str = "",
-    baseline: str = "",
+    baseline: str | None = "",
     settings: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
     curve: list[tuple[str, float, float]] | None = None,
     repo_id: str | None = None,
     example_input: str | None = None,
     algorithm_detail: str | None = None,
+    license: str | None = None,
 ) -> str:
-    """Returns the markdown model card (YAML front matter + body) for a model trained with hf-seqrl."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+    """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
-    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
-                      keep_trailing_newline=True)
+    `algorithm` is the trainer's label and `baseline` the baseline that ran; the card names the algorithm they make
+    up (see `describe_algorithm`). `algorithm_detail` is appended to that name; `license` (an SPDX id such as
+    `"apache-2.0"`) goes into the metadata when known.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    method = describe_algorithm(algorithm, baseline)
     pipeline_tag = PIPELINES.get(task, "text2text-generation")
+    datasets = list(datasets or [])
+    base_model = hub_id(base_model)
+    metrics = sorted((k, float(v)) for k, v in (metrics or {}).items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool))
+    results = eval_results(task, datasets, metrics)
+    # The metadata lists Hub dataset ids only; a free-text description of the data stays in the body.
+    hub_datasets = [d for d in datasets if HUB_DATASET_ID.match(d)]
+    card_data = ModelCardData(
+        library_name="transformers", pipeline_tag=pipeline_tag, license=license or None,
+        tags=list(dict.fromkeys([PROJECT, method["slug"], "sequence-level-training", task])),
+        base_model=base_model, datasets=hub_datasets or None,
+        eval_results=results or None, model_name=model_name if results else None,
+    )
     settings = {k: v for k, v in (settings or {}).items() if not SECRET_KEY.search(k)}
-    return env.get_template("seqrl.md").render(
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE_DIR / TEMPLATE),
         model_name=model_name,
-        algorithm=algorithm,
-        algorithm_tag=algorithm.lower().replace(" ", "-"),
+        method=method,
         algorithm_detail=algorithm_detail,
+        references=[dict(REFERENCES[key], key=key) for key in method["citations"]],
+        project=PROJECT,
+        project_url=project_url(),
+        project_version=_version(PROJECT) or "unknown",
         task=task,
         pipeline_tag=pipeline_tag,
-        pipeline_var="translator" if pipeline_tag == "translation" else "summarizer"
-        if pipeline_tag == "summarization" else "generator",
-        base_model=hub_id(base_model),
-        datasets=datasets or [],
-        extra_tags=[task],
+        pipeline_var=PIPELINE_VARIABLES.get(pipeline_tag, "generator"),
+        base_model=base_model,
+        datasets=datasets,
         reward=_safe(reward),
-        baseline=baseline,
         settings=[(k, _safe(v)) for k, v in settings.items()],
-        metrics=sorted((k, float(v)) for k, v in (metrics or {}).items() if isinstance(v, (int, float))),
+        metrics=metrics,
         curve=curve or [],
         repo_id=repo_id or model_name,
-        example_input=example_input or ("Ein Hund läuft im Park." if task == "translation" else "Your long text."),
+        example_input=example_input or EXAMPLE_INPUTS.get(task, "Your long text."),
         versions=library_versions(),
-        method_bibtex=BIBTEX.get(algorithm, ""),
     )
+    text = str(card)
+    return text if text.endswith("\n") else text + "\n"
 
 
 def hub_id(name: str | None) -> str | None:

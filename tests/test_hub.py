@@ -1,4 +1,5 @@
-"""Model cards and `push_to_hub`: what the card says, what reaches the Hub client, and that no token leaks.
+"""Model cards and `push_to_hub`: what the card says (the algorithm that ran, links that exist), what reaches the
+Hub client, that no token leaks, and that an installed wheel carries the card template.
 
 The Hub is never contacted: `huggingface_hub.HfApi.create_repo` / `upload_folder` (what transformers'
 `Trainer.init_hf_repo` and `Trainer.push_to_hub` call, through `transformers.utils.hub.hf_api()`) are replaced by
@@ -7,7 +8,13 @@ recorders. The code under test (trainers, hub.py, pipeline) runs unpatched.
 
 from __future__ import annotations
 
+import email.message
 import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -18,7 +25,7 @@ from huggingface_hub import HfApi, ModelCard, RepoUrl
 
 from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
-from hf_seqrl.hub import render_model_card
+from hf_seqrl.hub import REFERENCES, describe_algorithm, project_url, render_model_card
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"  # looks like a real token to any secret scanner
@@ -51,8 +58,13 @@ def test_card_has_model_data_method_metrics_versions_and_bibtex():
     assert "| `eval_bleu` | 31.25 |" in card and "| `eval_chrf` | 57.5 |" in card
     assert f"- transformers {transformers.__version__}" in card and f"- torch {torch.__version__}" in card
     assert "@inproceedings{rennie2017scst," in card and "@software{hf_seqrl," in card
+    assert "[Rennie et al., 2017](https://arxiv.org/abs/1612.00563)" in card
     assert 'AutoModelForSeq2SeqLM.from_pretrained("me/opus-mt-de-en-scst")' in card
     assert 'pipeline("translation"' in card
+    # the evaluation metrics reach the model-index, on the one Hub dataset the model was trained on
+    results = {(r.metric_type, r.metric_value, r.dataset_type, r.dataset_split)
+               for r in ModelCard(card).data.eval_results}
+    assert results == {("bleu", 31.25, "wmt/wmt16", "validation"), ("chrf", 57.5, "wmt/wmt16", "validation")}
 
 
 @pytest.mark.parametrize("algorithm,bibtex", [("REINFORCE", "williams1992reinforce"),
@@ -64,6 +76,101 @@ def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
     assert meta["pipeline_tag"] == "summarization"
     assert "text-generation" not in card and "text2text-generation" not in card
     assert bibtex in card and 'pipeline("summarization"' in card
+
+
+@pytest.mark.parametrize("algorithm,baseline,name,slug,citations", [
+    ("SCST", "greedy", "SCST", "scst", ["rennie2017scst"]),
+    ("SCST", None, "SCST", "scst", ["rennie2017scst"]),  # the SCST trainer's default baseline
+    ("SCST", "mean", "REINFORCE with leave-one-out baseline", "rloo", ["williams1992reinforce", "kool2019buy4"]),
+    ("REINFORCE", "mean", "REINFORCE with leave-one-out baseline", "rloo", ["williams1992reinforce", "kool2019buy4"]),
+    # the SCST trainer without the greedy baseline is no longer self-critical
+    ("SCST", "moving_average", "REINFORCE with a moving-average baseline", "reinforce", ["williams1992reinforce"]),
+    ("SCST", "none", "REINFORCE without baseline", "reinforce", ["williams1992reinforce"]),
+    ("REINFORCE", "moving_average", "REINFORCE with a moving-average baseline", "reinforce",
+     ["williams1992reinforce"]),
+    ("REINFORCE", "None", "REINFORCE with a moving-average baseline", "reinforce", ["williams1992reinforce"]),
+    ("REINFORCE", "none", "REINFORCE without baseline", "reinforce", ["williams1992reinforce"]),
+    ("REINFORCE", "greedy", "SCST", "scst", ["rennie2017scst"]),
+    ("Scheduled sampling", "None", "Scheduled sampling", "scheduled-sampling",
+     ["bengio2015scheduled", "mihaylova2019scheduled"]),
+    ("Cross-entropy", None, "Cross-entropy", "cross-entropy", []),
+])
+def test_describe_algorithm_names_what_the_baseline_makes_of_the_trainer(algorithm, baseline, name, slug, citations):
+    method = describe_algorithm(algorithm, baseline)
+    assert (method["name"], method["slug"], method["citations"]) == (name, slug, citations)
+    assert method["description"]
+    assert all(key in REFERENCES for key in method["citations"])
+
+
+def test_describe_algorithm_spells_out_scst_and_leaves_baseline_out_without_policy_gradient():
+    assert describe_algorithm("SCST", "greedy")["description"] == (
+        "self-critical sequence training: policy gradient with the greedy decode's reward as baseline")
+    assert describe_algorithm("Scheduled sampling", None)["baseline"] is None
+    assert describe_algorithm("REINFORCE", None)["baseline"] == "moving_average"
+
+
+def test_leave_one_out_card_says_leave_one_out_not_scst():
+    card = render_model_card(model_name="tiny-rloo", algorithm="SCST", baseline="mean", reward="chrf_reward",
+                             settings={"baseline": "mean", "num_samples": 4})
+    assert "- Algorithm: REINFORCE with leave-one-out baseline (" in card and "- Baseline: `mean`" in card
+    assert "rloo" in front_matter(card)["tags"]
+    assert "scst" not in card.lower() and "self-critical" not in card.lower()
+    assert "@article{williams1992reinforce," in card and "@inproceedings{kool2019buy4," in card
+    assert "https://openreview.net/forum?id=r1lgTGL5DE" in card and "https://doi.org/10.1007/BF00992696" in card
+
+
+def test_cross_entropy_card_cites_no_method_and_shows_no_baseline():
+    card = render_model_card(model_name="xe", algorithm="Cross-entropy", baseline="None",
+                             reward="none (cross-entropy)")
+    assert "cross-entropy" in front_matter(card)["tags"]
+    assert "Baseline" not in card and "@inproceedings" not in card and "@article" not in card
+    assert "@software{hf_seqrl," in card
+
+
+def fake_metadata(monkeypatch, **fields):
+    """Makes `importlib.metadata.metadata("hf-seqrl")` answer with `fields` (`Home_page`, `Project_URL`: list)."""
+    real = metadata.metadata
+
+    def lookup(name):
+        if name != "hf-seqrl":
+            return real(name)
+        meta = email.message.Message()
+        meta["Name"] = "hf-seqrl"
+        for key, value in fields.items():
+            for item in value if isinstance(value, list) else [value]:
+                meta[key.replace("_", "-")] = item
+        return meta
+
+    monkeypatch.setattr(metadata, "metadata", lookup)
+
+
+def test_card_without_project_url_names_the_project_without_a_link(monkeypatch):
+    fake_metadata(monkeypatch)
+    assert project_url() is None
+    card = render_model_card(model_name="m", algorithm="SCST", baseline="greedy")
+    assert "github.com/hf-seqrl" not in card and "hf-seqrl](" not in card
+    assert "using hf-seqrl," in card
+    software = card[card.index("@software{hf_seqrl,"):]
+    assert "url" not in software.split("}\n```")[0]
+
+
+@pytest.mark.parametrize("fields", [{"Home_page": "https://example.org/hf-seqrl"},
+                                    {"Project_URL": ["Homepage, https://example.org/hf-seqrl"]}])
+def test_card_links_the_project_url_the_package_declares(monkeypatch, fields):
+    fake_metadata(monkeypatch, **fields)
+    assert project_url() == "https://example.org/hf-seqrl"
+    card = render_model_card(model_name="m", algorithm="SCST", baseline="greedy")
+    assert "using [hf-seqrl](https://example.org/hf-seqrl)," in card
+    assert "url     = {https://example.org/hf-seqrl}" in card
+    assert "github.com/hf-seqrl" not in card
+
+
+def test_free_text_data_stays_out_of_the_metadata_and_the_model_index():
+    card = render_model_card(model_name="demo", algorithm="SCST", baseline="greedy",
+                             datasets=["generated toy translation (demo, seed 0)"], metrics={"test_bleu": 12.0})
+    meta = front_matter(card)
+    assert "datasets" not in meta and "model-index" not in meta
+    assert "- Data: generated toy translation (demo, seed 0)" in card
 
 
 def test_card_of_model_built_from_config_has_no_base_model():
@@ -169,7 +276,9 @@ def test_pipeline_push_to_hub(tmp_path, hub, capfd, caplog, monkeypatch, restore
     assert {"model.safetensors", "README.md", "all_results.json"} <= set(files)
     card = files["README.md"].decode()
     assert front_matter(card)["pipeline_tag"] == "translation"
-    assert "- Algorithm: SCST" in card and "| `eval_chrf` |" in card
+    # the recipe runs the SCST trainer with the leave-one-out baseline: the card names what ran
+    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "| `eval_chrf` |" in card
+    assert "rloo" in front_matter(card)["tags"] and "- Algorithm: SCST" not in card
     captured = capfd.readouterr()
     assert "Saving model checkpoint" in captured.err + caplog.text
     assert_no_token_anywhere(out, card, captured.out, captured.err, caplog.text)
@@ -182,3 +291,48 @@ def test_card_settings_keep_token_counts_but_drop_credentials():
                              metrics=final_eval_metrics([{"eval_bleu": 1.0}, {"test_bleu": 2.0, "test_runtime": 3}]))
     assert "`max_new_tokens` | `64`" in card and "hub_token" not in card
     assert "`eval_bleu` | 1" in card and "`test_bleu` | 2" in card and "test_runtime" not in card
+
+
+# ---- packaging -----------------------------------------------------------------------------------------------------
+
+def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
+    # Build from a copy: an in-tree build writes build/ and *.egg-info into the checkout, and a stale build/lib
+    # could hand the wheel files the checkout no longer has. The copy keeps hf_seqrl/model_cards a link.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for name in ("hf_seqrl", "model_cards"):
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    # a project URL set in setup.cfg must reach the card through the installed metadata
+    setup_cfg = (src / "setup.cfg").read_text()
+    url = "url = https://example.org/hf-seqrl\n"
+    (src / "setup.cfg").write_text(setup_cfg.replace("[metadata]\n", "[metadata]\n" + url, 1))
+
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist"),
+                          str(src)], check=True, capture_output=True, text=True)
+    (wheel,) = (tmp_path / "dist").glob("hf_seqrl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert "hf_seqrl/model_cards/seqrl.md" in archive.namelist()
+    site = tmp_path / "site"
+    subprocess.run(pip + ["install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True,
+                   capture_output=True, text=True)
+
+    script = (
+        "import hf_seqrl.hub as hub\n"
+        "print(hub.__file__)\n"
+        "print(hub.render_model_card(model_name='m', algorithm='SCST', baseline='mean', reward='chrf_reward',\n"
+        "      settings={'num_samples': 4}, metrics={'eval_chrf': 40.0}, curve=[('rl/reward', 0.1, 0.3)]))\n"
+    )
+    # PYTHONPATH names only the installed copy, and the working directory is outside the checkout
+    env = dict(os.environ, PYTHONPATH=str(site))
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True, capture_output=True,
+                         text=True)
+    module_path, card = run.stdout.split("\n", 1)
+    assert Path(module_path).resolve().is_relative_to(site.resolve())
+    assert "rloo" in front_matter(card)["tags"]
+    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "SCST" not in card
+    assert "| `num_samples` | `4` |" in card and "| `eval_chrf` | 40 |" in card and "| `rl/reward` |" in card
+    assert "## How to use" in card and "## Framework versions" in card and "@inproceedings{kool2019buy4," in card
+    assert "using [hf-seqrl](https://example.org/hf-seqrl)," in card

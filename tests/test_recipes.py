@@ -68,8 +68,10 @@ def test_translation_pipeline(tmp_path):
     assert model.config.model_type == "t5"
     assert (out / "tokenizer_config.json").exists()
     meta, card = card_of(out)
-    assert meta["pipeline_tag"] == "translation" and "scst" in meta["tags"]
-    assert "- Algorithm: SCST" in card and "- Reward: `chrf_reward`" in card and "- Baseline: `mean`" in card
+    # the config runs the SCST trainer with the leave-one-out baseline, which the card names
+    assert meta["pipeline_tag"] == "translation" and "rloo" in meta["tags"]
+    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "- Reward: `chrf_reward`" in card
+    assert "- Baseline: `mean`" in card
     assert "| `eval_chrf` |" in card
 
 
