@@ -121,7 +121,7 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
 
     The metrics also hold `gen_len`, the mean generated length in tokens.
     """
-    from .rewards import _accepts_reference_lists, _is_number, is_evaluation_module, normalize_references
+    from .rewards import _is_number, accepts_reference_lists, is_evaluation_module, normalize_references
 
     for metric in metrics:
         if not (is_evaluation_module(metric) or metric in BUILTIN_REWARDS):
@@ -148,7 +148,7 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
         names = [m for m in metrics if isinstance(m, str)]
         scores.update(corpus_scores(texts, refs, names))
         for module in (m for m in metrics if not isinstance(m, str)):
-            module_refs = refs if _accepts_reference_lists(module) else [r[0] for r in refs]
+            module_refs = refs if accepts_reference_lists(module) else [r[0] for r in refs]
             for key, value in module.compute(predictions=texts, references=module_refs).items():
                 if _is_number(value):
                     scores[module.name if key == module.name else f"{module.name}_{key}"] = float(value)

@@ -261,3 +261,23 @@ def test_missing_tokenizer_says_what_to_pass(tmp_path, tokenizer):
     model.config._name_or_path = str(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no tokenizer could be loaded.*nowhere.*AutoTokenizer.from_pretrained"):
         SCSTTrainer(model=model, args=args(tmp_path), reward_funcs="bleu", train_dataset=data)
+
+
+def test_logs_name_the_algorithm_that_ran(tmp_path, tokenizer):
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    src, tgt = toy_pairs(4, seed=1, alphabet="abcd", lengths=(2, 5))
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args(tmp_path, baseline="mean", num_samples=2, log_level="info"),
+                          reward_funcs="chrf", train_dataset=toy_dataset(tokenizer, src, tgt), processing_class=tokenizer)
+    assert trainer.algorithm_name == "REINFORCE with leave-one-out baseline"
+    records, handler = [], Keep()
+    logging.getLogger("hf_seqrl").addHandler(handler)
+    try:
+        trainer.train()
+    finally:
+        logging.getLogger("hf_seqrl").removeHandler(handler)
+    assert "SCSTTrainer: REINFORCE with leave-one-out baseline, reward chrf_reward" in records

@@ -13,93 +13,24 @@ import math
 import os
 import re
 from collections import defaultdict
-from typing import NamedTuple
 
 import torch
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 
 from .. import losses
 from ..configs import SeqRLConfig
 from ..data import TEXT_COLUMNS, SeqRLDataCollator, check_rows
-from ..hub import CARD_SETTINGS, final_eval_metrics, training_curve, write_model_card
+from ..hub import CARD_SETTINGS, describe_algorithm, final_eval_metrics, training_curve, write_model_card
 from ..rewards import (build_reward, call_reward, check_finite, check_reward_spec, normalize_references,
                        reward_name)
 from ..rollout import (decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout,
                        score_rollout)
+from .inputs import BatchText, check_dataset_columns, check_encoder_decoder, load_tokenizer_for, repeat_rows
 
 STATE_FILE = "seqrl_state.json"
-
-
-def check_encoder_decoder(model) -> None:
-    """Raises a clear error unless `model` is an encoder-decoder (seq2seq) model."""
-    if model is None:
-        raise ValueError("Pass `model=`: an encoder-decoder model such as AutoModelForSeq2SeqLM.from_pretrained(...).")
-    config = getattr(model, "config", None)
-    if not getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is False). "
-            "hf-seqrl trains seq2seq models: load one with AutoModelForSeq2SeqLM (T5, BART, Marian, mBART, "
-            "Pegasus) or build an EncoderDecoderModel; for decoder-only models use TRL instead."
-        )
-
-
-class BatchText(NamedTuple):
-    """The columns of a batch that stay out of the model: what rewards and evaluation read."""
-
-    references: list[list[str]] | None
-    sources: list[str] | None
-    columns: dict[str, list]  # every other non-model column, one entry per row
-
-
-def repeat_rows(text: BatchText, n: int) -> BatchText:
-    """Returns `text` with each row repeated `n` times in place (the layout of `n` samples per source)."""
-    def repeat(values):
-        return None if values is None else [v for v in values for _ in range(n)]
-
-    return BatchText(repeat(text.references), repeat(text.sources),
-                     {key: repeat(values) for key, values in text.columns.items()})
-
-
-def load_tokenizer_for(model):
-    """Returns `AutoTokenizer.from_pretrained(model.name_or_path)`, or raises an error saying what to pass."""
-    from transformers import AutoTokenizer
-
-    name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
-    if not name:
-        raise ValueError(
-            "processing_class was not given, and the model has no name_or_path to load a tokenizer from (it was built "
-            "from a config): pass processing_class=<the tokenizer of its vocabulary>.")
-    try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except Exception as err:
-        raise ValueError(
-            f"processing_class was not given, and no tokenizer could be loaded from the model's name_or_path {name!r} "
-            f"({type(err).__name__}: {err}). Pass processing_class=AutoTokenizer.from_pretrained(...) yourself."
-        ) from err
-
-
-def check_dataset_columns(dataset, name: str) -> None:
-    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, or a
-    column named like a reward keyword (`predictions`)."""
-    columns = getattr(dataset, "column_names", None)
-    if columns is None or isinstance(columns, dict):
-        return
-    if "predictions" in columns:
-        raise ValueError(
-            f"{name} has a column named 'predictions': rewards receive every dataset column as a keyword, and "
-            "'predictions' is the decoded outputs. Rename that column."
-        )
-    if "input_ids" not in columns:
-        raise ValueError(
-            f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
-            "hf_seqrl.data.tokenize_pairs."
-        )
-    if "labels" not in columns and "references" not in columns:
-        raise ValueError(
-            f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
-            "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
-        )
+logger = logging.get_logger(__name__)
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
@@ -275,8 +206,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         """Writes hf-seqrl's model card to `output_dir/README.md` (used by `push_to_hub`)."""
         if not self.is_world_process_zero():
             return
-        write_model_card(self.args.output_dir, **self.model_card_info(model_name, dataset or dataset_tags,
-                                                                      finetuned_from, tasks))
+        write_model_card(self.args.output_dir, license=license,
+                         **self.model_card_info(model_name, dataset or dataset_tags, finetuned_from, tasks))
 
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
@@ -293,8 +224,17 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def load_extra_state(self, state: dict) -> None:
         """Restores `extra_state()` from a checkpoint."""
 
+    @property
+    def algorithm_name(self) -> str:
+        """Returns the name of the algorithm that runs: its loss and baseline (leave-one-out is not SCST)."""
+        return describe_algorithm(self.algorithm, getattr(self, "baseline", None))["name"]
+
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
         """`Trainer.train`; `resume_from_checkpoint=True` picks the newest *complete* checkpoint."""
+        logger.setLevel(self.args.get_process_log_level())  # hf-seqrl's messages follow `log_level` as transformers' do
+        if self.is_world_process_zero():
+            logger.info(f"{type(self).__name__}: {self.algorithm_name}"
+                        + (f", reward {self.reward_label}" if hasattr(self, "reward_label") else ""))
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:

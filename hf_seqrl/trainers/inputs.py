@@ -1,0 +1,76 @@
+"""What a trainer takes in: the model and tokenizer checks, the dataset checks, and the text columns of a batch."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+def check_encoder_decoder(model) -> None:
+    """Raises a clear error unless `model` is an encoder-decoder (seq2seq) model."""
+    if model is None:
+        raise ValueError("Pass `model=`: an encoder-decoder model such as AutoModelForSeq2SeqLM.from_pretrained(...).")
+    config = getattr(model, "config", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is False). "
+            "hf-seqrl trains seq2seq models: load one with AutoModelForSeq2SeqLM (T5, BART, Marian, mBART, "
+            "Pegasus) or build an EncoderDecoderModel; for decoder-only models use TRL instead."
+        )
+
+
+class BatchText(NamedTuple):
+    """The columns of a batch that stay out of the model: what rewards and evaluation read."""
+
+    references: list[list[str]] | None
+    sources: list[str] | None
+    columns: dict[str, list]  # every other non-model column, one entry per row
+
+
+def repeat_rows(text: BatchText, n: int) -> BatchText:
+    """Returns `text` with each row repeated `n` times in place (the layout of `n` samples per source)."""
+    def repeat(values):
+        return None if values is None else [v for v in values for _ in range(n)]
+
+    return BatchText(repeat(text.references), repeat(text.sources),
+                     {key: repeat(values) for key, values in text.columns.items()})
+
+
+def load_tokenizer_for(model):
+    """Returns `AutoTokenizer.from_pretrained(model.name_or_path)`, or raises an error saying what to pass."""
+    from transformers import AutoTokenizer
+
+    name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
+    if not name:
+        raise ValueError(
+            "processing_class was not given, and the model has no name_or_path to load a tokenizer from (it was built "
+            "from a config): pass processing_class=<the tokenizer of its vocabulary>.")
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except Exception as err:
+        raise ValueError(
+            f"processing_class was not given, and no tokenizer could be loaded from the model's name_or_path {name!r} "
+            f"({type(err).__name__}: {err}). Pass processing_class=AutoTokenizer.from_pretrained(...) yourself."
+        ) from err
+
+
+def check_dataset_columns(dataset, name: str) -> None:
+    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, or a
+    column named like a reward keyword (`predictions`)."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or isinstance(columns, dict):
+        return
+    if "predictions" in columns:
+        raise ValueError(
+            f"{name} has a column named 'predictions': rewards receive every dataset column as a keyword, and "
+            "'predictions' is the decoded outputs. Rename that column."
+        )
+    if "input_ids" not in columns:
+        raise ValueError(
+            f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
+            "hf_seqrl.data.tokenize_pairs."
+        )
+    if "labels" not in columns and "references" not in columns:
+        raise ValueError(
+            f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
+            "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
+        )
