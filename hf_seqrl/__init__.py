@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "SeqRLConfig": "configs",
     "ScheduledSamplingConfig": "configs",
+    "ProfessorForcingConfig": "configs",
+    "ProfessorForcingTrainer": "trainers.professor_forcing",
     "SeqRLTrainer": "trainers.base",
     "SeqRLBaseTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.reinforce",

@@ -194,3 +194,51 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError("ScheduledSamplingConfig.schedule_unit must be 'step' or 'epoch'.")
         if self.warmup_xe_steps < 0:
             raise ValueError(f"ScheduledSamplingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
+
+
+@dataclass
+class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+    r"""
+    Arguments of [`ProfessorForcingTrainer`], on top of `Seq2SeqTrainingArguments`.
+
+    adversarial_weight (`float`, *optional*, defaults to `1.0`):
+        The model's loss is `cross-entropy + adversarial_weight * adversarial loss` (Lamb et al., 2016).
+    discriminator (`str`, *optional*, defaults to `"gru"`):
+        `"gru"` (a bidirectional GRU) or `"transformer"` (one transformer encoder layer) over the decoder's last
+        hidden states, mean-pooled over the positions of each sequence to one logit.
+    discriminator_hidden_size (`int`, *optional*, defaults to `128`):
+        Width of the discriminator.
+    discriminator_learning_rate (`float`, *optional*, defaults to `1e-4`):
+        Learning rate of the discriminator's own Adam optimizer (one update per training batch).
+    free_running (`str`, *optional*, defaults to `"argmax"`):
+        How the model writes its own outputs for the free-running rows: `"argmax"` (greedy) or `"sample"`.
+    max_new_tokens (`int`, *optional*, defaults to `None`):
+        Length limit of the free-running outputs; `None` takes `generation_max_length`, then the model's default.
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher forcing before the adversarial term starts.
+    """
+
+    adversarial_weight: float = field(default=1.0, metadata={"help": "Weight of the adversarial loss."})
+    discriminator: str = field(default="gru", metadata={"help": "gru | transformer"})
+    discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator."})
+    discriminator_learning_rate: float = field(default=1e-4, metadata={"help": "Discriminator learning rate."})
+    free_running: str = field(default="argmax", metadata={"help": "argmax | sample"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of free-running outputs."})
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before the adversarial term."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.adversarial_weight < 0:
+            raise ValueError(f"ProfessorForcingConfig.adversarial_weight must be >= 0, got {self.adversarial_weight}.")
+        if self.discriminator not in ("gru", "transformer"):
+            raise ValueError(
+                f"ProfessorForcingConfig.discriminator={self.discriminator!r}: use 'gru' or 'transformer'.")
+        if self.discriminator_hidden_size < 1 or self.discriminator_learning_rate <= 0:
+            raise ValueError("ProfessorForcingConfig.discriminator_hidden_size must be >= 1 and "
+                             "discriminator_learning_rate > 0.")
+        if self.free_running not in ("argmax", "sample"):
+            raise ValueError(f"ProfessorForcingConfig.free_running={self.free_running!r}: use 'argmax' or 'sample'.")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"ProfessorForcingConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}.")
+        if self.warmup_xe_steps < 0:
+            raise ValueError(f"ProfessorForcingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")

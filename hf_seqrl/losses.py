@@ -202,3 +202,26 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
         logits (`torch.Tensor` of shape `(N, T, V)`), labels (`torch.Tensor` of shape `(N, T)`).
     """
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=ignore_index)
+
+
+def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
+    """Returns the discriminator's binary cross-entropy: real (teacher-forced) rows labelled 1, fake (free-running)
+    rows labelled 0, averaged over all rows.
+
+    Args:
+        real_logits (`torch.Tensor` of shape `(B,)`), fake_logits (`torch.Tensor` of shape `(B',)`): one logit per
+            hidden-state sequence.
+    """
+    logits = torch.cat([real_logits, fake_logits]).float()
+    targets = torch.cat([torch.ones_like(real_logits), torch.zeros_like(fake_logits)]).float()
+    return F.binary_cross_entropy_with_logits(logits, targets)
+
+
+def adversarial_loss(fake_logits: torch.Tensor) -> torch.Tensor:
+    """Returns the generator's loss of professor forcing: the binary cross-entropy of the free-running rows labelled
+    as teacher-forced, `mean(softplus(-logit))`, which is low when the discriminator takes them for real.
+
+    Args:
+        fake_logits (`torch.Tensor` of shape `(B,)`): the discriminator's logit of each free-running sequence.
+    """
+    return F.softplus(-fake_logits.float()).mean()

@@ -192,6 +192,8 @@ def _is_number(value: Any) -> bool:
 def as_reward(item: Any) -> RewardFn:
     """Returns the callable for one entry of `reward_funcs`: a name, a callable or an `evaluate` module."""
     if is_evaluation_module(item):
+        from .reward_wrappers import EvaluateReward
+
         return EvaluateReward(item)
     return item if callable(item) else get_reward(item)
 
@@ -231,6 +233,8 @@ def build_reward(spec: Any, weights: Sequence[float] | None = None, workers: int
     worker processes (`PooledReward`).
     """
     if workers >= 2:
+        from .reward_wrappers import PooledReward
+
         return PooledReward(spec, weights, workers)
     if isinstance(spec, (list, tuple)):
         if len(spec) == 1 and weights is None:
@@ -330,5 +334,14 @@ def check_finite(values: Sequence[float], name: str) -> None:
         )
 
 
-# Wrappers that build on the functions above (an evaluate module as a reward; a process pool).
-from .reward_wrappers import EvaluateReward, PooledReward, accepts_reference_lists  # noqa: E402,F401
+_WRAPPERS = ("EvaluateReward", "PooledReward", "accepts_reference_lists")
+
+
+def __getattr__(name):
+    # The wrappers build on this module, so they are imported on first use (a spawned worker may import either
+    # module first).
+    if name in _WRAPPERS:
+        from . import reward_wrappers
+
+        return getattr(reward_wrappers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -224,6 +224,12 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def load_extra_state(self, state: dict) -> None:
         """Restores `extra_state()` from a checkpoint."""
 
+    def save_extra_files(self, folder: str) -> None:
+        """Writes what this trainer trains besides the model (e.g. a discriminator) into a checkpoint folder."""
+
+    def load_extra_files(self, folder: str) -> None:
+        """Restores `save_extra_files` from a checkpoint folder."""
+
     @property
     def algorithm_name(self) -> str:
         """Returns the name of the algorithm that runs: its loss and baseline (leave-one-out is not SCST)."""
@@ -250,6 +256,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             run_dir = self._get_output_dir(trial=trial)
             folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if os.path.isdir(folder):
+                self.save_extra_files(folder)
                 # Written last and atomically: its presence marks the checkpoint as complete.
                 tmp = os.path.join(folder, STATE_FILE + ".tmp")
                 with open(tmp, "w") as f:
@@ -258,6 +265,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self.load_extra_files(resume_from_checkpoint)
         path = os.path.join(resume_from_checkpoint, STATE_FILE)
         if os.path.isfile(path):
             with open(path) as f:
