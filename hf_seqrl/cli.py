@@ -1,80 +1,75 @@
-"""Command line: `hf-seqrl demo | train | evaluate | diagnose`."""
+"""Command line: `hf-seqrl demo | train | evaluate | diagnose`.
+
+Every subcommand parses its flags with `HfArgumentParser` from a dataclass (snake_case flags, as in
+`Seq2SeqTrainingArguments`); `hf-seqrl COMMAND --help` lists them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from dataclasses import dataclass, field
+
+# name -> (one-line help, "module:function" taking the remaining argv and returning an exit status)
+COMMANDS = {
+    "demo": ("Offline demo: teacher forcing, then SCST vs more cross-entropy, on a generated task with a tiny "
+             "model (no network, a few minutes on a CPU).", "hf_seqrl.cli:demo_main"),
+    "train": ("Train from a YAML config (recipes/configs/*.yaml) with CLI overrides: hf-seqrl train --config "
+              "FILE.yaml [--field value ...]", "hf_seqrl.cli:train_main"),
+    "evaluate": ("Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file (greedy or beam search, "
+                 "against every reference).", "hf_seqrl.evaluation:evaluate_main"),
+    "diagnose": ("Exposure-bias diagnostics of a seq2seq checkpoint: writes diagnostics.json and diagnostics.png.",
+                 "hf_seqrl.diagnostics.cli:diagnose_main"),
+}
 
 
-def _demo(args: argparse.Namespace, rest: list[str]) -> int:
+@dataclass
+class DemoArguments:
+    """`hf-seqrl demo`: where the results go, and how big the run is."""
+
+    output_dir: str = field(default="hf_seqrl_demo", metadata={"help": "Where the model, tokenizer, card and "
+                                                                       "results go."})
+    seed: int = field(default=0, metadata={"help": "Seed of the generated task and of training."})
+    quick: bool = field(default=False, metadata={"help": "A much smaller run (under a minute), for smoke tests."})
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl demo` run with `argv` (default: sys.argv[1:])."""
+    from transformers import HfArgumentParser
+
     from .demo import run_demo
 
+    (args,) = HfArgumentParser(DemoArguments, prog="hf-seqrl demo",
+                               description=COMMANDS["demo"][0]).parse_args_into_dataclasses(argv)
     run_demo(args.output_dir, seed=args.seed, quick=args.quick)
     return 0
 
 
-def _train(args: argparse.Namespace, rest: list[str]) -> int:
-    from .pipeline import train_main
+def train_main(argv: list[str] | None = None) -> int:
+    """Returns 0 after training as `recipes/translation.py` and `recipes/summarization.py` do, from `argv`."""
+    from . import pipeline
 
-    # The same code path as recipes/translation.py and recipes/summarization.py.
-    train_main(rest)
+    pipeline.train_main(argv)
     return 0
 
 
-def _evaluate(args: argparse.Namespace, rest: list[str]) -> int:
-    from .evaluation import evaluate_from_args
-
-    return evaluate_from_args(args)
-
-
-def _diagnose(args: argparse.Namespace, rest: list[str]) -> int:
-    from .diagnostics import diagnose_from_args
-
-    return diagnose_from_args(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-seqrl", description="Sequence-level RL for Hugging Face seq2seq models.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="Offline demo: teacher forcing, then SCST vs more cross-entropy, on a "
-                                       "generated task with a tiny model (no network, a few minutes on a CPU).")
-    demo.add_argument("--output-dir", default="hf_seqrl_demo", help="Where the model, tokenizer, card and "
-                                                                     "results go (default: ./hf_seqrl_demo).")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--quick", action="store_true", help="A much smaller run (under a minute), for smoke tests.")
-    demo.set_defaults(func=_demo)
-
-    train = sub.add_parser("train", add_help=False,
-                           help="Train from a YAML config (recipes/configs/*.yaml) with CLI overrides: "
-                                "hf-seqrl train --config FILE.yaml [--field value ...]")
-    train.set_defaults(func=_train)
-
-    from .evaluation import add_evaluate_arguments
-
-    evaluate = sub.add_parser("evaluate", help="Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file "
-                                               "(greedy or beam search, against every reference).")
-    add_evaluate_arguments(evaluate)
-    evaluate.set_defaults(func=_evaluate)
-
-    from .diagnostics import add_diagnose_arguments
-
-    diagnose = sub.add_parser("diagnose", help="Exposure-bias diagnostics of a seq2seq checkpoint: writes "
-                                               "diagnostics.json and diagnostics.png.")
-    add_diagnose_arguments(diagnose)
-    diagnose.set_defaults(func=_diagnose)
+    """Returns the top-level parser: it reads only the command; the command's own parser reads the rest."""
+    parser = argparse.ArgumentParser(prog="hf-seqrl", description="Sequence-level RL for Hugging Face seq2seq models.",
+                                     epilog="`hf-seqrl COMMAND --help` lists the flags of a command.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, _) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl` run with `argv` (default: sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if argv and argv[0] == "train":
-        # Everything after `train` belongs to the training parser (HfArgumentParser), including --help.
-        args, rest = parser.parse_args(["train"]), argv[1:]
-    else:
-        args, rest = parser.parse_args(argv), []
-    return args.func(args, rest)
+    command = build_parser().parse_args(argv[:1]).command
+    module, function = COMMANDS[command][1].split(":")
+    return getattr(importlib.import_module(module), function)(argv[1:])
 
 
 if __name__ == "__main__":

@@ -170,6 +170,7 @@ def load_text_files(files: dict[str, str], source_column: str = "source", target
     import os
 
     from datasets import DatasetDict, load_dataset
+    from datasets.exceptions import DatasetGenerationError
 
     splits = {}
     for split, path in files.items():
@@ -177,16 +178,50 @@ def load_text_files(files: dict[str, str], source_column: str = "source", target
             raise FileNotFoundError(
                 f"The {split} file {path!r} does not exist (relative paths start at {os.getcwd()})."
             )
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"The {split} file {path!r} is empty.")
         stem = path[:-3] if path.endswith(".gz") else path
         fmt = FILE_FORMATS.get(os.path.splitext(stem)[1].lower())
         if fmt is None:
             raise ValueError(f"Cannot read {path!r}: use one of {sorted(FILE_FORMATS)} (optionally .gz for .txt).")
         if fmt == "text":
             splits[split] = read_text_pairs(path, source_column, target_column)
-        else:
-            extra = {"delimiter": "\t"} if stem.lower().endswith(".tsv") else {}
+            continue
+        extra = {"delimiter": "\t"} if stem.lower().endswith(".tsv") else {}
+        try:
             splits[split] = load_dataset(fmt, data_files={split: path}, split=split, **extra)
+        except DatasetGenerationError as err:
+            # The generic message hides the parser's, which names the row.
+            layout = ("one JSON object per line or a JSON list of objects" if fmt == "json"
+                      else "a header line naming the columns, then one row per line")
+            raise ValueError(f"Cannot read {path!r} as {fmt} ({err.__cause__ or err}): give {layout}.") from err
     return DatasetDict(splits)
+
+
+def load_pairs(path: str, source_column: str = "source", target_column: str = "target",
+               max_examples: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Returns `(sources, references)` read from one local file through `load_text_files`.
+
+    A target cell may be a string or a list of references (SciTLDR's `target`); a source cell that is a list of
+    strings (SciTLDR's sentences) is joined with spaces.
+    """
+    dataset = load_text_files({"data": path}, source_column, target_column)["data"]
+    if not len(dataset):
+        raise ValueError(f"{path} has no rows.")
+    for column, flag in ((source_column, "source_column"), (target_column, "target_column")):
+        if column not in dataset.column_names:
+            raise ValueError(f"{path}: no column {column!r}; available columns: {', '.join(dataset.column_names)}. "
+                             f"Set --{flag} ({flag}=) to one of them.")
+    if max_examples is not None:
+        dataset = dataset.select(range(min(max_examples, len(dataset))))
+    sources = []
+    for i, source in enumerate(dataset[source_column]):
+        if isinstance(source, list):
+            source = " ".join(str(s).strip() for s in source)
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"{path}: row {i} has an empty or non-string {source_column!r}.")
+        sources.append(source)
+    return sources, normalize_references(list(dataset[target_column]), field_name=f"{path}: {target_column}")
 
 
 def select_pair_columns(dataset, source_column: str | None = None, target_column: str | None = None,

@@ -1,4 +1,4 @@
-"""The embedded default demo (`hf-seqrl demo --output-dir DIR`): SCST against more cross-entropy, offline.
+"""The embedded default demo (`hf-seqrl demo --output_dir DIR`): SCST against more cross-entropy, offline.
 
 Task: toy translation into three *dialects* of one target language, generated in code from the seed.
 Each dialect is a word-for-word lexicon over the same target word forms, shuffled, so a form that
@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 
 RESULTS_FILE = "demo_results.json"
-# The held-out split, for `hf-seqrl diagnose --model DIR --data DIR/heldout_test.jsonl --target-column references`.
+# The held-out split, for `hf-seqrl diagnose --model DIR --data DIR/heldout_test.jsonl --target_column references`.
 HELDOUT_FILE = "heldout_test.jsonl"
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2; pad doubles as the decoder start token
 ARMS = ("warmup", "scst", "xe", "ss")

@@ -1,14 +1,14 @@
 """Corpus scores of a seq2seq model on a data file (`hf-seqrl evaluate`): greedy or beam search, every reference.
 
-    hf-seqrl evaluate --model DIR --data test.jsonl --metrics bleu chrf --num-beams 4 --output scores.json
+    hf-seqrl evaluate --model DIR --data test.jsonl --metrics bleu chrf --num_beams 4 --output scores.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -63,29 +63,76 @@ def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequenc
     return corpus_scores(predictions, [list(r) for r in references], metrics), predictions
 
 
-def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Returns `parser` with the `hf-seqrl evaluate` arguments added and `func` set to `evaluate_from_args`."""
-    parser.add_argument("--model", required=True, help="Local directory (or Hub id) of a seq2seq model and tokenizer.")
-    parser.add_argument("--data", required=True, help="A .json, .jsonl, .csv or .tsv file of source/target pairs.")
-    parser.add_argument("--source-column", default="source")
-    parser.add_argument("--target-column", default="target", help="A string or a list of references per row.")
-    parser.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=BUILTIN_REWARDS)
-    parser.add_argument("--num-beams", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--max-source-length", type=int, default=None)
-    parser.add_argument("--max-examples", type=int, default=None)
-    parser.add_argument("--output", default=None, help="Write the scores (and settings) to this JSON file.")
-    parser.add_argument("--predictions", default=None, help="Write one JSON line per source with its output.")
-    parser.add_argument("--device", default=None, help="Default: cuda if available, else cpu.")
-    parser.set_defaults(func=evaluate_from_args)
-    return parser
+@dataclass
+class CheckpointDataArguments:
+    """The checkpoint, the data file and the batching shared by `hf-seqrl evaluate` and `hf-seqrl diagnose`."""
+
+    model: str = field(metadata={"help": "Local directory (or Hub id) of a seq2seq model and its tokenizer."})
+    data: str = field(metadata={"help": "A .json, .jsonl, .csv, .tsv or .txt file of source/target pairs."})
+    source_column: str = field(default="source", metadata={"help": "Column of the sources."})
+    target_column: str = field(default="target", metadata={"help": "Column of the references: a string or a list "
+                                                                   "of references per row."})
+    max_examples: int | None = field(default=None, metadata={"help": "Use only the first rows of the file."})
+    batch_size: int = field(default=32, metadata={"help": "Sources per generate / forward call."})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "Decode budget in new tokens (evaluate: the model's default; diagnose: twice the longest reference "
+                "plus 10)."})
+    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
+    device: str | None = field(default=None, metadata={"help": "Default: cuda if available, else cpu."})
+
+    def __post_init__(self):
+        for name in ("batch_size", "max_examples", "max_new_tokens", "max_source_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or left unset where optional), got {value}.")
 
 
-def evaluate_from_args(args: argparse.Namespace) -> int:
+@dataclass
+class EvaluateArguments(CheckpointDataArguments):
+    """`hf-seqrl evaluate`: corpus scores of a checkpoint on a data file."""
+
+    metrics: list[str] = field(default_factory=lambda: ["bleu", "chrf"],
+                               metadata={"help": f"Corpus metrics, from: {', '.join(BUILTIN_REWARDS)}."})
+    num_beams: int = field(default=1, metadata={"help": "1 = greedy; more = beam search."})
+    output: str | None = field(default=None, metadata={"help": "Write the scores (and settings) to this JSON file."})
+    predictions: str | None = field(default=None, metadata={"help": "Write one JSON line per source with its "
+                                                                    "output."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        unknown = [m for m in self.metrics if m not in BUILTIN_REWARDS]
+        if unknown or not self.metrics:
+            raise ValueError(f"metrics: unknown or no metric {unknown}; choose from {', '.join(BUILTIN_REWARDS)}.")
+        if self.num_beams < 1:
+            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}.")
+
+
+def load_model_and_pairs(args: CheckpointDataArguments):
+    """Returns `(model, tokenizer, sources, references)` named by `args`, the model on `args.device`."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .data import load_pairs
+
+    sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=False).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    return model, tokenizer, sources, references
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl evaluate` run with `argv` (default: sys.argv[1:])."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(EvaluateArguments, prog="hf-seqrl evaluate",
+                              description="Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file (greedy "
+                                          "or beam search, against every reference).")
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    return evaluate_from_args(args)
+
+
+def evaluate_from_args(args: EvaluateArguments) -> int:
     """Returns 0 after scoring the model named in `args` on its data file and printing (and writing) the scores."""
-    from .diagnostics import load_model_and_pairs
-
     model, tokenizer, sources, references = load_model_and_pairs(args)
     scores, predictions = evaluate_model(model, tokenizer, sources, references, args.metrics,
                                          num_beams=args.num_beams, batch_size=args.batch_size,

@@ -1,4 +1,5 @@
-"""Exposure-bias diagnostics on tiny models: report, horizon semantics, recovery, plot, data files, CLI, callback."""
+"""Exposure-bias diagnostics on tiny models: report, horizon semantics, recovery, the gold among several references,
+plot, data files, CLI, callback."""
 
 import glob
 import json
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from conftest import SHARED_DATA, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
-from hf_seqrl.diagnostics import (DiagnosticsCallback, diagnose_main, load_pairs, rejoin_delay, run_diagnostics,
-                                  write_report)
+from hf_seqrl.data import load_pairs
+from hf_seqrl.diagnostics import (DiagnosticsCallback, closest_references, diagnose_main, format_summary, rejoin_delay,
+                                  run_diagnostics, write_report)
 from hf_seqrl.rollout import decoder_start_id
 
 SMALL = dict(max_horizon=6, inject_positions=(0, 1, 3), max_new_tokens=8, batch_size=8, progress=False)
@@ -55,7 +57,7 @@ def random_report(heldout):
 # ---- report structure and invariants --------------------------------------------------------------------------
 
 def test_report_keys_json_and_ranges(random_report):
-    assert set(random_report) == {"gap", "horizon", "recovery", "summary", "config"}
+    assert set(random_report) == {"gap", "horizon", "recovery", "summary", "config", "gold_index"}
     assert json.loads(json.dumps(random_report, allow_nan=False)) == random_report
     assert {"tf_nll", "free_metric", "horizon_gap", "recovery_rate"} <= set(random_report["summary"])
     gap = random_report["gap"]
@@ -162,7 +164,62 @@ def test_trained_copy_model_recovers_more_than_random(copy_model, heldout, rando
     assert trained["metric_drop"] > 0
 
 
+# ---- several references: the gold is the one closest to the model's own output ---------------------------------
+
+def test_closest_references_scores_each_reference_alone_and_breaks_ties_to_the_first():
+    calls = []
+
+    def shared_letters(*, predictions, references, sources):  # keyword-only: called as rewards are
+        calls.append(list(predictions))
+        return [len(set(p) & set(refs[0])) for p, refs in zip(predictions, references)]
+
+    rows = [["xbc", "abz", "abc"], ["q", "r"], ["only"]]
+    # "abc" shares 2, 2, 3 letters: the third; "xyz" shares none with either: a tie, the first; one reference: 0
+    assert closest_references(["abc", "xyz", "ab"], rows, shared_letters) == [2, 0, 0]
+    assert calls == [["abc", "abc", "abc", "xyz", "xyz"]]  # one call, rows of one reference not scored
+    assert closest_references(["a"], [["a"]], shared_letters) == [0] and len(calls) == 1
+
+
+def test_gold_is_the_reference_the_model_writes(copy_model, heldout):
+    """Two dialects per row: A = the string in capitals (never written by the copy model), B = the copy.
+
+    The first-reference rule scored teacher forcing against A: nearly every token wrong, while the free-running
+    metric against both references says the model is right. The closest reference is B on every row, and the report
+    equals that of a run given B alone, whatever the order of the references.
+    """
+    tok, (sources, copies) = byt5_tokenizer(), heldout
+    capitals = [c.upper() for c in copies]
+    kwargs = {**SMALL, "metric": "chrf"}  # single-word strings: corpus BLEU has no 2-grams to count
+    both = run_diagnostics(copy_model, tok, sources, [[a, b] for a, b in zip(capitals, copies)], **kwargs)
+    first_only = run_diagnostics(copy_model, tok, sources, [[a] for a in capitals], **kwargs)
+    copy_only = run_diagnostics(copy_model, tok, sources, [[b] for b in copies], **kwargs)
+    swapped = run_diagnostics(copy_model, tok, sources, [[b, a] for a, b in zip(capitals, copies)], **kwargs)
+
+    # the old rule's contradiction: teacher forcing gets almost no token right (0.04), free running scores 0.71
+    assert first_only["summary"]["tf_accuracy"] < 0.15 and both["summary"]["free_metric"] > 0.6
+    assert both["gold_index"] == [1] * 32 and both["gap"]["gold_not_first"] == 32
+    assert swapped["gold_index"] == [0] * 32 and swapped["gap"]["gold_not_first"] == 0
+    assert both["config"]["gold"] == "closest reference to the greedy output under chrf (ties: the first)"
+    for report in (both, swapped):
+        assert {k: report[k] for k in ("horizon", "recovery", "summary")} == \
+            {k: copy_only[k] for k in ("horizon", "recovery", "summary")}
+    # teacher forcing now agrees with free running that the model copies well (0.88 token accuracy)
+    assert both["summary"]["tf_accuracy"] > 0.8
+    assert "not the first reference in 32 of 32 rows" in format_summary(both)
+
+
 # ---- outputs: plot, files, data, CLI, callback -----------------------------------------------------------------
+
+def test_importing_the_package_leaves_matplotlib_unloaded():
+    import subprocess
+    import sys
+
+    code = "import sys, hf_seqrl.diagnostics; print('matplotlib' in sys.modules)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.stdout.strip() == "False"
+
 
 def test_write_report_json_and_png(random_report, tmp_path):
     paths = write_report(random_report, str(tmp_path / "diag"))
@@ -188,10 +245,16 @@ def test_load_pairs_json_lines_lists_csv_tsv(tmp_path):
     assert load_pairs(str(tmp_path / "d.csv"), "src", "tgt") == (["hello", "a, b"], [["bonjour"], ["c"]])
     (tmp_path / "d.tsv").write_text("src\ttgt\nhello\tbonjour\n")
     assert load_pairs(str(tmp_path / "d.tsv"), "src", "tgt") == (["hello"], [["bonjour"]])
-    with pytest.raises(ValueError, match=r"no column 'summary'.*available columns: src, tgt"):
+    (tmp_path / "d.txt").write_text("hello\tbonjour\tsalut\n")
+    assert load_pairs(str(tmp_path / "d.txt")) == (["hello"], [["bonjour", "salut"]])
+    with pytest.raises(ValueError, match=r"no column 'summary'; available columns: src, tgt\. Set --target_column"):
         load_pairs(str(tmp_path / "d.csv"), "src", "summary")
-    with pytest.raises(ValueError, match="unsupported file type"):
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match="Cannot read .*d.parquet.*use one of"):
         load_pairs(str(tmp_path / "d.parquet"))
+    (tmp_path / "bad.jsonl").write_text('{"source": "a", "target": "b"}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl.*as json.*give one JSON object per line"):
+        load_pairs(str(tmp_path / "bad.jsonl"))
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(SHARED_DATA, "scitldr", "dev.jsonl")),
@@ -259,9 +322,9 @@ def test_diagnose_main_writes_report(copy_model, tmp_path, capsys):
     byt5_tokenizer().save_pretrained(model_dir)
     sources, targets = toy_pairs(12, seed=5, alphabet="abcd", lengths=(2, 5))
     data.write_text("\n".join(json.dumps({"text": s, "summary": [t]}) for s, t in zip(sources, targets)))
-    status = diagnose_main(["--model", str(model_dir), "--data", str(data), "--source-column", "text",
-                            "--target-column", "summary", "--output", str(tmp_path / "out"), "--max-examples", "10",
-                            "--metric", "chrf", "--max-horizon", "5", "--batch-size", "4"])
+    status = diagnose_main(["--model", str(model_dir), "--data", str(data), "--source_column", "text",
+                            "--target_column", "summary", "--output_dir", str(tmp_path / "out"), "--max_examples",
+                            "10", "--metric", "chrf", "--max_horizon", "5", "--batch_size", "4"])
     assert status == 0
     with open(tmp_path / "out" / "diagnostics.json") as f:
         report = json.load(f)
@@ -270,3 +333,4 @@ def test_diagnose_main_writes_report(copy_model, tmp_path, capsys):
     assert os.path.getsize(tmp_path / "out" / "diagnostics.png") > 10_000
     out = capsys.readouterr().out
     assert "recovery_rate" in out and "diagnostics.json" in out
+    assert "gold target: closest reference to the greedy output under chrf" in out

@@ -1,0 +1,48 @@
+"""Exposure-bias diagnostics for encoder-decoder models: a JSON report and a PNG plot.
+
+Four measurements on `sources` and `references`; metrics use all references. Token positions count the
+tokenized gold target, EOS included, without the decoder start token.
+
+Gold target. The teacher-forced measures (1-4 below) score one reference per source, the *gold*: the
+reference closest to the model's own greedy output under the chosen sentence metric
+(`hf_seqrl.rewards.get_reward(metric)`, each reference scored alone; ties go to the earlier reference).
+With one reference per source the gold is that reference. Several references are often several valid
+renderings (dialects, paraphrases, TL;DRs): scoring the teacher-forced pass against the first one would
+call a model wrong for committing to another, while its free-running metric, against every reference,
+calls it right. The report records the rule in `config["gold"]`, the chosen index per example in
+`gold_index` and the number of rows whose gold is not their first reference in `gap["gold_not_first"]`.
+
+1. Gap: mean per-token NLL and accuracy of the gold target under gold prefixes (teacher forcing), next to
+   the corpus metric and length of greedy free-running outputs.
+2. Horizon: at each position `k`, next-token accuracy and NLL of the gold token `k` when the decoder prefix
+   is the gold `gold[:k]` (`tf_*`) or the model's own greedy output `greedy[:k]` (`free_*`). Both curves
+   average the same examples: those whose gold has a token at `k` and whose greedy output has not ended
+   (emitted EOS) before `k`. At `k = 0` both prefixes are empty, so the curves coincide.
+3. Recovery: at position `j`, the decoder is forced through `gold[:j]` plus the model's most likely token
+   other than `gold[j]` (EOS, pad and special tokens excluded) and then decodes greedily. With
+   `w = min(recovery_window, len(gold) - j - 1)`, the continuation `c` (tokens after the injected one, up to
+   its EOS) *rejoins* the reference when some window `c[d:d+w]` equals some `gold[i:i+w]` with `i >= j`
+   (substitutions, insertions and skips all count); `d`, the number of tokens before that window, is how fast.
+   Only content positions (before the gold EOS, not special tokens) are injected. The metric drop is the mean
+   sentence metric of clean greedy decoding from `gold[:j]` minus that of decoding from the corrupted prefix.
+4. Source reliance: the teacher-forced NLL of each gold target under *another* source of its batch (sources
+   rotated by one) minus its NLL under its own source (`source_nll_gap`, nats per token), and the share of
+   distinct greedy outputs (`distinct_rate`). A gap near 0 and a low distinct rate mean the model writes one
+   generic output whatever the source: its metric differences are then template switches, not translation or
+   summarization. Batches of one source have no other source and add nothing to the gap.
+
+All metric values are in [0, 1] (sacrebleu scores / 100), as for `hf_seqrl.rewards`.
+
+Modules: `measure` (`run_diagnostics`), `report` (files and text table), `plot` (matplotlib, imported only
+when a plot is drawn), `callback` (`DiagnosticsCallback`), `cli` (`hf-seqrl diagnose`).
+"""
+
+from .callback import DiagnosticsCallback
+from .cli import DiagnoseArguments, diagnose_main
+from .measure import METRICS, closest_references, greedy_generation_config, rejoin_delay, run_diagnostics
+from .plot import plot_diagnostics
+from .report import SUMMARY_KEYS, format_summary, write_report
+
+__all__ = ["DiagnoseArguments", "DiagnosticsCallback", "METRICS", "SUMMARY_KEYS", "closest_references",
+           "diagnose_main", "format_summary", "greedy_generation_config", "plot_diagnostics", "rejoin_delay",
+           "run_diagnostics", "write_report"]

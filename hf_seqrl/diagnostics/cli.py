@@ -1,0 +1,54 @@
+"""`hf-seqrl diagnose`: the diagnostics of a checkpoint on a data file, written as a JSON report and a PNG plot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..evaluation import CheckpointDataArguments, load_model_and_pairs
+from .measure import METRICS, run_diagnostics
+from .report import format_summary, write_report
+
+
+@dataclass
+class DiagnoseArguments(CheckpointDataArguments):
+    """`hf-seqrl diagnose`: where the report goes and what the measurements use."""
+
+    output_dir: str = field(default="hf_seqrl_diagnostics", metadata={"help": "Where diagnostics.json/.png go."})
+    metric: str = field(default="bleu", metadata={"help": f"Free-running metric and gold choice, one of: "
+                                                          f"{', '.join(METRICS)}."})
+    max_horizon: int = field(default=20, metadata={"help": "Positions k on the horizon curve."})
+    inject_positions: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8],
+                                        metadata={"help": "Positions j where a mistake is injected."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.metric not in METRICS:
+            raise ValueError(f"metric={self.metric!r} is not supported: choose one of {', '.join(METRICS)}.")
+        if self.max_horizon < 1:
+            raise ValueError(f"max_horizon must be >= 1, got {self.max_horizon}.")
+        if any(j < 0 for j in self.inject_positions):
+            raise ValueError(f"inject_positions must all be >= 0, got {self.inject_positions}.")
+
+
+def diagnose_from_args(args: DiagnoseArguments) -> int:
+    """Returns 0 after loading the model and data named in `args`, running the diagnostics and writing the report."""
+    model, tokenizer, sources, references = load_model_and_pairs(args)
+    report = run_diagnostics(model, tokenizer, sources, references, max_horizon=args.max_horizon,
+                             inject_positions=args.inject_positions, metric=args.metric, batch_size=args.batch_size,
+                             max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
+                             max_source_length=args.max_source_length)
+    paths = write_report(report, args.output_dir)
+    print(format_summary(report))
+    print(f"\nwrote {paths['json']} and {paths['png']}")
+    return 0
+
+
+def diagnose_main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl diagnose` run with `argv` (default: sys.argv[1:])."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(DiagnoseArguments, prog="hf-seqrl diagnose",
+                              description="Exposure-bias diagnostics of a seq2seq checkpoint on a data file: writes "
+                                          "diagnostics.json and diagnostics.png.")
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    return diagnose_from_args(args)

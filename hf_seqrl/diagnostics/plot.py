@@ -1,0 +1,50 @@
+"""The diagnostics plot: horizon curves, recovery per injected position and the gap, one PNG (matplotlib)."""
+
+from __future__ import annotations
+
+import math
+
+
+def plot_diagnostics(report: dict, path: str) -> str:
+    """Returns `path` after writing a PNG: the horizon curves (accuracy, NLL), the recovery per position, the gap."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError("plot_diagnostics needs matplotlib: pip install 'matplotlib>=3.7'.") from err
+
+    def series(rows, key):
+        return [math.nan if row[key] is None else row[key] for row in rows]
+
+    # A bare Figure on an Agg canvas leaves pyplot's global backend and figure list alone.
+    fig = Figure(figsize=(16, 5.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    ks = [row["k"] for row in report["horizon"]]
+    for ax, key, label in zip(axes, ("accuracy", "nll"), ("Next-token accuracy", "NLL of the gold token")):
+        ax.plot(ks, series(report["horizon"], f"tf_{key}"), "o-", label="prefix = reference (teacher forcing)")
+        ax.plot(ks, series(report["horizon"], f"free_{key}"), "s--", label="prefix = own greedy output")
+        better = "higher" if key == "accuracy" else "lower"
+        ax.set(xlabel="prefix length k (tokens)", ylabel=f"{label} ({better} is better)", title=f"{label} vs horizon")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(-0.02, 1.02)
+    # One legend below both horizon panels, where it cannot hide a point.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower left", ncol=2)
+    rec, gap = report["recovery"], report["gap"]
+    x = range(len(rec))
+    axes[2].bar([i - 0.2 for i in x], series(rec, "recovery_rate"), 0.4, label="recovery rate")
+    drop_label = f"{gap['metric']} drop (clean − injected)"
+    axes[2].bar([i + 0.2 for i in x], series(rec, "metric_drop"), 0.4, label=drop_label)
+    axes[2].set_xticks(list(x), [f"{row['j']}\n(n={row['count']})" for row in rec])
+    axes[2].axhline(0.0, color="black", linewidth=0.8)
+    axes[2].set(xlabel="position j of the injected mistake", ylabel="fraction / metric (0–1)",
+                title="Recovery from an injected mistake", ylim=(min([0.0, *series(rec, "metric_drop")]) - 0.05, 1.3))
+    axes[2].grid(alpha=0.3, axis="y")
+    axes[2].legend(loc="upper center", ncol=2)
+    fig.suptitle(
+        f"Exposure-bias diagnostics ({gap['num_examples']} examples)\n"
+        f"teacher forcing: NLL {gap['tf_nll'] or math.nan:.3f}/token, accuracy {gap['tf_accuracy'] or 0:.1%}   |   "
+        f"free-running greedy: {gap['metric']} {gap['free_metric']:.3f}, length {gap['free_length']:.1f} vs "
+        f"reference {gap['reference_length']:.1f} tokens, {gap['free_stopped_rate']:.0%} stopped with EOS")
+    fig.savefig(path, dpi=110)
+    return path
