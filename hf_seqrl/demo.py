@@ -138,24 +138,15 @@ def build_tokenizer(words: list[str]):
 
 def build_model(tokenizer, settings: DemoSettings, max_new_tokens: int):
     """Returns a freshly initialized tiny `MarianMTModel` (sinusoidal positions) for `tokenizer`."""
-    from transformers import MarianConfig, MarianMTModel
+    from .tiny_models import build_tiny_model
 
-    ids = {"decoder_start_token_id": tokenizer.pad_token_id, "pad_token_id": tokenizer.pad_token_id,
-           "eos_token_id": tokenizer.eos_token_id}
-    config = MarianConfig(
-        vocab_size=len(tokenizer), d_model=settings.d_model, encoder_layers=settings.num_layers,
-        decoder_layers=settings.num_layers, encoder_attention_heads=settings.num_heads,
-        decoder_attention_heads=settings.num_heads, encoder_ffn_dim=settings.d_ff, decoder_ffn_dim=settings.d_ff,
-        activation_function="relu", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        max_position_embeddings=2 * max_new_tokens, forced_eos_token_id=None, bos_token_id=None,
+    model = build_tiny_model(
+        "marian", tokenizer=tokenizer, d_model=settings.d_model, layers=settings.num_layers, heads=settings.num_heads,
+        ffn=settings.d_ff, max_positions=2 * max_new_tokens, activation_function="relu",
         # At the default 0.02 the token embeddings are dwarfed by the unit-scale sinusoidal positions and
         # the model ignores the source for ~2,000 steps before it learns anything.
-        init_std=0.1, **ids,
+        init_std=0.1,
     )
-    model = MarianMTModel(config)
-    # transformers 5 reads these from the generation config, not from the model config.
-    for name, value in ids.items():
-        setattr(model.generation_config, name, value)
     model.generation_config.max_new_tokens = max_new_tokens
     return model
 
