@@ -164,28 +164,12 @@ def to_dataset(rows: list[dict], tokenizer):
 # ---- evaluation ------------------------------------------------------------------------------------
 
 
-def translate(model, tokenizer, sources: list[str], desc: str, batch_size: int = 100) -> list[str]:
-    """Returns the greedy translations of `sources`."""
-    import torch
-    from tqdm.auto import tqdm
-
-    was_training = model.training
-    model.eval()
-    outputs = []
-    with torch.no_grad():
-        for start in tqdm(range(0, len(sources), batch_size), desc=desc, leave=False):
-            batch = tokenizer(sources[start:start + batch_size], return_tensors="pt", padding=True).to(model.device)
-            generated = model.generate(**batch, do_sample=False, num_beams=1)
-            outputs += tokenizer.batch_decode(generated, skip_special_tokens=True)
-    model.train(was_training)
-    return outputs
-
-
 def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
     """Returns greedy corpus BLEU and chrF of `model` on `rows`, against all references of each source."""
     from . import metrics
+    from .evaluation import generate_texts
 
-    hypotheses = translate(model, tokenizer, [r["source"] for r in rows], desc)
+    hypotheses = generate_texts(model, tokenizer, [r["source"] for r in rows], batch_size=100, desc=desc)
     return metrics.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
 
 
@@ -358,6 +342,8 @@ def compare(seed: int, settings: DemoSettings):
     """Returns `(results, SCST model, tokenizer, held-out test rows)`: warm-up to C, then the arms from C."""
     from transformers import set_seed
 
+    from .evaluation import generate_texts
+
     start = time.time()
     task = make_task(seed, settings)
     tokenizer = build_tokenizer(task["words"])
@@ -374,7 +360,8 @@ def compare(seed: int, settings: DemoSettings):
     def record(arm: str, trained, steps: int, clock: float, **extra) -> None:
         scores = corpus_scores(trained, tokenizer, task["test"], f"test: {ARM_TITLES[arm]}")
         results["arms"][arm] = {"steps": steps, "seconds": time.time() - clock, **scores,
-                                "example_output": translate(trained, tokenizer, [example["source"]], "example")[0],
+                                "example_output": generate_texts(trained, tokenizer, [example["source"]],
+                                                                 desc="example")[0],
                                 **extra}
 
     with tempfile.TemporaryDirectory() as work_dir:
