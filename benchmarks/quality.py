@@ -225,18 +225,11 @@ def build_model(settings: Settings, tokenizer):
         _set_special_ids(model, {"decoder_start_token_id": tokenizer.cls_token_id,
                                  "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.sep_token_id})
     else:
-        from transformers import MarianConfig, MarianMTModel
+        from hf_seqrl.tiny_models import build_tiny_model
 
-        config = MarianConfig(
-            vocab_size=len(tokenizer), d_model=settings.d_model, encoder_layers=settings.layers,
-            decoder_layers=settings.layers, encoder_attention_heads=settings.heads,
-            decoder_attention_heads=settings.heads, encoder_ffn_dim=settings.ffn, decoder_ffn_dim=settings.ffn,
-            dropout=settings.dropout, max_position_embeddings=256, scale_embedding=True, forced_eos_token_id=None,
-            bos_token_id=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id)
-        model = MarianMTModel(config)
-        _set_special_ids(model, {"decoder_start_token_id": tokenizer.pad_token_id,
-                                 "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id})
+        model = build_tiny_model("marian", tokenizer=tokenizer, d_model=settings.d_model, layers=settings.layers,
+                                 heads=settings.heads, ffn=settings.ffn, dropout=settings.dropout, max_positions=256,
+                                 attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True)
     model.generation_config.max_new_tokens = settings.max_new_tokens
     return model
 

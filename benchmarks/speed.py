@@ -43,7 +43,9 @@ ARMS = ("xe", "seqrl_scst", "seqrl_loo4", "reference_scst", "reference_loo4")
 def build(shape: str, device: str):
     """Returns (model, tokenizer) of the given shape, randomly initialized, with a word-level tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_seqrl.tiny_models import build_tiny_model
 
     spec = SHAPES[shape]
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
@@ -51,21 +53,11 @@ def build(shape: str, device: str):
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
-    torch.manual_seed(0)
-    if spec["arch"] == "t5":
-        model = T5ForConditionalGeneration(T5Config(
-            vocab_size=spec["vocab"], d_model=spec["d_model"], d_ff=spec["ffn"], num_layers=spec["layers"],
-            num_heads=spec["heads"], d_kv=spec["d_model"] // spec["heads"], decoder_start_token_id=0,
-            pad_token_id=0, eos_token_id=1, dropout_rate=0.0))
-    else:
-        model = MarianMTModel(MarianConfig(
-            vocab_size=spec["vocab"], d_model=spec["d_model"], encoder_layers=spec["layers"],
-            decoder_layers=spec["layers"], encoder_attention_heads=spec["heads"],
-            decoder_attention_heads=spec["heads"], encoder_ffn_dim=spec["ffn"], decoder_ffn_dim=spec["ffn"],
-            pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, max_position_embeddings=512, dropout=0.0))
-    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
-        setattr(model.generation_config, key, getattr(model.config, key))
-    model.generation_config.bad_words_ids = None
+    # The tables in benchmarks/results/speed*.json were measured with MarianConfig's default forced_eos_token_id
+    # (0, <pad> here), which replaces the last token of every Marian sample cut at max_new_tokens.
+    marian_default = {"forced_eos_token_id": 0} if spec["arch"] == "marian" else {}
+    model = build_tiny_model(spec["arch"], tokenizer=tok, d_model=spec["d_model"], layers=spec["layers"],
+                             heads=spec["heads"], ffn=spec["ffn"], max_positions=512, seed=0, **marian_default)
     return model.to(device).train(), tok
 
 

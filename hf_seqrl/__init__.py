@@ -31,6 +31,7 @@ _LAZY = {
     "Rollout": "rollout",
     "sample_rollout": "rollout",
     "score_rollout": "rollout",
+    "build_tiny_model": "tiny_models",
 }
 
 __all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "__version__"]

@@ -138,24 +138,15 @@ def build_tokenizer(words: list[str]):
 
 def build_model(tokenizer, settings: DemoSettings, max_new_tokens: int):
     """Returns a freshly initialized tiny `MarianMTModel` (sinusoidal positions) for `tokenizer`."""
-    from transformers import MarianConfig, MarianMTModel
+    from .tiny_models import build_tiny_model
 
-    ids = {"decoder_start_token_id": tokenizer.pad_token_id, "pad_token_id": tokenizer.pad_token_id,
-           "eos_token_id": tokenizer.eos_token_id}
-    config = MarianConfig(
-        vocab_size=len(tokenizer), d_model=settings.d_model, encoder_layers=settings.num_layers,
-        decoder_layers=settings.num_layers, encoder_attention_heads=settings.num_heads,
-        decoder_attention_heads=settings.num_heads, encoder_ffn_dim=settings.d_ff, decoder_ffn_dim=settings.d_ff,
-        activation_function="relu", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        max_position_embeddings=2 * max_new_tokens, forced_eos_token_id=None, bos_token_id=None,
+    model = build_tiny_model(
+        "marian", tokenizer=tokenizer, d_model=settings.d_model, layers=settings.num_layers, heads=settings.num_heads,
+        ffn=settings.d_ff, max_positions=2 * max_new_tokens, activation_function="relu",
         # At the default 0.02 the token embeddings are dwarfed by the unit-scale sinusoidal positions and
         # the model ignores the source for ~2,000 steps before it learns anything.
-        init_std=0.1, **ids,
+        init_std=0.1,
     )
-    model = MarianMTModel(config)
-    # transformers 5 reads these from the generation config, not from the model config.
-    for name, value in ids.items():
-        setattr(model.generation_config, name, value)
     model.generation_config.max_new_tokens = max_new_tokens
     return model
 
@@ -173,28 +164,12 @@ def to_dataset(rows: list[dict], tokenizer):
 # ---- evaluation ------------------------------------------------------------------------------------
 
 
-def translate(model, tokenizer, sources: list[str], desc: str, batch_size: int = 100) -> list[str]:
-    """Returns the greedy translations of `sources`."""
-    import torch
-    from tqdm.auto import tqdm
-
-    was_training = model.training
-    model.eval()
-    outputs = []
-    with torch.no_grad():
-        for start in tqdm(range(0, len(sources), batch_size), desc=desc, leave=False):
-            batch = tokenizer(sources[start:start + batch_size], return_tensors="pt", padding=True).to(model.device)
-            generated = model.generate(**batch, do_sample=False, num_beams=1)
-            outputs += tokenizer.batch_decode(generated, skip_special_tokens=True)
-    model.train(was_training)
-    return outputs
-
-
 def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
     """Returns greedy corpus BLEU and chrF of `model` on `rows`, against all references of each source."""
     from . import metrics
+    from .evaluation import generate_texts
 
-    hypotheses = translate(model, tokenizer, [r["source"] for r in rows], desc)
+    hypotheses = generate_texts(model, tokenizer, [r["source"] for r in rows], batch_size=100, desc=desc)
     return metrics.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
 
 
@@ -368,6 +343,8 @@ def compare(seed: int, settings: DemoSettings):
     """Returns `(results, SCST model, tokenizer, held-out test rows)`: warm-up to C, then the arms from C."""
     from transformers import set_seed
 
+    from .evaluation import generate_texts
+
     start = time.time()
     task = make_task(seed, settings)
     tokenizer = build_tokenizer(task["words"])
@@ -384,7 +361,8 @@ def compare(seed: int, settings: DemoSettings):
     def record(arm: str, trained, steps: int, clock: float, **extra) -> None:
         scores = corpus_scores(trained, tokenizer, task["test"], f"test: {ARM_TITLES[arm]}")
         results["arms"][arm] = {"steps": steps, "seconds": time.time() - clock, **scores,
-                                "example_output": translate(trained, tokenizer, [example["source"]], "example")[0],
+                                "example_output": generate_texts(trained, tokenizer, [example["source"]],
+                                                                 desc="example")[0],
                                 **extra}
 
     with tempfile.TemporaryDirectory() as work_dir:

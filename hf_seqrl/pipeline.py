@@ -143,44 +143,19 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
     return script_args, training_args
 
 
-def build_tiny_model(arch: str, tokenizer, d_model: int = 32, layers: int = 1, max_positions: int = 1024):
-    """Returns a small randomly initialized encoder-decoder (`"t5"`, `"bart"`, `"marian"`) over `tokenizer`'s ids."""
-    from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel, T5Config
-    from transformers import T5ForConditionalGeneration
-
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    sizes = dict(vocab_size=len(tokenizer), d_model=d_model, pad_token_id=pad, eos_token_id=eos)
-    if arch == "t5":
-        model = T5ForConditionalGeneration(T5Config(
-            **sizes, d_ff=2 * d_model, num_layers=layers, num_decoder_layers=layers, num_heads=2,
-            d_kv=d_model // 2, dropout_rate=0.0, decoder_start_token_id=pad))
-    else:
-        shared = dict(**sizes, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
-                      decoder_attention_heads=2, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-                      dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                      max_position_embeddings=max_positions, forced_eos_token_id=None)
-        if arch == "bart":
-            bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
-            model = BartForConditionalGeneration(BartConfig(**shared, bos_token_id=bos, decoder_start_token_id=eos))
-        else:
-            model = MarianMTModel(MarianConfig(**shared, decoder_start_token_id=pad))
-    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
-        setattr(model.generation_config, key, getattr(model.config, key))
-    model.generation_config.bad_words_ids = None
-    return model
-
-
 def load_model_and_tokenizer(script_args: ScriptArguments):
     """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, ByT5Tokenizer
+
+    from .tiny_models import build_tiny_model
 
     remote = bool(script_args.trust_remote_code)
     if script_args.tiny_model is not None:
         tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name, trust_remote_code=remote) \
             if script_args.tokenizer_name else ByT5Tokenizer()
         positions = max(1024, script_args.max_source_length, script_args.max_target_length) + 2
-        model = build_tiny_model(script_args.tiny_model, tokenizer, script_args.tiny_d_model, script_args.tiny_layers,
-                                 positions)
+        model = build_tiny_model(script_args.tiny_model, tokenizer=tokenizer, d_model=script_args.tiny_d_model,
+                                 layers=script_args.tiny_layers, max_positions=positions)
         return model, tokenizer
     tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path,
                                               trust_remote_code=remote)

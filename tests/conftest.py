@@ -28,36 +28,12 @@ def byt5_tokenizer():
 
 def tiny_model(arch: str = "t5", seed: int = 0, dropout: float = 0.0, d_model: int = 32, layers: int = 1):
     """Returns a tiny randomly initialized encoder-decoder whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
-    from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel, T5Config
-    from transformers import T5ForConditionalGeneration
+    from hf_seqrl.tiny_models import build_tiny_model
 
-    torch.manual_seed(seed)
-    vocab = 384
-    if arch == "t5":
-        config = T5Config(vocab_size=vocab, d_model=d_model, d_ff=2 * d_model, num_layers=layers,
-                          num_decoder_layers=layers, num_heads=2, d_kv=d_model // 2, dropout_rate=dropout,
-                          decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-        model = T5ForConditionalGeneration(config)
-    elif arch == "bart":
-        config = BartConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
-                            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
-                            decoder_ffn_dim=2 * d_model, dropout=dropout, attention_dropout=dropout,
-                            activation_dropout=dropout, max_position_embeddings=128, pad_token_id=0, bos_token_id=2,
-                            eos_token_id=1, decoder_start_token_id=1, forced_eos_token_id=None)
-        model = BartForConditionalGeneration(config)
-    elif arch == "marian":
-        config = MarianConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
-                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * d_model,
-                              decoder_ffn_dim=2 * d_model, dropout=dropout, attention_dropout=dropout,
-                              activation_dropout=dropout, max_position_embeddings=128, pad_token_id=0,
-                              eos_token_id=1, decoder_start_token_id=0, forced_eos_token_id=None)
-        model = MarianMTModel(config)
-    else:
-        raise ValueError(arch)
-    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
-        setattr(model.generation_config, key, getattr(model.config, key))
-    model.generation_config.bad_words_ids = None
-    return model
+    # A BART bos distinct from eos, as in pretrained BARTs; ByT5 has none, so it borrows <unk> (2).
+    bos = {"bos_token_id": 2} if arch == "bart" else {}
+    return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, dropout=dropout, max_positions=128,
+                            pad_token_id=0, eos_token_id=1, seed=seed, **bos)
 
 
 def toy_pairs(n: int, seed: int = 0, task: str = "copy", alphabet: str = "abcdef", lengths=(3, 6)):
