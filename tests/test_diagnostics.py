@@ -57,7 +57,7 @@ def random_report(heldout):
 # ---- report structure and invariants --------------------------------------------------------------------------
 
 def test_report_keys_json_and_ranges(random_report):
-    assert set(random_report) == {"gap", "horizon", "recovery", "summary", "config", "gold_index"}
+    assert set(random_report) == {"gap", "horizon", "recovery", "summary", "config", "gold_index", "jacobian"}
     assert json.loads(json.dumps(random_report, allow_nan=False)) == random_report
     assert {"tf_nll", "free_metric", "horizon_gap", "recovery_rate"} <= set(random_report["summary"])
     gap = random_report["gap"]
@@ -316,6 +316,10 @@ def test_bound_callback_reaches_tensorboard(tmp_path, heldout):
     assert {"eval/diag/tf_nll", "eval/diag/free_metric", "eval/loss", "train/rl/reward"} <= set(tags), tags
 
 
+def out_of(report):
+    return {key for key, value in report["summary"].items() if value is not None}
+
+
 def test_diagnose_main_writes_report(copy_model, tmp_path, capsys):
     model_dir, data = tmp_path / "model", tmp_path / "pairs.jsonl"
     copy_model.save_pretrained(model_dir)
@@ -324,13 +328,77 @@ def test_diagnose_main_writes_report(copy_model, tmp_path, capsys):
     data.write_text("\n".join(json.dumps({"text": s, "summary": [t]}) for s, t in zip(sources, targets)))
     status = diagnose_main(["--model", str(model_dir), "--data", str(data), "--source_column", "text",
                             "--target_column", "summary", "--output_dir", str(tmp_path / "out"), "--max_examples",
-                            "10", "--metric", "chrf", "--max_horizon", "5", "--batch_size", "4"])
+                            "10", "--metric", "chrf", "--max_horizon", "5", "--batch_size", "4",
+                            "--jacobian_positions", "1", "3", "--jacobian_horizon", "3"])
     assert status == 0
     with open(tmp_path / "out" / "diagnostics.json") as f:
         report = json.load(f)
     assert report["config"]["num_examples"] == report["config"]["max_examples"] == 10
     assert report["config"]["metric"] == "chrf" and report["config"]["max_horizon"] == 5
+    assert report["jacobian"]["positions"] == [1, 3] and report["jacobian"]["horizon"] == 3
+    assert "jacobian_growth" in out_of(report)
     assert os.path.getsize(tmp_path / "out" / "diagnostics.png") > 10_000
     out = capsys.readouterr().out
     assert "recovery_rate" in out and "diagnostics.json" in out
     assert "gold target: closest reference to the greedy output under chrf" in out
+
+
+# ---- the empirical Jacobian -------------------------------------------------------------------------------------
+
+def test_growth_factor_by_hand():
+    from hf_seqrl.diagnostics.jacobian import growth_factor
+
+    # curve 0: divergence 1, 2, 4 -> steps x2, x2; curve 1: 1, 0.5, (end) -> step x0.5
+    log_d = torch.tensor([[1.0, 2.0, 4.0], [1.0, 0.5, 7.0]]).log()
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    # geometric mean of (2, 2, 0.5) = (2 * 2 * 0.5) ** (1/3) = 2 ** (1/3)
+    assert growth_factor(log_d, valid) == pytest.approx(2 ** (1 / 3))
+    assert growth_factor(log_d, torch.tensor([[True, False, True], [False, False, False]])) is None
+
+
+@pytest.mark.parametrize("arch", ["t5", "bart", "marian"])
+def test_jacobian_curves_equal_an_explicit_perturbed_forward(arch, heldout):
+    from hf_seqrl.diagnostics.jacobian import jacobian_curves, perturbation_directions
+    from hf_seqrl.rollout import pad_id, shift_right
+
+    tok, model = byt5_tokenizer(), tiny_model(arch, seed=4).eval()
+    enc = dict(tok(heldout[0][:3], return_tensors="pt", padding=True))
+    greedy = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, 0, 0], [11, 12, 13, 1, 0]])  # own outputs, EOS 1
+    lengths = torch.tensor([5, 3, 4])
+    positions, horizon, epsilon = [1, 2], 2, 1e-3
+    with torch.no_grad():
+        encoded = model.get_encoder()(**enc, return_dict=True)
+        log_d, valid = jacobian_curves(model, enc, encoded, greedy, lengths, positions, horizon, epsilon,
+                                       torch.Generator().manual_seed(7))
+        directions = perturbation_directions((3, 2, model.config.d_model), torch.Generator().manual_seed(7))
+        rows = shift_right(greedy, decoder_start_id(model), pad_id(model))
+        embeds = model.get_decoder().get_input_embeddings()(rows).double()
+
+        def hidden(inputs_embeds):
+            return model(encoder_outputs=encoded, attention_mask=enc["attention_mask"],
+                         decoder_inputs_embeds=inputs_embeds.float(), output_hidden_states=True,
+                         use_cache=False).decoder_hidden_states[-1].double()
+
+        clean = hidden(embeds)
+        for b in range(3):
+            for i, k in enumerate(positions):
+                eps = directions[b, i] * epsilon * embeds[b, k].norm()
+                moved = embeds.clone()
+                moved[b, k] += eps
+                diff = (hidden(moved) - clean)[b].norm(dim=-1) / eps.norm()
+                for h in range(horizon + 1):
+                    expected_valid = k + h < lengths[b]
+                    assert bool(valid[b * 2 + i, h]) == bool(expected_valid)
+                    if expected_valid:
+                        assert log_d[b * 2 + i, h].exp().item() == pytest.approx(diff[k + h].item(), rel=2e-2)
+    # an input can change nothing before its own position, and changes its own position's state
+    assert (log_d[valid].exp() > 0).all()
+
+
+def test_report_has_the_jacobian_section(random_report):
+    section = random_report["jacobian"]
+    assert section["positions"] == [1, 2, 4] and section["horizon"] == 8 and section["epsilon"] == 1e-3
+    assert [row["h"] for row in section["curve"]] == list(range(len(section["curve"])))
+    assert section["curve"][0]["count"] >= section["curve"][-1]["count"] > 0
+    assert 0 < section["growth_factor"] < 100
+    assert random_report["summary"]["jacobian_growth"] == section["growth_factor"]

@@ -19,6 +19,11 @@ class DiagnoseArguments(CheckpointDataArguments):
     max_horizon: int = field(default=20, metadata={"help": "Positions k on the horizon curve."})
     inject_positions: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8],
                                         metadata={"help": "Positions j where a mistake is injected."})
+    jacobian_positions: list[int] = field(default_factory=lambda: [1, 2, 4], metadata={
+        "help": "Decoder input positions k perturbed for the empirical Jacobian."})
+    jacobian_horizon: int = field(default=8, metadata={"help": "Offsets after k where the divergence is measured."})
+    jacobian_epsilon: float = field(default=1e-3, metadata={
+        "help": "Perturbation norm as a fraction of the embedding norm."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -28,6 +33,11 @@ class DiagnoseArguments(CheckpointDataArguments):
             raise ValueError(f"max_horizon must be >= 1, got {self.max_horizon}.")
         if any(j < 0 for j in self.inject_positions):
             raise ValueError(f"inject_positions must all be >= 0, got {self.inject_positions}.")
+        if any(k < 0 for k in self.jacobian_positions) or self.jacobian_horizon < 1:
+            raise ValueError(f"jacobian_positions must be >= 0 and jacobian_horizon >= 1, got "
+                             f"{self.jacobian_positions} and {self.jacobian_horizon}.")
+        if not 0 < self.jacobian_epsilon < 1:
+            raise ValueError(f"jacobian_epsilon must be in (0, 1), got {self.jacobian_epsilon}.")
 
 
 def diagnose_from_args(args: DiagnoseArguments) -> int:
@@ -36,7 +46,8 @@ def diagnose_from_args(args: DiagnoseArguments) -> int:
     report = run_diagnostics(model, tokenizer, sources, references, max_horizon=args.max_horizon,
                              inject_positions=args.inject_positions, metric=args.metric, batch_size=args.batch_size,
                              max_new_tokens=args.max_new_tokens, max_examples=args.max_examples,
-                             max_source_length=args.max_source_length)
+                             max_source_length=args.max_source_length, jacobian_positions=args.jacobian_positions,
+                             jacobian_horizon=args.jacobian_horizon, jacobian_epsilon=args.jacobian_epsilon)
     paths = write_report(report, args.output_dir)
     print(format_summary(report))
     print(f"\nwrote {paths['json']} and {paths['png']}")

@@ -15,6 +15,7 @@ from ..data import strip_start_token
 from ..losses import token_logprobs_from_logits
 from ..metrics import corpus_scores
 from ..rewards import get_reward, normalize_references
+from .jacobian import JacobianTotals, jacobian_curves
 from ..rollout import (completion_mask, decoder_start_id, ended_with_eos, eos_ids, expand_encoder_states, pad_id,
                        rollout_generation_config, shift_right, strip_decoded)
 
@@ -227,7 +228,9 @@ def _recovery_batch(model, tokenizer, enc, labels, wrong, gold, references, j, b
 def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequence[Any], *, max_horizon: int = 20,
                     inject_positions: Sequence[int] = (0, 1, 2, 4, 8), metric: str = "bleu", batch_size: int = 32,
                     max_new_tokens: int | None = None, max_examples: int | None = None, recovery_window: int = 4,
-                    max_source_length: int | None = None, progress: bool = True) -> dict:
+                    max_source_length: int | None = None, jacobian_positions: Sequence[int] = (1, 2, 4),
+                    jacobian_horizon: int = 8, jacobian_epsilon: float = 1e-3, seed: int = 0,
+                    progress: bool = True) -> dict:
     """Returns the exposure-bias report, a JSON-serializable dict: `gap`, `horizon`, `recovery`, `summary`, `config`
     and `gold_index` (per example, which of its references was the teacher-forcing target).
 
@@ -245,6 +248,10 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
         max_examples (`int`, *optional*): use only the first examples.
         recovery_window (`int`): how many consecutive gold tokens a continuation must reproduce to rejoin.
         max_source_length (`int`, *optional*): truncate sources to this many tokens.
+        jacobian_positions (`tuple[int]`): decoder input positions `k` perturbed for the empirical Jacobian (empty:
+            skip it); jacobian_horizon (`int`): offsets after `k` measured; jacobian_epsilon (`float`): the
+            perturbation's norm as a fraction of the embedding's (see `hf_seqrl.diagnostics.jacobian`).
+        seed (`int`): seeds the perturbation directions.
         progress (`bool`): show a tqdm progress bar over batches.
     """
     if metric not in METRICS:
@@ -276,7 +283,13 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     positions = sorted(set(int(j) for j in inject_positions))
     if positions and positions[0] < 0:
         raise ValueError(f"inject_positions must be >= 0, got {positions[0]}.")
+    jacobian_positions = sorted(set(int(k) for k in jacobian_positions))
+    if (jacobian_positions and jacobian_positions[0] < 0) or jacobian_horizon < 1 or not 0 < jacobian_epsilon < 1:
+        raise ValueError("jacobian_positions must be >= 0, jacobian_horizon >= 1 and jacobian_epsilon in (0, 1); got "
+                         f"{jacobian_positions}, {jacobian_horizon}, {jacobian_epsilon}.")
     totals = _Totals(max_horizon, positions)
+    jacobian = JacobianTotals(jacobian_positions, jacobian_horizon, jacobian_epsilon)
+    generator = torch.Generator().manual_seed(seed)
     gold, gold_content, gold_index = [], [], []
     was_training = model.training
     model.eval()
@@ -304,6 +317,9 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
                 nll, correct, wrong = _position_stats(model, enc, encoded, labels, greedy, banned)
                 totals.add_positions(labels, greedy_lengths, nll, correct)
                 totals.add_source_gap(labels, nll, _other_source_nll(model, enc, encoded, labels))
+                if jacobian_positions:
+                    jacobian.add(*jacobian_curves(model, enc, encoded, greedy, greedy_lengths + has_eos.long(),
+                                                  jacobian_positions, jacobian_horizon, jacobian_epsilon, generator))
                 for j in positions:
                     # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
                     rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]
@@ -316,9 +332,13 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     report = totals.report(references, gold_content, metric)
     report["gap"]["gold_not_first"] = sum(index > 0 for index in gold_index)
     report["gold_index"] = gold_index
+    report["jacobian"] = jacobian.report()
+    report["summary"]["jacobian_growth"] = report["jacobian"]["growth_factor"]
     report["config"] = dict(model=getattr(model.config, "_name_or_path", "") or model.config.model_type,
                             metric=metric, max_horizon=max_horizon, inject_positions=positions, batch_size=batch_size,
                             max_new_tokens=budget, max_examples=max_examples, recovery_window=recovery_window,
                             max_source_length=max_source_length, num_examples=len(sources),
+                            jacobian_positions=jacobian_positions, jacobian_horizon=jacobian_horizon,
+                            jacobian_epsilon=jacobian_epsilon, seed=seed,
                             gold=f"closest reference to the greedy output under {metric} (ties: the first)")
     return report

@@ -1,4 +1,5 @@
-"""The diagnostics plot: horizon curves, recovery per injected position and the gap, one PNG (matplotlib)."""
+"""The diagnostics plot: horizon curves, recovery per injected position, the empirical Jacobian and the gap, one PNG
+(matplotlib)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import math
 
 
 def plot_diagnostics(report: dict, path: str) -> str:
-    """Returns `path` after writing a PNG: the horizon curves (accuracy, NLL), the recovery per position, the gap."""
+    """Returns `path` after writing a PNG: the horizon curves (accuracy, NLL), the recovery per position, the
+    divergence of a perturbed input (the empirical Jacobian) and the gap in the title."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -17,9 +19,9 @@ def plot_diagnostics(report: dict, path: str) -> str:
         return [math.nan if row[key] is None else row[key] for row in rows]
 
     # A bare Figure on an Agg canvas leaves pyplot's global backend and figure list alone.
-    fig = Figure(figsize=(16, 5.2), layout="constrained")
+    fig = Figure(figsize=(21, 5.2), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3)
+    axes = fig.subplots(1, 4)
     ks = [row["k"] for row in report["horizon"]]
     for ax, key, label in zip(axes, ("accuracy", "nll"), ("Next-token accuracy", "NLL of the gold token")):
         ax.plot(ks, series(report["horizon"], f"tf_{key}"), "o-", label="prefix = reference (teacher forcing)")
@@ -41,6 +43,16 @@ def plot_diagnostics(report: dict, path: str) -> str:
                 title="Recovery from an injected mistake", ylim=(min([0.0, *series(rec, "metric_drop")]) - 0.05, 1.3))
     axes[2].grid(alpha=0.3, axis="y")
     axes[2].legend(loc="upper center", ncol=2)
+    jacobian = report.get("jacobian") or {}
+    curve = jacobian.get("curve") or []
+    if curve:
+        axes[3].semilogy([row["h"] for row in curve], [row["divergence"] for row in curve], "o-")
+    growth = jacobian.get("growth_factor")
+    axes[3].axhline(1.0, color="black", linewidth=0.8)
+    axes[3].set(xlabel="offset h after the perturbed position k", ylabel="‖Δ hidden‖ / ‖ε‖ (log scale)",
+                title="Empirical Jacobian: growth " + ("-" if growth is None else f"{growth:.3f}") + " per step"
+                + ("" if growth is None else (" (amplifies)" if growth > 1 else " (contracts)")))
+    axes[3].grid(alpha=0.3, which="both")
     fig.suptitle(
         f"Exposure-bias diagnostics ({gap['num_examples']} examples)\n"
         f"teacher forcing: NLL {gap['tf_nll'] or math.nan:.3f}/token, accuracy {gap['tf_accuracy'] or 0:.1%}   |   "

@@ -8,7 +8,7 @@ import os
 from .plot import plot_diagnostics
 
 SUMMARY_KEYS = ("tf_nll", "tf_accuracy", "free_metric", "length_ratio", "horizon_gap", "horizon_accuracy_gap",
-                "recovery_rate", "recovery_delay", "metric_drop", "source_nll_gap", "distinct_rate")
+                "recovery_rate", "recovery_delay", "metric_drop", "source_nll_gap", "distinct_rate", "jacobian_growth")
 
 
 def write_report(report: dict, output_dir: str) -> dict[str, str]:
@@ -28,7 +28,7 @@ def format_summary(report: dict) -> str:
         cells = ["-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v) for v in values]
         return "".join(f"{cell:>{width}}" for cell, width in zip(cells, widths))
 
-    lines = [f"{key:<22}{row([report['summary'][key]], (10,))}" for key in SUMMARY_KEYS]
+    lines = [f"{key:<22}{row([report['summary'].get(key)], (10,))}" for key in SUMMARY_KEYS]
     if "gold" in report.get("config", {}):
         gap = report["gap"]
         lines += ["", f"gold target: {report['config']['gold']}; not the first reference in "
