@@ -34,14 +34,20 @@ class DemoArguments:
     quick: bool = field(default=False, metadata={"help": "A much smaller run (under a minute), for smoke tests."})
 
 
-def demo_main(argv: list[str] | None = None) -> int:
-    """Returns the exit status of `hf-seqrl demo` run with `argv` (default: sys.argv[1:])."""
+def parse_command(command: str, arguments_class: type, argv: list[str] | None):
+    """Returns `argv` parsed into `arguments_class` by `HfArgumentParser`, with `hf-seqrl COMMAND`'s help text."""
     from transformers import HfArgumentParser
 
+    parser = HfArgumentParser(arguments_class, prog=f"hf-seqrl {command}", description=COMMANDS[command][0])
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    return args
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl demo` run with `argv` (default: sys.argv[1:])."""
     from .demo import run_demo
 
-    (args,) = HfArgumentParser(DemoArguments, prog="hf-seqrl demo",
-                               description=COMMANDS["demo"][0]).parse_args_into_dataclasses(argv)
+    args = parse_command("demo", DemoArguments, argv)
     run_demo(args.output_dir, seed=args.seed, quick=args.quick)
     return 0
 

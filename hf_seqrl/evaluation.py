@@ -122,13 +122,9 @@ def load_model_and_pairs(args: CheckpointDataArguments):
 
 def evaluate_main(argv: list[str] | None = None) -> int:
     """Returns the exit status of `hf-seqrl evaluate` run with `argv` (default: sys.argv[1:])."""
-    from transformers import HfArgumentParser
+    from .cli import parse_command
 
-    parser = HfArgumentParser(EvaluateArguments, prog="hf-seqrl evaluate",
-                              description="Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file (greedy "
-                                          "or beam search, against every reference).")
-    (args,) = parser.parse_args_into_dataclasses(argv)
-    return evaluate_from_args(args)
+    return evaluate_from_args(parse_command("evaluate", EvaluateArguments, argv))
 
 
 def evaluate_from_args(args: EvaluateArguments) -> int:

@@ -16,48 +16,30 @@ from hf_seqrl.metrics import corpus_scores
 from hf_seqrl.rewards import EvaluateReward, build_reward, get_reward
 
 # evaluate parses a metric script's imports line by line: one `import` per line.
-PER_EXAMPLE_METRIC = '''
+METRIC_SCRIPT = '''
 import datasets
 import evaluate
 
 
-class CharOverlap(evaluate.Metric):
-    """Character-set overlap of a prediction and its (single) reference, one value per example."""
-
+class {name}(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description="char overlap", citation="", inputs_description="",
-            features=datasets.Features({"predictions": datasets.Value("string"),
-                                        "references": datasets.Value("string")}))
+        return evaluate.MetricInfo(description="{name}", citation="", inputs_description="", features=datasets.Features(
+            {{"predictions": datasets.Value("string"), "references": {references}}}))
 
     def _compute(self, predictions, references):
-        def overlap(a, b):
-            return len(set(a) & set(b)) / max(len(set(a) | set(b)), 1)
-
-        scores = [overlap(p, r) for p, r in zip(predictions, references)]
-        return {"overlap": scores, "mean_overlap": sum(scores) / len(scores)}
+{body}
 '''
-
-CORPUS_METRIC = '''
-import datasets
-import evaluate
-
-
-class LengthMatch(evaluate.Metric):
-    """1 - |len(prediction) - len(closest reference)| / len(closest reference), averaged over the corpus."""
-
-    def _info(self):
-        return evaluate.MetricInfo(
-            description="length match", citation="", inputs_description="",
-            features=datasets.Features({"predictions": datasets.Value("string"),
-                                        "references": datasets.Sequence(datasets.Value("string"))}))
-
-    def _compute(self, predictions, references):
+# Character-set overlap of a prediction and its (single) reference, one value per example.
+PER_EXAMPLE_METRIC = METRIC_SCRIPT.format(name="CharOverlap", references='datasets.Value("string")', body="""\
+        scores = [len(set(p) & set(r)) / max(len(set(p) | set(r)), 1) for p, r in zip(predictions, references)]
+        return {"overlap": scores, "mean_overlap": sum(scores) / len(scores)}""")
+# 1 - |len(prediction) - len(closest reference)| / len(closest reference), averaged over the corpus.
+CORPUS_METRIC = METRIC_SCRIPT.format(name="LengthMatch", references='datasets.Sequence(datasets.Value("string"))',
+                                     body="""\
         def match(p, refs):
             return max(1 - abs(len(p) - len(r)) / max(len(r), 1) for r in refs)
 
-        return {"length_match": sum(match(p, r) for p, r in zip(predictions, references)) / len(predictions)}
-'''
+        return {"length_match": sum(match(p, r) for p, r in zip(predictions, references)) / len(predictions)}""")
 
 
 def load_metric(tmp_path, name, source):

@@ -56,10 +56,6 @@ def diagnose_from_args(args: DiagnoseArguments) -> int:
 
 def diagnose_main(argv: list[str] | None = None) -> int:
     """Returns the exit status of `hf-seqrl diagnose` run with `argv` (default: sys.argv[1:])."""
-    from transformers import HfArgumentParser
+    from ..cli import parse_command
 
-    parser = HfArgumentParser(DiagnoseArguments, prog="hf-seqrl diagnose",
-                              description="Exposure-bias diagnostics of a seq2seq checkpoint on a data file: writes "
-                                          "diagnostics.json and diagnostics.png.")
-    (args,) = parser.parse_args_into_dataclasses(argv)
-    return diagnose_from_args(args)
+    return diagnose_from_args(parse_command("diagnose", DiagnoseArguments, argv))
