@@ -225,3 +225,29 @@ def adversarial_loss(fake_logits: torch.Tensor) -> torch.Tensor:
         fake_logits (`torch.Tensor` of shape `(B,)`): the discriminator's logit of each free-running sequence.
     """
     return F.softplus(-fake_logits.float()).mean()
+
+
+def mixer_loss(
+    token_logprobs: torch.Tensor,
+    prefix_mask: torch.Tensor,
+    continuation_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    prefix_logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Returns MIXER's loss, `mean_i [ -Σ_{t<P_i} log p(y*_t) - A_i Σ_{t>=P_i} log p(ŷ_t) ]`, a scalar.
+
+    Cross-entropy on the gold prefix of each row and REINFORCE on the sampled continuation (Ranzato et al., 2016).
+    With empty prefixes it is exactly `policy_gradient_loss` (sums over tokens).
+
+    Args:
+        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each token of prefix + continuation.
+        prefix_mask (`torch.Tensor` of shape `(B*n, T)`): the gold prefix positions.
+        continuation_mask (`torch.Tensor` of shape `(B*n, T)`): the sampled positions, up to and including EOS.
+        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each row (a constant).
+        prefix_logprobs (`torch.Tensor` of shape `(B*n, T)`, *optional*): log-probs for the cross-entropy part when
+            they differ from `token_logprobs` (taken at temperature 1 while samples were drawn at another).
+    """
+    prefix_logprobs = token_logprobs if prefix_logprobs is None else prefix_logprobs
+    xe = -masked_sum(prefix_logprobs, prefix_mask)
+    pg = -advantages.detach().to(token_logprobs.dtype) * masked_sum(token_logprobs, continuation_mask)
+    return (xe + pg).mean()

@@ -286,6 +286,58 @@ def sample_rollout(
     return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
 
 
+@torch.no_grad()
+def sample_from_prefix(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    prefix_ids: torch.Tensor,
+    generation_config: GenerationConfig,
+    num_samples: int = 1,
+    with_greedy: bool = False,
+) -> Rollout:
+    """Returns `num_samples` continuations per source of a forced decoder prefix (and the greedy continuation).
+
+    The decoder reads the start token and `prefix_ids`, then samples as `sample_rollout` does; the returned
+    sequences hold the prefix followed by the continuation (decoder start token stripped). The encoder runs once
+    per source, and `generation_config.max_new_tokens` counts the continuation only.
+
+    Args:
+        model: an unwrapped encoder-decoder `PreTrainedModel`.
+        input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
+        prefix_ids (`torch.LongTensor` of shape `(B, P)`): the forced tokens after the start token, `P >= 1`.
+        generation_config: from `rollout_generation_config`.
+    """
+    group = num_samples + int(with_greedy)
+    generation_config = copy.deepcopy(generation_config)
+    generation_config.num_return_sequences = 1
+    generator, processors = None, LogitsProcessorList()
+    if with_greedy:
+        generator = _copy_of_global_rng(model.device)
+        processors.append(GroupSampler(group, True, sampling_warpers(generation_config), generator))
+        generation_config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    start = prefix_ids.new_full((prefix_ids.shape[0], 1), decoder_start_id(model))
+    decoder_input_ids = torch.cat([start, prefix_ids], dim=1).repeat_interleave(group, dim=0)
+    was_training = model.training
+    model.eval()
+    try:
+        encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        encoded.last_hidden_state = encoded.last_hidden_state.repeat_interleave(group, dim=0)
+        sequences = model.generate(encoder_outputs=encoded, attention_mask=attention_mask.repeat_interleave(group, 0),
+                                   decoder_input_ids=decoder_input_ids, generation_config=generation_config,
+                                   logits_processor=processors)
+        if generator is not None:
+            _continue_global_rng(generator)
+    finally:
+        model.train(was_training)
+    ids, mask = strip_decoded(sequences, model)
+    sample_ids, greedy_ids = _split_rows(ids, group, with_greedy)
+    sample_mask, greedy_mask = _split_rows(mask, group, with_greedy)
+    return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
+
+
 @contextlib.contextmanager
 def expand_encoder_states(model, repeats: int):
     """Within the context, the decoder of `model` sees every encoder row repeated `repeats` times.

@@ -36,3 +36,15 @@ def teacher_forcing_ratio(step: float, schedule: str, k: float, min_ratio: float
 def xe_rl_weight(step: int, warmup_xe_steps: int, rl_weight: float) -> float:
     """Returns the weight of the RL loss at `step`: 0 during the cross-entropy warm-up, then `rl_weight`."""
     return 0.0 if step < warmup_xe_steps else float(rl_weight)
+
+
+def mixer_delta(step: int, delta: int, increment_steps: int) -> int:
+    """Returns Δ, the number of final target tokens MIXER samples instead of teacher-forcing, at `step`.
+
+    Δ starts at `delta` and grows by `delta` every `increment_steps` steps (Ranzato et al., 2016):
+    Δ = delta · (1 + ⌊step / increment_steps⌋).
+    """
+    if step < 0 or delta < 1 or increment_steps < 1:
+        raise ValueError(f"mixer_delta needs step >= 0, delta >= 1 and increment_steps >= 1, got {step}, {delta}, "
+                         f"{increment_steps}.")
+    return delta * (1 + step // increment_steps)
