@@ -40,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data"))
 ARMS = ("xe", "ss", "scst", "loo4")
 TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": "C + scheduled sampling",
+          "pf": "C + professor forcing",
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
@@ -102,7 +103,19 @@ SUMMARIZATION = Settings(
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
     patience=4, c_max_minutes=45.0, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
     budget_positions=100_000, diag_examples=50, diag_horizon=8)
+# The demo's generated three-dialect translation task (`hf_seqrl.demo`): its sizes map onto `DemoSettings`
+# (vocab_size = source words, train_limit / dev_size / test_limit = split sizes, d_model / ffn / heads / layers).
+DEMO = Settings(
+    task="demo", metrics=("bleu", "chrf"), train_limit=4000, dev_size=200, test_limit=300, max_source_tokens=16,
+    max_target_tokens=16, max_new_tokens=12, vocab_size=24, d_model=64, ffn=128, layers=1, heads=4, dropout=0.0,
+    c_lr=3e-3, c_warmup_steps=0, eval_every=250, patience=2, c_max_steps=2500, c_max_minutes=10.0, anneal_lr=None,
+    arm_lr=1e-3, budget_positions=100_000, rl_weight=0.9, ss_min_ratio=0.5, eval_batch=100, diag_examples=100,
+    diag_horizon=8, diag_inject=(0, 1, 2, 4))
 SETTINGS = {
+    ("demo", False): DEMO,
+    ("demo", True): replace(DEMO, vocab_size=12, train_limit=1000, dev_size=60, test_limit=60, max_new_tokens=10,
+                            eval_every=100, c_max_steps=300, c_max_minutes=2.0, budget_positions=2500,
+                            diag_examples=20, diag_horizon=4, diag_inject=(0, 2), seeds=(0,)),
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
                                    d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
@@ -154,8 +167,22 @@ def load_scitldr(data_dir: str) -> dict[str, list[dict]]:
     return out
 
 
+def demo_settings(settings: Settings):
+    """Returns the `hf_seqrl.demo.DemoSettings` of the demo task's sizes."""
+    from hf_seqrl.demo import DemoSettings
+
+    return DemoSettings(vocab_size=settings.vocab_size, train_size=settings.train_limit, dev_size=settings.dev_size,
+                        test_size=settings.test_limit, d_model=settings.d_model, d_ff=settings.ffn,
+                        num_heads=settings.heads, num_layers=settings.layers)
+
+
 def load_task(settings: Settings, data_dir: str) -> dict[str, list[dict]]:
     """Returns the task's splits, cut to the settings' limits."""
+    if settings.task == "demo":
+        from hf_seqrl.demo import make_task
+
+        task = make_task(0, demo_settings(settings))
+        return {split: task[split] for split in ("train", "dev", "test")}
     splits = (load_multi30k if settings.task == "translation" else load_scitldr)(data_dir)
     splits["train"] = splits["train"][:settings.train_limit]
     splits["dev"] = splits["dev"][:settings.dev_size]
@@ -182,6 +209,11 @@ def build_tokenizer(settings: Settings, train_rows: list[dict], folder: str):
 
     if settings.task == "summarization":
         return AutoTokenizer.from_pretrained(minilm_path())
+    if settings.task == "demo":
+        from hf_seqrl.demo import build_tokenizer as demo_tokenizer
+
+        words = {w for r in train_rows for text in [r["source"], *r["references"]] for w in text.split()}
+        return demo_tokenizer(sorted(words))
     if os.path.exists(os.path.join(folder, "tokenizer.json")):
         return PreTrainedTokenizerFast.from_pretrained(folder)
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -224,6 +256,10 @@ def build_model(settings: Settings, tokenizer):
             raise ValueError(f"cross_attention_init={settings.cross_attention_init!r}: use 'random' or 'self'.")
         _set_special_ids(model, {"decoder_start_token_id": tokenizer.cls_token_id,
                                  "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.sep_token_id})
+    elif settings.task == "demo":
+        from hf_seqrl.demo import build_model as demo_model
+
+        model = demo_model(tokenizer, demo_settings(settings), settings.max_new_tokens)
     else:
         from hf_seqrl.tiny_models import build_tiny_model
 
@@ -432,31 +468,75 @@ def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir:
     return {**annealed, "phase1": record}, os.path.join(work_dir, "C_annealed")
 
 
+def _xe_arm(ctx: "ArmContext"):
+    from transformers import Seq2SeqTrainingArguments
+
+    return xe_trainer(ctx.model, ctx.tokenizer, ctx.dataset, ctx.args(Seq2SeqTrainingArguments))
+
+
+def _ss_arm(ctx: "ArmContext"):
+    from hf_seqrl.configs import ScheduledSamplingConfig
+    from hf_seqrl.trainers.scheduled_sampling import ScheduledSamplingTrainer
+
+    # Two decoder passes per step: ε reaches its floor halfway through the budget.
+    steps = ctx.settings.budget_positions / (2 * ctx.settings.batch_size * ctx.mean_target_positions)
+    args = ctx.args(ScheduledSamplingConfig, schedule="linear",
+                    schedule_k=max(1.0, steps / 2 / (1 - ctx.settings.ss_min_ratio)),
+                    min_teacher_forcing_ratio=ctx.settings.ss_min_ratio)
+    return ScheduledSamplingTrainer(model=ctx.model, args=args, train_dataset=ctx.dataset,
+                                    processing_class=ctx.tokenizer)
+
+
+def _rl_arm(arm: str):
+    def build(ctx: "ArmContext"):
+        from hf_seqrl.configs import SeqRLConfig
+        from hf_seqrl.trainers.scst import SCSTTrainer
+
+        settings = ctx.settings
+        args = ctx.args(SeqRLConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
+                        max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
+                        temperature=settings.rl_temperature, **RL_ARMS[arm])
+        return SCSTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
+                           processing_class=ctx.tokenizer)
+
+    return build
+
+
+def _pf_arm(ctx: "ArmContext"):
+    from hf_seqrl.configs import ProfessorForcingConfig
+    from hf_seqrl.trainers.professor_forcing import ProfessorForcingTrainer
+
+    args = ctx.args(ProfessorForcingConfig, max_new_tokens=ctx.settings.max_new_tokens)
+    return ProfessorForcingTrainer(model=ctx.model, args=args, train_dataset=ctx.dataset,
+                                   processing_class=ctx.tokenizer)
+
+
+@dataclass
+class ArmContext:
+    """What an arm's trainer is built from: checkpoint C's model, the data, and the shared training arguments."""
+
+    model: object
+    tokenizer: object
+    dataset: object
+    settings: Settings
+    output_dir: str
+    seed: int
+    mean_target_positions: float
+
+    def args(self, config_class, lr: float | None = None, **extra):
+        """Returns `config_class` with the arguments every arm shares (learning rate, batch, data order)."""
+        return training_args(config_class, self.settings, self.output_dir, self.seed,
+                             self.settings.arm_lr if lr is None else lr, 10**6, **extra)
+
+
+# Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
+ARM_TRAINERS = {"xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"), "pf": _pf_arm}
+
+
 def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_dir: str, seed: int,
                 mean_target_positions: float):
     """Returns the trainer of one arm, started from `model` (checkpoint C)."""
-    from transformers import Seq2SeqTrainingArguments
-
-    from hf_seqrl.configs import ScheduledSamplingConfig, SeqRLConfig
-    from hf_seqrl.trainers.scheduled_sampling import ScheduledSamplingTrainer
-    from hf_seqrl.trainers.scst import SCSTTrainer
-
-    common = (settings, output_dir, seed, settings.arm_lr, 10**6)
-    if arm == "xe":
-        return xe_trainer(model, tokenizer, dataset, training_args(Seq2SeqTrainingArguments, *common))
-    if arm == "ss":
-        # Two decoder passes per step: ε reaches its floor halfway through the budget.
-        steps = settings.budget_positions / (2 * settings.batch_size * mean_target_positions)
-        args = training_args(ScheduledSamplingConfig, *common, schedule="linear",
-                             schedule_k=max(1.0, steps / 2 / (1 - settings.ss_min_ratio)),
-                             min_teacher_forcing_ratio=settings.ss_min_ratio)
-        return ScheduledSamplingTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    common = (settings, output_dir, seed, settings.rl_lr or settings.arm_lr, 10**6)
-    args = training_args(SeqRLConfig, *common, rl_weight=settings.rl_weight,
-                         max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
-                         temperature=settings.rl_temperature, **RL_ARMS[arm])
-    return SCSTTrainer(model=model, args=args, reward_funcs=settings.metrics[0], train_dataset=dataset,
-                       processing_class=tokenizer)
+    return ARM_TRAINERS[arm](ArmContext(model, tokenizer, dataset, settings, output_dir, seed, mean_target_positions))
 
 
 def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_dir: str, c_folder: str):
@@ -478,7 +558,7 @@ def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_
     # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
     curve = [{key: entry[key] for key in CURVE_KEYS if key in entry} for entry in history if "rl/reward" in entry]
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
-              "train_seconds": round(train_seconds),
+              "train_seconds": round(train_seconds), "train_seconds_exact": round(train_seconds, 3),
               "first_logged_reward": curve[0]["rl/reward"] if curve else None,
               "last_logged_reward": curve[-1]["rl/reward"] if curve else None, "curve": curve}
     if arm in RL_ARMS:  # what the trainer sampled with, as it read it
@@ -511,16 +591,19 @@ def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
     """Returns per arm the mean and spread of every metric, and the target check (best RL arm vs cross-entropy)."""
     decodings = ["dev"] + ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
     arms = {}
-    for arm in ARMS:
+    for arm in ARM_TRAINERS:
         mine = [r for r in runs if r["arm"] == arm]
         if not mine:
             continue
         arms[arm] = {"seeds": [r["seed"] for r in mine], "steps": _spread([r["steps"] for r in mine]),
-                     "train_seconds": _spread([r["train_seconds"] for r in mine])}
+                     "train_seconds": _spread([r["train_seconds"] for r in mine]),
+                     "seconds_per_step": _spread([round(r["train_seconds_exact"] / max(r["steps"], 1), 4)
+                                                  for r in mine if "train_seconds_exact" in r] or [0.0])}
         for decoding in decodings:
             arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine]) for m in settings.metrics}
         arms[arm]["diagnostics"] = {key: _spread([r["diagnostics"][key] for r in mine])
-                                    for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop")
+                                    for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop",
+                                                "jacobian_growth")
                                     if all(r["diagnostics"].get(key) is not None for r in mine)}
     target = {}
     metric = settings.metrics[0]
@@ -676,14 +759,14 @@ def _run_units(command: list[str], units: list[tuple[str, int]], jobs: int):
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", choices=("translation", "summarization"), required=True)
+    parser.add_argument("--task", choices=("translation", "summarization", "demo"), required=True)
     parser.add_argument("--quick", action="store_true", help="tiny smoke run on a slice of the data")
     parser.add_argument("--data-dir", default=DEFAULT_DATA)
     parser.add_argument("--work-dir", default=None, help="cache of C and finished runs "
                         "(default benchmarks/cache/quality_<task>[_quick])")
     parser.add_argument("--output", default=None, help="results JSON (default benchmarks/results/quality_<task>.json; "
                         "--quick writes into the work dir)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=list(ARM_TRAINERS), default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--runs-only", action="store_true",
                         help="train (or load) C and run the selected arm units only: no evaluation of C, no "
@@ -717,8 +800,8 @@ def main(argv: list[str] | None = None) -> dict:
     tag = run_tag(None, overrides)
     # Overrides of C's fields define another C: it gets its own work directory.
     c_tag = run_tag(None, {k: v for k, v in overrides.items() if k in C_FIELDS + ANNEAL_FIELDS})
-    folder = {"translation": "multi30k", "summarization": "scitldr"}[args.task]
-    if not os.path.isdir(os.path.join(args.data_dir, folder)):
+    folder = {"translation": "multi30k", "summarization": "scitldr", "demo": None}[args.task]
+    if folder is not None and not os.path.isdir(os.path.join(args.data_dir, folder)):
         sys.exit(f"No {folder} data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
     name = f"quality_{args.task}" + ("_quick" if args.quick else "")
     work_dir = args.work_dir or os.path.join(HERE, "cache", name + c_tag)

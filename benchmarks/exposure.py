@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Every remedy for exposure bias, side by side: from one plateaued cross-entropy checkpoint C, at one budget of
+decoder token positions.
+
+    python benchmarks/exposure.py --task demo             # the demo's three-dialect task (minutes)
+    python benchmarks/exposure.py --task demo --quick     # smoke run (a test runs it)
+    python benchmarks/exposure.py --task translation      # Multi30k de->en, the quality benchmark's C
+
+It runs `benchmarks/quality.py` with every remedy as an arm (same protocol: C trained until the dev metric
+plateaus and cached, each arm from C for the same budget of decoder positions — generated plus teacher-forced,
+padding included — each arm x seed in its own process, test BLEU greedy and beam 4 against every reference, the
+exposure-bias diagnostics of each run), then reads the per-step cost of each arm against teacher forcing
+(seconds per optimizer step, median over seeds, divided by the cross-entropy arm's) and writes
+`benchmarks/results/exposure_<task>.json` with the table. The runs are cached with the quality benchmark's, so the
+arms both benchmarks share are trained once. `--set FIELD=VALUE` overrides settings as in quality.py; choose
+settings on dev (`--dev-only`), never on test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The remedies, with the per-step cost the background table gives them (teacher forcing = 1).
+ARMS = {
+    "xe": ("more teacher forcing (cross-entropy)", "1×"),
+    "ss": ("scheduled sampling", "≈1× (two passes)"),
+    "pf": ("professor forcing", "> 1× (decode + discriminator)"),
+    "scst": ("SCST (greedy baseline)", "> 1× (decode)"),
+}
+DIAGNOSTICS = ("horizon_gap", "jacobian_growth", "recovery_rate")
+
+
+def load_quality():
+    """Returns the quality benchmark module (benchmarks/quality.py), whose protocol this benchmark runs."""
+    spec = importlib.util.spec_from_file_location("quality", os.path.join(HERE, "quality.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quality"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cell(spread: dict | None, digits: int = 2) -> str:
+    if not spread:
+        return "–"
+    if spread["min"] == spread["max"]:
+        return f"{spread['mean']:.{digits}f}"
+    return f"{spread['mean']:.{digits}f} ({spread['min']:.{digits}f}–{spread['max']:.{digits}f})"
+
+
+def exposure_table(results: dict, metric: str) -> dict:
+    """Returns the comparison: per arm its step cost relative to teacher forcing, test scores and diagnostics."""
+    arms = results["arms"]
+    cost = {arm: statistics.median(row["seconds_per_step"]["values"]) for arm, row in arms.items()}
+    xe_cost = cost.get("xe") or None
+    rows = []
+    for arm, row in arms.items():
+        rows.append({
+            "arm": arm, "title": ARMS.get(arm, (arm, ""))[0], "background_cost": ARMS.get(arm, ("", "–"))[1],
+            "seeds": row["seeds"], "steps": row["steps"]["mean"], "seconds_per_step": cost[arm],
+            "cost_vs_teacher_forcing": round(cost[arm] / xe_cost, 2) if xe_cost else None,
+            "greedy": row["greedy"][metric], "beam4": row.get("beam4", {}).get(metric),
+            **{key: row["diagnostics"].get(key) for key in DIAGNOSTICS}})
+    c = results["C"]
+    return {"metric": metric, "C": {"greedy": c["greedy"][metric], "beam4": c.get("beam4", {}).get(metric),
+                                    **{key: c["diagnostics"].get(key) for key in DIAGNOSTICS}},
+            "rows": rows}
+
+
+def format_markdown(table: dict) -> str:
+    """Returns the table in markdown: cost per step vs teacher forcing, test metric (mean, min–max), diagnostics."""
+    metric = table["metric"]
+    head = ["remedy (from C)", "cost / step (measured)", "cost (background)", "steps", f"greedy {metric}",
+            f"beam 4 {metric}", "horizon gap", "Jacobian growth", "recovery rate"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    c = table["C"]
+    lines.append("| C (cross-entropy to plateau) | – | – | – | " + " | ".join(
+        [f"{c['greedy']:.2f}", "–" if c["beam4"] is None else f"{c['beam4']:.2f}"]
+        + ["–" if c[k] is None else f"{c[k]:.3f}" for k in DIAGNOSTICS]) + " |")
+    for row in table["rows"]:
+        cost = "–" if row["cost_vs_teacher_forcing"] is None else f"{row['cost_vs_teacher_forcing']:.2f}×"
+        lines.append("| " + " | ".join([row["title"], cost, row["background_cost"], f"{row['steps']:.0f}",
+                                        _cell(row["greedy"]), _cell(row["beam4"])]
+                                       + [_cell(row[k], 3) for k in DIAGNOSTICS]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=("demo", "translation"), required=True)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--output", default=None, help="results JSON (default benchmarks/results/exposure_<task>.json;"
+                                                         " --quick writes into the work dir)")
+    parser.add_argument("--work-dir", default=None, help="cache of C and the runs (default: the quality "
+                                                          "benchmark's, benchmarks/cache/quality_<task>[_quick])")
+    parser.add_argument("--jobs", type=int, default=None, help="arm units at once, each in its own process "
+                                                                "(default 2; --quick runs them in this process)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args(argv)
+    if "xe" not in args.arms:
+        sys.exit("--arms must include xe: the cost of a step is measured against teacher forcing.")
+
+    quality = load_quality()
+    name = f"exposure_{args.task}" + ("_quick" if args.quick else "")
+    work_dir = args.work_dir or os.path.join(HERE, "cache", f"quality_{args.task}" + ("_quick" if args.quick else ""))
+    output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
+                             else os.path.join(HERE, "results", f"{name}.json"))
+    quality_argv = ["--task", args.task, "--work-dir", work_dir, "--arms", *args.arms,
+                    "--output", os.path.join(work_dir, f"{name}_quality.json"),
+                    "--jobs", str(args.jobs if args.jobs is not None else (1 if args.quick else 2))]
+    quality_argv += (["--quick"] if args.quick else []) + (["--seeds", *map(str, args.seeds)] if args.seeds else [])
+    quality_argv += (["--set", *args.set] if args.set else []) + (["--data-dir", args.data_dir] if args.data_dir else [])
+    results = quality.main(quality_argv)
+    table = exposure_table(results, results["settings"]["metrics"][0])
+    markdown = format_markdown(table)
+    command = "python benchmarks/exposure.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = {"task": args.task, "quick": args.quick, "command": command, "settings": results["settings"],
+           "budget": results["budget"], "checkpoint_c": results["checkpoint_c"], "table": table, "markdown": markdown,
+           "runs": results["runs"], "wall_seconds": results["wall_seconds"]}
+    print()
+    print(markdown)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"wrote {output}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""benchmarks/exposure.py --quick end to end: every remedy from one C on the demo task, the comparison table."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(__file__)
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "..", "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_exposure_quick_runs_every_remedy_from_one_checkpoint(tmp_path):
+    exposure = load("exposure")
+    out = tmp_path / "exposure.json"
+    results = exposure.main(["--task", "demo", "--quick", "--work-dir", str(tmp_path / "work"), "--output", str(out)])
+    rows = {row["arm"]: row for row in results["table"]["rows"]}
+    assert set(rows) == set(exposure.ARMS)
+    assert rows["xe"]["cost_vs_teacher_forcing"] == 1.0
+    budget = results["settings"]["budget_positions"]
+    for run in results["runs"]:
+        assert run["positions"] >= budget and run["steps"] >= 1  # the same budget of decoder positions for all
+    for row in rows.values():
+        assert row["cost_vs_teacher_forcing"] > 0 and row["seconds_per_step"] > 0
+        assert 0 <= row["greedy"]["mean"] <= 100 and 0 <= row["beam4"]["mean"] <= 100
+        assert math.isfinite(row["jacobian_growth"]["mean"]) and row["jacobian_growth"]["mean"] > 0
+        assert 0 <= row["recovery_rate"]["mean"] <= 1
+    with open(out) as f:
+        assert json.load(f)["markdown"] == results["markdown"]
+    assert results["markdown"].count("\n") == len(rows) + 2  # header, rule, C, one row per remedy
