@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from transformers import Seq2SeqTrainingArguments
 
+from .losses import LOSS_NORMALIZATIONS
+
 BASELINES = ("greedy", "mean", "moving_average", "none")
 SCHEDULES = ("linear", "exponential", "inverse_sigmoid", "constant")
 
@@ -81,11 +83,28 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         The loss is `rl_weight * RL + (1 - rl_weight) * XE` (Paulus et al., 2017).
     length_normalize (`bool`, *optional*, defaults to `False`):
         Use the mean instead of the sum of token log-probs of a sequence in the policy gradient.
+    loss_normalization (`str`, *optional*, defaults to `"sequence"`):
+        How per-token terms of the policy gradient add up to the loss. `"sequence"`: mean over sequences of each
+        sequence's sum (or mean, with `length_normalize`) over its tokens, `-(1/N) sum_i A_i sum_t log p_it`.
+        `"token"`: sum over every sampled token of the batch divided by their count,
+        `-sum_it A_i log p_it / sum_it 1` (long samples weigh more; not with `length_normalize`).
     entropy_coef (`float`, *optional*, defaults to `0.0`):
         Subtract `entropy_coef * mean token entropy` of the sampled sequences from the loss.
     kl_coef (`float`, *optional*, defaults to `0.0`):
         Add `kl_coef * KL(policy || reference)` on the sampled positions, the reference being a frozen copy of
         the initial model (built only when > 0).
+
+    > Clipped multi-update steps
+
+    num_iterations (`int`, *optional*, defaults to `1`):
+        Optimizer steps per rollout (μ). With `μ > 1` every group of batches of one optimizer step is drawn `μ` times
+        in a row (warm-up steps included), it is decoded and scored once, and the `μ` steps on it use the clipped
+        surrogate of PPO/GRPO with the token ratio `p_θ / p_old`, `p_old` taken at rollout time. An incomplete last
+        group of an epoch is dropped.
+    epsilon (`float`, *optional*, defaults to `0.2`):
+        Lower clipping range: the ratio is clipped to `[1 - epsilon, 1 + epsilon_high]` (only with `μ > 1`).
+    epsilon_high (`float`, *optional*, defaults to `None`):
+        Upper clipping range; `None` takes `epsilon`.
     """
 
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward_funcs."})
@@ -107,6 +126,10 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
+    loss_normalization: str = field(default="sequence", metadata={"help": "sequence | token"})
+    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -150,6 +173,21 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError(
                 f"SeqRLConfig.nonfinite_rewards must be 'error' or 'drop', got {self.nonfinite_rewards!r}."
             )
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(
+                f"SeqRLConfig.loss_normalization={self.loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+        if self.loss_normalization == "token" and self.length_normalize:
+            raise ValueError(
+                "SeqRLConfig.loss_normalization='token' already divides by the token count: set "
+                "length_normalize=False, or loss_normalization='sequence' for per-sequence means.")
+        if self.num_iterations < 1:
+            raise ValueError(
+                f"SeqRLConfig.num_iterations must be >= 1 (optimizer steps per rollout), got {self.num_iterations}.")
+        if not self.epsilon > 0:
+            raise ValueError(f"SeqRLConfig.epsilon must be > 0 (the clipping range), got {self.epsilon}.")
+        if self.epsilon_high is not None and not self.epsilon_high > 0:
+            raise ValueError(f"SeqRLConfig.epsilon_high must be > 0 or None (= epsilon), got {self.epsilon_high}.")
+
 
 @dataclass
 class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
