@@ -13,10 +13,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "SeqRLConfig": "configs",
     "ScheduledSamplingConfig": "configs",
+    "MRTConfig": "configs",
     "SeqRLTrainer": "trainers.base",
     "SeqRLBaseTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.reinforce",
     "SCSTTrainer": "trainers.scst",
+    "MRTTrainer": "trainers.mrt",
     "ScheduledSamplingTrainer": "trainers.scheduled_sampling",
     "get_reward": "rewards",
     "build_reward": "rewards",

@@ -190,6 +190,61 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
 
 
 @dataclass
+class MRTConfig(SeqRLConfig):
+    r"""
+    Arguments of [`MRTTrainer`] (minimum risk training), on top of [`SeqRLConfig`].
+
+    The candidate set `S` of a source is its `num_samples` samples, plus its greedy decode and its reference when
+    asked, each distinct token sequence counted once. The loss is the risk `sum_{y in S} Q(y) (1 - r(y))`,
+    `Q ∝ p(y|x)^mrt_alpha` over `S`, mixed with cross-entropy by `rl_weight`. `Q` uses the model's own
+    probabilities (temperature 1), whatever `temperature` the candidates were sampled at; with `length_normalize`
+    it uses the mean token log-prob instead of the sum. MRT has no baseline and no advantages: `baseline`,
+    `center_advantages`, `scale_rewards`, `loss_normalization="token"` and `num_iterations > 1` are refused.
+
+    num_samples (`int`, *optional*, defaults to `4`):
+        Sampled candidates per source.
+    mrt_alpha (`float`, *optional*, defaults to `0.005`):
+        Sharpness α of `Q`; 0.005 suits summed log-probs (Shen et al., 2016). Larger values concentrate `Q` on the
+        likeliest candidates; with `length_normalize`, values near 1 are comparable.
+    mrt_include_greedy (`bool`, *optional*, defaults to `False`):
+        Add the greedy decode of each source to its candidates.
+    mrt_include_reference (`bool`, *optional*, defaults to `False`):
+        Add the tokenized label of each source (needs `labels` in the dataset) to its candidates.
+    """
+
+    num_samples: int = field(default=4, metadata={"help": "Sampled candidates per source."})
+    mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates."})
+    mrt_include_greedy: bool = field(default=False, metadata={"help": "Add the greedy decode to the candidates."})
+    mrt_include_reference: bool = field(default=False, metadata={"help": "Add the label to the candidates."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.mrt_alpha > 0:
+            raise ValueError(f"MRTConfig.mrt_alpha must be > 0, got {self.mrt_alpha}.")
+        ignored = {"baseline": self.baseline is not None, "center_advantages": self.center_advantages,
+                   "scale_rewards": self.scale_rewards}
+        for name, is_set in ignored.items():
+            if is_set:
+                raise ValueError(
+                    f"MRTConfig.{name}={getattr(self, name)!r}: minimum risk training has no baseline or advantages "
+                    f"(Q renormalizes over each source's candidates); leave {name} at its default.")
+        if self.loss_normalization != "sequence":
+            raise ValueError(
+                f"MRTConfig.loss_normalization={self.loss_normalization!r}: the risk is a mean over sources; leave "
+                "loss_normalization='sequence'.")
+        if self.num_iterations != 1:
+            raise ValueError(
+                f"MRTConfig.num_iterations={self.num_iterations}: MRT recomputes Q from the current model over a "
+                "fixed candidate set, there is no importance ratio to clip; set num_iterations=1.")
+        candidates = self.num_samples + int(self.mrt_include_greedy) + int(self.mrt_include_reference)
+        if candidates < 2:
+            raise ValueError(
+                f"MRTConfig has {candidates} candidate per source (num_samples={self.num_samples}, "
+                f"mrt_include_greedy={self.mrt_include_greedy}, mrt_include_reference={self.mrt_include_reference}): "
+                "Q over one candidate is 1 and the risk has no gradient. Set num_samples >= 2.")
+
+
+@dataclass
 class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     r"""
     Arguments of [`ScheduledSamplingTrainer`], on top of `Seq2SeqTrainingArguments`.

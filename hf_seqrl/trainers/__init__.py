@@ -1,8 +1,9 @@
 """Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses)."""
 
 from .base import SeqRLTrainer
+from .mrt import MRTTrainer
 from .reinforce import ReinforceTrainer
 from .scheduled_sampling import ScheduledSamplingTrainer
 from .scst import SCSTTrainer
 
-__all__ = ["SeqRLTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer"]
+__all__ = ["SeqRLTrainer", "ReinforceTrainer", "SCSTTrainer", "MRTTrainer", "ScheduledSamplingTrainer"]
