@@ -81,6 +81,8 @@ def test_mrt_trains_a_tiny_t5_and_logs_its_metrics(tmp_path, tokenizer):
     assert 0.0 <= logs[-1]["mrt/risk"] <= 1.0 and 0.0 <= logs[-1]["mrt/q_entropy"] <= math.log(5) + 1e-6
     after = params(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    trainer.save_model(str(tmp_path / "saved"))
+    assert "- Algorithm: MRT" in (tmp_path / "saved" / "README.md").read_text()
 
 
 def test_identical_candidates_count_once(tmp_path, tokenizer):
