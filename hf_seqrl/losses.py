@@ -179,7 +179,9 @@ def policy_gradient_loss(
     return -(advantages.detach().to(seq_logprobs.dtype) * seq_logprobs).mean()
 
 
-def token_ratios(token_logprobs: torch.Tensor, old_token_logprobs: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+def token_ratios(
+    token_logprobs: torch.Tensor, old_token_logprobs: torch.Tensor, token_mask: torch.Tensor
+) -> torch.Tensor:
     """Returns `p_theta / p_old` of each token, `exp(log p_theta - log p_old)` (1 where masked), grad through `p_theta`.
 
     Args:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+from conftest import tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import MRTConfig, MRTTrainer, losses
 from hf_seqrl.rewards import get_reward
 from hf_seqrl.rollout import score_rollout

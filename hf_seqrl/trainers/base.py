@@ -350,11 +350,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                 "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
         # Checked before the (slow) Trainer set-up, so that a typo fails at once.
         check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, SeqRLConfig) else None)
-        if getattr(args, "num_iterations", 1) > 1 and train_dataset is not None and not hasattr(train_dataset, "__len__"):
-            raise ValueError(
-                f"SeqRLConfig.num_iterations={args.num_iterations} draws each optimizer step's rows again for the steps "
-                "that reuse their rollout, which needs a dataset with a length: use a map-style dataset or "
-                "num_iterations=1.")
+        RolloutReuse.check_dataset(train_dataset, getattr(args, "num_iterations", 1))
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.baseline = self.args.baseline or self.default_baseline
@@ -387,7 +383,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     def _get_train_sampler(self, train_dataset=None):
         if self.reuse is None:
             return super()._get_train_sampler(train_dataset)
-        return self.reuse.sampler(train_dataset or self.train_dataset, self.args, lambda: self.state.global_step)
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return self.reuse.sampler(dataset, self.args, lambda: self.state.global_step)
 
     # ---- the loss -------------------------------------------------------------------------------
 

@@ -93,6 +93,15 @@ class RolloutReuse:
         self.slots: dict[int, dict] = {}
         self._step, self._micro = None, 0
 
+    @staticmethod
+    def check_dataset(train_dataset, num_iterations: int) -> None:
+        """Raises a ValueError if `num_iterations > 1` and `train_dataset` cannot be drawn again (no length)."""
+        if num_iterations > 1 and train_dataset is not None and not hasattr(train_dataset, "__len__"):
+            raise ValueError(
+                f"SeqRLConfig.num_iterations={num_iterations} draws each optimizer step's rows again for the steps "
+                "that reuse their rollout, which needs a dataset with a length: use a map-style dataset or "
+                "num_iterations=1.")
+
     def sampler(self, dataset, args, global_step: Callable[[], int]) -> RepeatBlockSampler:
         """Returns the train sampler that draws each optimizer step's rows `num_iterations` times."""
         block = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -141,4 +150,5 @@ class RolloutReuse:
         if not os.path.isfile(path):
             return
         for slot, e in torch.load(path, map_location=device, weights_only=True).items():
-            self.slots[int(slot)] = {"cycle": e["cycle"], "input_ids": e["input_ids"], "batch": RolloutBatch(**e["batch"])}
+            self.slots[int(slot)] = {"cycle": e["cycle"], "input_ids": e["input_ids"],
+                                     "batch": RolloutBatch(**e["batch"])}
