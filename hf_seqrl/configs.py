@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from transformers import Seq2SeqTrainingArguments
 
+from .losses import LOSS_NORMALIZATIONS
+
 BASELINES = ("greedy", "mean", "moving_average", "none")
 SCHEDULES = ("linear", "exponential", "inverse_sigmoid", "constant")
 
@@ -81,11 +83,28 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         The loss is `rl_weight * RL + (1 - rl_weight) * XE` (Paulus et al., 2017).
     length_normalize (`bool`, *optional*, defaults to `False`):
         Use the mean instead of the sum of token log-probs of a sequence in the policy gradient.
+    loss_normalization (`str`, *optional*, defaults to `"sequence"`):
+        How per-token terms of the policy gradient add up to the loss. `"sequence"`: mean over sequences of each
+        sequence's sum (or mean, with `length_normalize`) over its tokens, `-(1/N) sum_i A_i sum_t log p_it`.
+        `"token"`: sum over every sampled token of the batch divided by their count,
+        `-sum_it A_i log p_it / sum_it 1` (long samples weigh more; not with `length_normalize`).
     entropy_coef (`float`, *optional*, defaults to `0.0`):
         Subtract `entropy_coef * mean token entropy` of the sampled sequences from the loss.
     kl_coef (`float`, *optional*, defaults to `0.0`):
         Add `kl_coef * KL(policy || reference)` on the sampled positions, the reference being a frozen copy of
         the initial model (built only when > 0).
+
+    > Clipped multi-update steps
+
+    num_iterations (`int`, *optional*, defaults to `1`):
+        Optimizer steps per rollout (μ). With `μ > 1` every group of batches of one optimizer step is drawn `μ` times
+        in a row (warm-up steps included), it is decoded and scored once, and the `μ` steps on it use the clipped
+        surrogate of PPO/GRPO with the token ratio `p_θ / p_old`, `p_old` taken at rollout time. An incomplete last
+        group of an epoch is dropped.
+    epsilon (`float`, *optional*, defaults to `0.2`):
+        Lower clipping range: the ratio is clipped to `[1 - epsilon, 1 + epsilon_high]` (only with `μ > 1`).
+    epsilon_high (`float`, *optional*, defaults to `None`):
+        Upper clipping range; `None` takes `epsilon`.
     """
 
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward_funcs."})
@@ -107,6 +126,10 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
+    loss_normalization: str = field(default="sequence", metadata={"help": "sequence | token"})
+    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -150,6 +173,76 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError(
                 f"SeqRLConfig.nonfinite_rewards must be 'error' or 'drop', got {self.nonfinite_rewards!r}."
             )
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(
+                f"SeqRLConfig.loss_normalization={self.loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+        if self.loss_normalization == "token" and self.length_normalize:
+            raise ValueError(
+                "SeqRLConfig.loss_normalization='token' already divides by the token count: set "
+                "length_normalize=False, or loss_normalization='sequence' for per-sequence means.")
+        if self.num_iterations < 1:
+            raise ValueError(
+                f"SeqRLConfig.num_iterations must be >= 1 (optimizer steps per rollout), got {self.num_iterations}.")
+        if not self.epsilon > 0:
+            raise ValueError(f"SeqRLConfig.epsilon must be > 0 (the clipping range), got {self.epsilon}.")
+        if self.epsilon_high is not None and not self.epsilon_high > 0:
+            raise ValueError(f"SeqRLConfig.epsilon_high must be > 0 or None (= epsilon), got {self.epsilon_high}.")
+
+
+@dataclass
+class MRTConfig(SeqRLConfig):
+    r"""
+    Arguments of [`MRTTrainer`] (minimum risk training), on top of [`SeqRLConfig`].
+
+    The candidate set `S` of a source is its `num_samples` samples, plus its greedy decode and its reference when
+    asked, each distinct token sequence counted once. The loss is the risk `sum_{y in S} Q(y) (1 - r(y))`,
+    `Q ∝ p(y|x)^mrt_alpha` over `S`, mixed with cross-entropy by `rl_weight`. `Q` uses the model's own
+    probabilities (temperature 1), whatever `temperature` the candidates were sampled at; with `length_normalize`
+    it uses the mean token log-prob instead of the sum. MRT has no baseline and no advantages: `baseline`,
+    `center_advantages`, `scale_rewards`, `loss_normalization="token"` and `num_iterations > 1` are refused.
+
+    num_samples (`int`, *optional*, defaults to `4`):
+        Sampled candidates per source.
+    mrt_alpha (`float`, *optional*, defaults to `0.005`):
+        Sharpness α of `Q`; 0.005 suits summed log-probs (Shen et al., 2016). Larger values concentrate `Q` on the
+        likeliest candidates; with `length_normalize`, values near 1 are comparable.
+    mrt_include_greedy (`bool`, *optional*, defaults to `False`):
+        Add the greedy decode of each source to its candidates.
+    mrt_include_reference (`bool`, *optional*, defaults to `False`):
+        Add the tokenized label of each source (needs `labels` in the dataset) to its candidates.
+    """
+
+    num_samples: int = field(default=4, metadata={"help": "Sampled candidates per source."})
+    mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates."})
+    mrt_include_greedy: bool = field(default=False, metadata={"help": "Add the greedy decode to the candidates."})
+    mrt_include_reference: bool = field(default=False, metadata={"help": "Add the label to the candidates."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.mrt_alpha > 0:
+            raise ValueError(f"MRTConfig.mrt_alpha must be > 0, got {self.mrt_alpha}.")
+        ignored = {"baseline": self.baseline is not None, "center_advantages": self.center_advantages,
+                   "scale_rewards": self.scale_rewards}
+        for name, is_set in ignored.items():
+            if is_set:
+                raise ValueError(
+                    f"MRTConfig.{name}={getattr(self, name)!r}: minimum risk training has no baseline or advantages "
+                    f"(Q renormalizes over each source's candidates); leave {name} at its default.")
+        if self.loss_normalization != "sequence":
+            raise ValueError(
+                f"MRTConfig.loss_normalization={self.loss_normalization!r}: the risk is a mean over sources; leave "
+                "loss_normalization='sequence'.")
+        if self.num_iterations != 1:
+            raise ValueError(
+                f"MRTConfig.num_iterations={self.num_iterations}: MRT recomputes Q from the current model over a "
+                "fixed candidate set, there is no importance ratio to clip; set num_iterations=1.")
+        candidates = self.num_samples + int(self.mrt_include_greedy) + int(self.mrt_include_reference)
+        if candidates < 2:
+            raise ValueError(
+                f"MRTConfig has {candidates} candidate per source (num_samples={self.num_samples}, "
+                f"mrt_include_greedy={self.mrt_include_greedy}, mrt_include_reference={self.mrt_include_reference}): "
+                "Q over one candidate is 1 and the risk has no gradient. Set num_samples >= 2.")
+
 
 @dataclass
 class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):

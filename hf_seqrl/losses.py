@@ -118,25 +118,212 @@ def sequence_logprobs(
     return masked_sum(token_logprobs, token_mask)
 
 
+LOSS_NORMALIZATIONS = ("sequence", "token")
+
+
+def check_loss_normalization(loss_normalization: str, length_normalize: bool) -> None:
+    """Raises a ValueError unless `loss_normalization` is known and, with `"token"`, `length_normalize` is off."""
+    if loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(f"loss_normalization={loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+    if loss_normalization == "token" and length_normalize:
+        raise ValueError("loss_normalization='token' already divides by the token count: set length_normalize=False.")
+
+
+def reduce_token_losses(
+    token_losses: torch.Tensor,
+    token_mask: torch.Tensor,
+    length_normalize: bool = False,
+    loss_normalization: str = "sequence",
+) -> torch.Tensor:
+    """Returns the scalar loss of per-token losses: a mean over sequences, or over every counted token.
+
+    `"sequence"`: `mean_i sum_t m_it l_it` (`mean_t` instead of `sum_t` with `length_normalize`), every sequence
+    weighing alike. `"token"`: `sum_it m_it l_it / sum_it m_it`, every sampled token weighing alike.
+
+    Args:
+        token_losses (`torch.Tensor` of shape `(B*n, T)`): loss of each token.
+        token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
+    """
+    check_loss_normalization(loss_normalization, length_normalize)
+    if loss_normalization == "token":
+        return masked_sum(token_losses.flatten(), token_mask.flatten(), 0) / token_mask.sum().clamp(min=1)
+    if length_normalize:
+        return masked_mean(token_losses, token_mask).mean()
+    return masked_sum(token_losses, token_mask).mean()
+
+
 def policy_gradient_loss(
     token_logprobs: torch.Tensor,
     token_mask: torch.Tensor,
     advantages: torch.Tensor,
     length_normalize: bool = False,
+    loss_normalization: str = "sequence",
 ) -> torch.Tensor:
     """Returns the REINFORCE loss `-mean_i A_i * log p(y_i | x_i)`, a scalar.
 
     Its gradient is the score-function estimate of `-grad E[reward]` when `A_i = r_i - b_i` with a baseline
-    `b_i` that does not depend on `y_i`.
+    `b_i` that does not depend on `y_i`. With `loss_normalization="token"` it is
+    `-sum_it m_it A_i log p(y_it | ...) / sum_it m_it` instead: long samples weigh more.
 
     Args:
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token, with grad.
         token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
         advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
         length_normalize (`bool`): use the mean instead of the sum of token log-probs.
+        loss_normalization (`str`): `"sequence"` or `"token"` (see `reduce_token_losses`).
     """
+    if loss_normalization != "sequence":
+        adv = advantages.detach().to(token_logprobs.dtype).unsqueeze(-1)
+        return reduce_token_losses(-adv * token_logprobs, token_mask, length_normalize, loss_normalization)
     seq_logprobs = sequence_logprobs(token_logprobs, token_mask, length_normalize)
     return -(advantages.detach().to(seq_logprobs.dtype) * seq_logprobs).mean()
+
+
+def token_ratios(
+    token_logprobs: torch.Tensor, old_token_logprobs: torch.Tensor, token_mask: torch.Tensor
+) -> torch.Tensor:
+    """Returns `p_theta / p_old` of each token, `exp(log p_theta - log p_old)` (1 where masked), grad through `p_theta`.
+
+    Args:
+        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): current log-probs, with grad.
+        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-probs when the rollout was taken.
+        token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
+    """
+    # Masked positions (padding after EOS) may hold any log-prob; zero them so that exp never overflows there.
+    delta = (token_logprobs - old_token_logprobs.detach()).masked_fill(~token_mask.bool(), 0.0)
+    return delta.exp()
+
+
+def clipped_policy_loss(
+    token_logprobs: torch.Tensor,
+    old_token_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float | None = None,
+    length_normalize: bool = False,
+    loss_normalization: str = "sequence",
+) -> torch.Tensor:
+    """Returns the clipped surrogate loss (PPO, Schulman et al., 2017; GRPO), a scalar.
+
+    Per token, `l_it = -min(rho_it A_i, clip(rho_it, 1 - epsilon, 1 + epsilon_high) A_i)` with the token ratio
+    `rho_it = p_theta(y_it | ...) / p_old(y_it | ...)`, reduced like `policy_gradient_loss` (sum or mean over a
+    sequence's tokens, mean over sequences; or mean over all tokens). At `rho = 1` its gradient equals the policy
+    gradient's; a token whose ratio left the band in the direction its advantage pushes gets no gradient.
+
+    Args:
+        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token under the current
+            model, with grad.
+        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)`): the same when the rollout was taken (no grad).
+        token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
+        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
+        epsilon (`float`): lower clipping range, `> 0`.
+        epsilon_high (`float`, *optional*): upper clipping range; `None` takes `epsilon`.
+    """
+    high = epsilon if epsilon_high is None else epsilon_high
+    ratio = token_ratios(token_logprobs, old_token_logprobs, token_mask)
+    adv = advantages.detach().to(ratio.dtype).unsqueeze(-1)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - epsilon, 1.0 + high) * adv)
+    return reduce_token_losses(-surrogate, token_mask, length_normalize, loss_normalization)
+
+
+def clip_statistics(
+    token_logprobs: torch.Tensor,
+    old_token_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(clip_fraction, ratio_mean)` over the counted tokens, without grad.
+
+    `clip_fraction` is the share of tokens whose clipped term is the one `clipped_policy_loss` takes (ratio below
+    `1 - epsilon` with a negative advantage, or above `1 + epsilon_high` with a positive one): they get no gradient.
+
+    Args: as `clipped_policy_loss`.
+    """
+    high = epsilon if epsilon_high is None else epsilon_high
+    with torch.no_grad():
+        ratio = token_ratios(token_logprobs, old_token_logprobs, token_mask)
+        adv = advantages.unsqueeze(-1)
+        clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + high) & (adv > 0))
+        mask = token_mask.flatten()
+        return (masked_mean(clipped.float().flatten(), mask, 0), masked_mean(ratio.flatten(), mask, 0))
+
+
+def first_occurrence_mask(token_ids: torch.Tensor, num_candidates: int) -> torch.Tensor:
+    """Returns, for each candidate, whether no earlier candidate of its source has the same tokens.
+
+    Args:
+        token_ids (`torch.LongTensor` of shape `(B*k, T)`): candidates, the `k` of a source contiguous, padded
+            with one pad id after their EOS (so that equal sequences are equal rows).
+        num_candidates (`int`): `k`.
+
+    Returns: `torch.BoolTensor` of shape `(B*k,)`.
+    """
+    groups = token_ids.view(-1, num_candidates, token_ids.shape[-1])
+    same = (groups.unsqueeze(2) == groups.unsqueeze(1)).all(dim=-1)  # (B, k, k): candidate i equals candidate j
+    earlier = torch.ones(num_candidates, num_candidates, dtype=torch.bool, device=token_ids.device).tril(-1)
+    return ~(same & earlier).any(dim=-1).reshape(-1)
+
+
+def candidate_distribution(
+    sequence_logprobs: torch.Tensor,
+    num_candidates: int,
+    alpha: float,
+    candidate_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Returns `Q(y) = p(y|x)^alpha / sum_{y' in S} p(y'|x)^alpha` over each source's candidate set `S`.
+
+    That is a softmax of `alpha * log p` over the source's kept candidates; candidates left out get `Q = 0`, and so
+    does every candidate of a source with none kept.
+
+    Args:
+        sequence_logprobs (`torch.Tensor` of shape `(B*k,)`): `log p(y|x)` of each candidate, with grad.
+        num_candidates (`int`): `k`, the candidates of a source being contiguous.
+        alpha (`float`): sharpness, `> 0` (Shen et al., 2016).
+        candidate_mask (`torch.Tensor` of shape `(B*k,)`, *optional*): false for candidates left out.
+
+    Returns: `torch.Tensor` of shape `(B, k)`.
+    """
+    scores = alpha * sequence_logprobs.float().view(-1, num_candidates)
+    if candidate_mask is None:
+        return torch.softmax(scores, dim=-1)
+    keep = candidate_mask.view(-1, num_candidates).bool()
+    any_kept = keep.any(dim=-1, keepdim=True)
+    # A source with nothing kept would softmax over -inf only (NaN): give it finite scores and zero it after.
+    scores = scores.masked_fill(~keep, float("-inf")).masked_fill(~any_kept, 0.0)
+    return torch.softmax(scores, dim=-1) * any_kept
+
+
+def minimum_risk_loss(
+    sequence_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    num_candidates: int,
+    alpha: float,
+    candidate_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Returns the minimum risk training loss: the mean over sources of `sum_{y in S} Q(y) (1 - r(y))`, a scalar.
+
+    `Q` is `candidate_distribution` (Shen et al., 2016; Edunov et al., 2018). Rewards are constants: the gradient
+    flows through `Q` only, `d risk / d log p(y) = alpha Q(y) (cost(y) - risk)`. Sources with no kept candidate are
+    left out of the mean.
+
+    Args:
+        sequence_logprobs (`torch.Tensor` of shape `(B*k,)`): `log p(y|x)` of each candidate, with grad.
+        rewards (`torch.Tensor` of shape `(B*k,)`): reward of each candidate; its cost is `1 - reward`.
+        num_candidates (`int`): `k`, the candidates of a source being contiguous.
+        alpha (`float`): sharpness of `Q`, `> 0`.
+        candidate_mask (`torch.Tensor` of shape `(B*k,)`, *optional*): false for candidates left out (duplicates
+            of an earlier candidate of the source, non-finite rewards).
+    """
+    q = candidate_distribution(sequence_logprobs, num_candidates, alpha, candidate_mask)
+    cost = (1.0 - rewards.detach().to(q.dtype)).view_as(q)
+    if candidate_mask is None:
+        return (q * cost).sum(dim=-1).mean()
+    keep = candidate_mask.view_as(q).bool()
+    risk = (q * torch.where(keep, cost, torch.zeros_like(cost))).sum(dim=-1)
+    return risk.sum() / keep.any(dim=-1).sum().clamp(min=1)
 
 
 def mix_losses(rl_loss: torch.Tensor, xe_loss: torch.Tensor | None, rl_weight: float) -> torch.Tensor:

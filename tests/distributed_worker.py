@@ -8,7 +8,12 @@ Each rank writes `OUT/<phase>_rank<i>.pt` with its parameters after training, an
 - `pipeline`: a few steps of the recipe's own code path (hf_seqrl.pipeline, tiny offline translation config:
   teacher-forced warm-up, then sampled rollouts) with AdamW; the ranks see different data and sample differently.
 
-Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT
+With the mode `reuse_and_mrt` it runs instead:
+
+- `reuse`: the `one_step` setup over 2 optimizer steps with `num_iterations=2` (one rollout, two clipped steps).
+- `mrt`: 2 steps of `MRTTrainer` (samples, greedy decode and reference as candidates, mixed with cross-entropy).
+
+Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT [reuse_and_mrt]
 """
 
 from __future__ import annotations
@@ -71,6 +76,26 @@ def run_one_step(output_dir: str, **overrides):
     return trainer
 
 
+def run_reuse(output_dir: str, **overrides):
+    """Returns the trainer after 2 steps of the `one_step` setup that share one rollout (`num_iterations=2`)."""
+    return run_one_step(output_dir, **{"max_steps": 2, "num_iterations": 2, "epsilon": 0.05, **overrides})
+
+
+def run_mrt(output_dir: str):
+    """Returns the trainer after 2 steps of MRT on the `one_step` data (sampled candidates: ranks differ)."""
+    from hf_seqrl import MRTConfig, MRTTrainer
+
+    args = MRTConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
+                     num_samples=2, mrt_include_greedy=True, mrt_include_reference=True, rl_weight=0.5,
+                     learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
+                     seed=0, dataloader_pin_memory=False, use_cpu=True)
+    tokenizer = byt5_tokenizer()
+    trainer = MRTTrainer(model=tiny_model("t5", seed=1), args=args, reward_funcs=overlap_reward,
+                         train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
 def run_pipeline(output_dir: str, repo: str):
     """Returns the trainer after a few steps of the recipe's code path on the tiny offline translation config."""
     from hf_seqrl.pipeline import build_trainer, load_model_and_tokenizer, load_splits, parse_args
@@ -111,5 +136,14 @@ def main(out: str, repo: str) -> None:
     dump(trainer, os.path.join(out, f"pipeline_rank{rank}.pt"))
 
 
+def main_reuse_and_mrt(out: str) -> None:
+    for name, run in (("reuse", run_reuse), ("mrt", run_mrt)):
+        trainer = run(os.path.join(out, name))
+        dump(trainer, os.path.join(out, f"{name}_rank{trainer.args.process_index}.pt"))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[3:] == ["reuse_and_mrt"]:
+        main_reuse_and_mrt(sys.argv[1])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -1,7 +1,9 @@
 """Subprocess for the crash-resume tests: trains a tiny model, optionally SIGKILLs itself at a step.
 
-usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1)
+usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [NUM_ITERATIONS]
 With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
+With NUM_ITERATIONS > 1: a short run of 8 steps (warm-up 2, checkpoints every 3, 2 accumulation steps) whose
+checkpoint-3 falls inside the cycle of steps 2-3, each rollout serving NUM_ITERATIONS clipped steps.
 Writes OUTPUT_DIR/final.pt (parameters) and OUTPUT_DIR/history.json (logged rl/reward per step) when it finishes.
 """
 
@@ -30,13 +32,18 @@ class KillAt(TrainerCallback):
 
 def main():
     out, kill_at, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    num_iterations = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
-    args = SeqRLConfig(output_dir=out, per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3,
-                       warmup_xe_steps=10, num_samples=2, max_new_tokens=6, logging_steps=1,
+    settings = dict(per_device_train_batch_size=4, max_steps=20, warmup_xe_steps=10, save_steps=5)
+    if num_iterations > 1:
+        settings = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8, warmup_xe_steps=2,
+                        save_steps=3, num_iterations=num_iterations)
+    args = SeqRLConfig(output_dir=out, learning_rate=1e-3,
+                       num_samples=2, max_new_tokens=6, logging_steps=1,
                        kl_coef=0.05,
-                       save_strategy="steps", save_steps=5, report_to=[], disable_tqdm=True, seed=0,
-                       dataloader_pin_memory=False)
+                       save_strategy="steps", report_to=[], disable_tqdm=True, seed=0,
+                       dataloader_pin_memory=False, **settings)
     trainer = ReinforceTrainer(model=tiny_model("t5", seed=0), args=args, train_dataset=toy_dataset(tok, src, tgt),
                                reward_funcs="chrf", processing_class=tok, callbacks=[KillAt(kill_at)] if kill_at >= 0 else None)
     trainer.train(resume_from_checkpoint=True if resume else None)

@@ -59,7 +59,7 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
     from transformers import AutoModelForSeq2SeqLM, ByT5Tokenizer
     from transformers.trainer_utils import EvalPrediction
 
-    from hf_seqrl.pipeline import build_compute_metrics, load_splits, parse_args
+    from hf_seqrl.pipeline import build_compute_metrics, load_splits, parse_args, task_metrics
 
     script_args, args = parse_args(["--config", str(REPO / "recipes/configs/tiny_offline_translation.yaml"),
                                     "--output_dir", str(out / "unused"), "--max_test_samples", "12",
@@ -72,7 +72,7 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
     batch = tokenizer.pad({"input_ids": test["input_ids"]}, return_tensors="pt")
     with torch.no_grad():
         ids = model.generate(**batch, max_length=args.generation_max_length, num_beams=1, do_sample=False)
-    compute = build_compute_metrics(tokenizer, "translation", test["references"])
+    compute = build_compute_metrics(tokenizer, task_metrics("translation"), test["references"])
     return compute(EvalPrediction(predictions=ids.numpy(), label_ids=None))
 
 
@@ -168,3 +168,41 @@ def test_logged_rl_metrics_are_averaged_over_ranks(worker_results, single_proces
     assert logged_reward(rank0["log_history"]) == pytest.approx([expected], abs=1e-6)
     # rank 0's own mean differs: the logged value is the all-reduced one
     assert sum(rank0["rewards_seen"]) / 4 != pytest.approx(expected, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def reuse_and_mrt_results(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("dist_reuse_mrt")
+    out = tmp_path / "out"
+    out.mkdir()
+    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), "reuse_and_mrt"], tmp_path)
+    print(f"reuse and MRT worker on 2 processes: {seconds:.1f} s")
+    return {f"{run}{rank}": torch.load(out / f"{run}_rank{rank}.pt", weights_only=False)
+            for run in ("reuse", "mrt") for rank in (0, 1)}
+
+
+def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_path):
+    """Each rank's rollout serves 2 clipped steps, the two ranks stay identical and together equal one process
+    with the global batch of 8; MRT trains on both ranks and logs its metrics averaged over them."""
+    import math
+
+    import distributed_worker as worker
+    from conftest import tiny_model
+
+    results = reuse_and_mrt_results
+    for run in ("reuse", "mrt"):
+        assert results[f"{run}0"]["world_size"] == 2
+        for name, value in results[f"{run}0"]["params"].items():
+            assert torch.equal(value, results[f"{run}1"]["params"][name]), (run, name)
+    single = worker.run_reuse(str(tmp_path / "1x8"), per_device_train_batch_size=8)
+    worker.REWARDS_SEEN.clear()
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(results["reuse0"]["params"][name], value, atol=ATOL, rtol=RTOL)
+    # 4 samples per rank and step, all scored at the one rollout: each rank's reward calls saw 4 samples, not 8
+    assert len(results["reuse0"]["rewards_seen"]) == len(results["reuse1"]["rewards_seen"]) == 4
+    clipped = [h for h in results["reuse0"]["log_history"] if "rl/ratio_mean" in h]
+    assert len(clipped) == 2 and clipped[0]["rl/ratio_mean"] == 1.0 and clipped[1]["rl/ratio_mean"] != 1.0
+    mrt = [h for h in results["mrt0"]["log_history"] if "mrt/risk" in h]
+    assert len(mrt) == 2 and all(math.isfinite(h["mrt/risk"]) and math.isfinite(h["rl/xe_loss"]) for h in mrt)
+    initial = tiny_model("t5", seed=1).state_dict()
+    assert max((results["mrt0"]["params"][k] - initial[k]).abs().max().item() for k in initial) > 1e-4

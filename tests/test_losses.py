@@ -119,3 +119,142 @@ def test_token_logprobs_equal_full_log_softmax_gather():
     (g_full,) = torch.autograd.grad(full.sum(), logits)
     torch.testing.assert_close(lean, full, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(g_lean, g_full, atol=1e-6, rtol=1e-6)
+
+
+# ---- loss normalization, clipped updates, minimum risk ----------------------------------------------------------
+
+def test_token_loss_normalization_by_hand():
+    lp = torch.tensor([[-1.0, -2.0, -5.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    adv = torch.tensor([2.0, -1.0])
+    # 5 counted tokens: -(2*-1 + 2*-2 + -1*-0.5*3) / 5 = -(-2 - 4 + 1.5) / 5 = 0.9
+    loss = losses.policy_gradient_loss(lp, mask, adv, loss_normalization="token")
+    assert loss.item() == pytest.approx(0.9)
+    loss.backward()
+    # d/dlp = -adv_i / 5 at counted positions: the long row weighs 3/5 of the loss, not 1/2
+    torch.testing.assert_close(lp.grad, torch.tensor([[-0.4, -0.4, 0.0], [0.2, 0.2, 0.2]]))
+    # "sequence" is the mean over rows of per-row sums (2.25, as above)
+    assert losses.policy_gradient_loss(lp, mask, adv, loss_normalization="sequence").item() == pytest.approx(2.25)
+    with pytest.raises(ValueError, match="loss_normalization='tokens' is not one of"):
+        losses.policy_gradient_loss(lp, mask, adv, loss_normalization="tokens")
+    with pytest.raises(ValueError, match="set length_normalize=False"):
+        losses.policy_gradient_loss(lp, mask, adv, length_normalize=True, loss_normalization="token")
+
+
+def clipping_example():
+    # old log-probs -1; current ones chosen so that the token ratios are
+    #   row 0 (A = +2): [1.5 above the band, 1.0 inside, 0.5 below]
+    #   row 1 (A = -1): [0.5 below the band, 1.1 inside, 1.5 above]
+    ratios = torch.tensor([[1.5, 1.0, 0.5], [0.5, 1.1, 1.5]])
+    old = torch.full((2, 3), -1.0)
+    lp = (old + ratios.log()).requires_grad_(True)
+    return lp, old, torch.ones(2, 3, dtype=torch.bool), torch.tensor([2.0, -1.0])
+
+
+def test_clipped_policy_loss_by_hand():
+    lp, old, mask, adv = clipping_example()
+    # epsilon 0.2: band [0.8, 1.2]; per token min(rho A, clip(rho) A)
+    #   row 0: min(3, 2.4) = 2.4 (clipped), 2.0, min(1.0, 1.6) = 1.0 (below the band but A > 0: not clipped)
+    #   row 1: min(-0.5, -0.8) = -0.8 (clipped), -1.1, min(-1.5, -1.2) = -1.5 (above but A < 0: not clipped)
+    # sequence sums 5.4 and -3.4; loss = -mean(5.4, -3.4) = -1.0
+    loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2)
+    assert loss.item() == pytest.approx(-1.0, abs=1e-6)
+    loss.backward()
+    # d(-rho A / 2)/dlp = -rho A / 2 where not clipped, 0 where clipped
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -1.0, -0.5], [0.0, 0.55, 0.75]]))
+    # token normalization: -(5.4 - 3.4) / 6 = -1/3, gradients / 6
+    lp.grad = None
+    loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2, loss_normalization="token")
+    assert loss.item() == pytest.approx(-1 / 3, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -2.0, -1.0], [0.0, 1.1, 1.5]]) / 6)
+    # length_normalize: row means 1.8 and -3.4/3; loss = -mean(1.8, -1.1333) = -0.3333
+    assert losses.clipped_policy_loss(lp, old, mask, adv, 0.2, length_normalize=True).item() == pytest.approx(
+        -(1.8 - 3.4 / 3) / 2, abs=1e-6)
+    # 2 of the 6 tokens are clipped; mean ratio (1.5 + 1 + 0.5 + 0.5 + 1.1 + 1.5) / 6
+    clip_fraction, ratio_mean = losses.clip_statistics(lp, old, mask, adv, epsilon=0.2)
+    assert clip_fraction.item() == pytest.approx(2 / 6)
+    assert ratio_mean.item() == pytest.approx(6.1 / 6, abs=1e-6)
+
+
+def test_clipped_policy_loss_epsilon_high_and_masking():
+    lp, old, mask, adv = clipping_example()
+    # epsilon_high 0.6: band [0.8, 1.6]; row 0's 1.5 is now inside: row 0 sums 3 + 2 + 1 = 6, loss -mean(6, -3.4)
+    loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2, epsilon_high=0.6)
+    assert loss.item() == pytest.approx(-1.3, abs=1e-6)
+    assert losses.clip_statistics(lp, old, mask, adv, 0.2, 0.6)[0].item() == pytest.approx(1 / 6)
+    # a masked position neither counts nor overflows, whatever log-prob it holds (exp(100) is inf in float32)
+    far = lp.detach().clone()
+    far[1, 2] = 100.0
+    masked = mask.clone()
+    masked[1, 2] = False
+    # row 1 without its last token sums -0.8 - 1.1 = -1.9: loss -mean(5.4, -1.9) = -1.75
+    loss = losses.clipped_policy_loss(far.requires_grad_(True), old, masked, adv, epsilon=0.2)
+    assert loss.item() == pytest.approx(-1.75, abs=1e-6)
+    assert torch.isfinite(torch.autograd.grad(loss, far)[0]).all()
+
+
+@pytest.mark.parametrize("length_normalize,normalization", [(False, "sequence"), (True, "sequence"),
+                                                            (False, "token")])
+def test_clipped_loss_at_the_rollout_has_the_policy_gradient(length_normalize, normalization):
+    # The first update of a cycle (p_old = p_theta, ratio 1) follows exactly the policy gradient.
+    gen = torch.Generator().manual_seed(0)
+    lp = (-torch.rand(4, 5, generator=gen) * 3).requires_grad_(True)
+    mask = torch.rand(4, 5, generator=gen) > 0.3
+    adv = torch.randn(4, generator=gen)
+    pg = losses.policy_gradient_loss(lp, mask, adv, length_normalize, normalization)
+    clipped = losses.clipped_policy_loss(lp, lp.detach(), mask, adv, 0.2, None, length_normalize, normalization)
+    torch.testing.assert_close(torch.autograd.grad(clipped, lp)[0], torch.autograd.grad(pg, lp)[0])
+
+
+def test_minimum_risk_loss_two_sources_by_hand():
+    # source 0: p = [0.6, 0.2], rewards [1.0, 0.2]; source 1: p = [0.1, 0.1], rewards [0.5, 0.0]
+    seq_lp = torch.tensor([0.6, 0.2, 0.1, 0.1]).log().requires_grad_(True)
+    rewards = torch.tensor([1.0, 0.2, 0.5, 0.0], requires_grad=True)
+    # alpha 1: Q0 = [0.75, 0.25], risk0 = 0.25 * 0.8 = 0.2; Q1 = [0.5, 0.5], risk1 = 0.5 * 0.5 + 0.5 * 1 = 0.75
+    q = losses.candidate_distribution(seq_lp, 2, alpha=1.0)
+    torch.testing.assert_close(q, torch.tensor([[0.75, 0.25], [0.5, 0.5]]))
+    loss = losses.minimum_risk_loss(seq_lp, rewards, 2, alpha=1.0)
+    assert loss.item() == pytest.approx((0.2 + 0.75) / 2)
+    loss.backward()
+    # d risk / d log p(y) = alpha Q(y) (cost(y) - risk), halved by the mean over 2 sources:
+    # source 0: [0.75 (0 - 0.2), 0.25 (0.8 - 0.2)] / 2; source 1: [0.5 (0.5 - 0.75), 0.5 (1 - 0.75)] / 2
+    torch.testing.assert_close(seq_lp.grad, torch.tensor([-0.075, 0.075, -0.0625, 0.0625]))
+    assert rewards.grad is None  # rewards are constants
+    # alpha 0.5: Q0 ∝ sqrt([0.6, 0.2]) = [1, 1/sqrt(3)] -> Q0 = [0.63397, 0.36603], risk0 = 0.36603 * 0.8 = 0.29282
+    assert losses.minimum_risk_loss(seq_lp, rewards, 2, alpha=0.5).item() == pytest.approx(
+        (0.29282 + 0.75) / 2, abs=1e-5)
+
+
+def test_minimum_risk_loss_duplicates_count_once():
+    # Candidates as token rows (one pad after EOS = 1): source 0 is [A, B, A], source 1 is [C, C, D].
+    A, B, C, D = [5, 1, 0], [6, 7, 1], [8, 1, 0], [9, 1, 0]
+    ids = torch.tensor([A, B, A, C, C, D])
+    keep = losses.first_occurrence_mask(ids, 3)
+    assert keep.tolist() == [True, True, False, True, False, True]
+    # log p of a sequence is a parameter per distinct sequence, so duplicates share it (as under a real policy)
+    theta = torch.tensor([-1.0, -2.0, -0.5, -3.0], requires_grad=True)  # A, B, C, D
+    reward = {0: 0.9, 1: 0.1, 2: 0.4, 3: 0.7}
+    rows = [0, 1, 0, 2, 2, 3]
+    with_dups = losses.minimum_risk_loss(theta[rows], torch.tensor([reward[r] for r in rows]), 3, 0.5, keep)
+    (grad_dups,) = torch.autograd.grad(with_dups, theta)
+    distinct = [0, 1, 2, 3]  # source 0: [A, B], source 1: [C, D]
+    without = losses.minimum_risk_loss(theta[distinct], torch.tensor([reward[r] for r in distinct]), 2, 0.5)
+    (grad_without,) = torch.autograd.grad(without, theta)
+    assert with_dups.item() == pytest.approx(without.item(), abs=1e-7)
+    torch.testing.assert_close(grad_dups, grad_without)
+    # counted twice instead, A would take more of Q in source 0: a different loss
+    assert losses.minimum_risk_loss(theta[rows], torch.tensor([reward[r] for r in rows]), 3, 0.5).item() != \
+        pytest.approx(without.item(), abs=1e-4)
+
+
+def test_minimum_risk_loss_source_with_no_candidate_left():
+    seq_lp = torch.tensor([0.6, 0.2, 0.1, 0.1]).log().requires_grad_(True)
+    rewards = torch.tensor([1.0, 0.2, 0.5, 0.0])
+    keep = torch.tensor([True, True, False, False])  # e.g. both rewards of source 1 were NaN and dropped
+    q = losses.candidate_distribution(seq_lp, 2, 1.0, keep)
+    torch.testing.assert_close(q, torch.tensor([[0.75, 0.25], [0.0, 0.0]]))
+    loss = losses.minimum_risk_loss(seq_lp, rewards, 2, 1.0, keep)
+    assert loss.item() == pytest.approx(0.2)  # the mean over the one source left
+    (grad,) = torch.autograd.grad(loss, seq_lp)
+    torch.testing.assert_close(grad, torch.tensor([-0.15, 0.15, 0.0, 0.0]))

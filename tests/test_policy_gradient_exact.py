@@ -7,6 +7,7 @@ logits theta[position, previous token] (previous token 3 = start).
 
 import itertools
 
+import pytest
 import torch
 
 from hf_seqrl import losses
@@ -149,3 +150,24 @@ def test_monte_carlo_gradients_match_exact_gradient():
         assert torch.all((estimate - target).abs() <= 4 * stderr + 1e-6), baseline
         # and it is tight: the estimate is close in relative terms too
         assert (estimate - target).norm() / target.norm() < 0.05, baseline
+
+
+def test_minimum_risk_gradient_over_the_whole_output_space_is_exact():
+    """With every sequence as the candidate set, MRT's loss and gradient are those of the explicit α-sharpened
+    expected cost sum_y p(y)^α (1 - r(y)) / sum_y p(y)^α; at α = 1 that is 1 - E[r], whose gradient is exact."""
+    theta = make_theta()
+    seqs = all_sequences()
+    rewards = torch.tensor([reward(s) for s in seqs])
+    lp, mask = token_logprobs(theta, seqs)
+    seq_lp = losses.masked_sum(lp, mask)
+    for alpha in (1.0, 0.3, 0.005):
+        loss = losses.minimum_risk_loss(seq_lp, rewards, len(seqs), alpha)
+        (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
+        sharpened = seq_lp.exp() ** alpha  # p(y)^α, spelled out
+        explicit = (sharpened * (1 - rewards)).sum() / sharpened.sum()
+        (explicit_grad,) = torch.autograd.grad(explicit, theta, retain_graph=True)
+        assert loss.item() == pytest.approx(explicit.item(), rel=1e-5), alpha
+        torch.testing.assert_close(grad, explicit_grad, atol=1e-6, rtol=1e-5)
+    target, _, _ = exact_gradient(theta)  # gradient of -E[r]
+    (grad_alpha_one,) = torch.autograd.grad(losses.minimum_risk_loss(seq_lp, rewards, len(seqs), 1.0), theta)
+    torch.testing.assert_close(grad_alpha_one, target, atol=1e-6, rtol=1e-5)

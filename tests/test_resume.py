@@ -15,10 +15,10 @@ from hf_seqrl.trainers.base import STATE_FILE, last_complete_checkpoint
 WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
 
 
-def worker(out, kill_at=-1, resume=False):
+def worker(out, kill_at=-1, resume=False, num_iterations=1):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0", str(num_iterations)],
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,24 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, uninterrupted, 
         history = json.load(f)
     assert history["rewards"] == full_history["rewards"]
     assert history["baseline_ema"] == full_history["baseline_ema"]
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_reuse_cycle_then_resume_matches_uninterrupted_run(tmp_path):
+    """Rollouts serve 2 clipped steps with 2 accumulation steps; the kill at step 5 resumes from checkpoint-3,
+    taken between the two steps of the cycle 2-3, whose second step needs the rollouts saved with it."""
+    full = worker(tmp_path / "full", num_iterations=2)
+    assert full.returncode == 0, full.stderr[-2000:]
+    killed = worker(tmp_path / "cut", kill_at=5, num_iterations=2)
+    assert killed.returncode == -signal.SIGKILL
+    assert (tmp_path / "cut" / "checkpoint-3" / "rollout_buffer_rank0.pt").exists()
+    resumed = worker(tmp_path / "cut", resume=True, num_iterations=2)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full_params, params = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
+    for key in full_params:
+        assert torch.equal(params[key], full_params[key]), key
+    histories = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("full", "cut")]
+    assert histories[0] == histories[1]
 
 
 def test_partial_checkpoint_is_not_picked(tmp_path):

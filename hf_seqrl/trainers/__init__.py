@@ -2,8 +2,10 @@
 
 from .base import SeqRLTrainer
 from .professor_forcing import ProfessorForcingTrainer
+from .mrt import MRTTrainer
 from .reinforce import ReinforceTrainer
 from .scheduled_sampling import ScheduledSamplingTrainer
 from .scst import SCSTTrainer
 
-__all__ = ["SeqRLTrainer", "ProfessorForcingTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer"]
+__all__ = ["SeqRLTrainer", "ProfessorForcingTrainer", "ReinforceTrainer", "SCSTTrainer", "MRTTrainer",
+           "ScheduledSamplingTrainer"]

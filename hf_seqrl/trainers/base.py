@@ -28,6 +28,7 @@ from ..rewards import (build_reward, call_reward, check_finite, check_reward_spe
 from ..rollout import (decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout,
                        score_rollout)
 from .inputs import BatchText, check_dataset_columns, check_encoder_decoder, load_tokenizer_for, repeat_rows
+from .reuse import RolloutBatch, RolloutReuse
 
 STATE_FILE = "seqrl_state.json"
 logger = logging.get_logger(__name__)
@@ -234,6 +235,11 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def algorithm_name(self) -> str:
         """Returns the name of the algorithm that runs: its loss and baseline (leave-one-out is not SCST)."""
         return describe_algorithm(self.algorithm, getattr(self, "baseline", None))["name"]
+    def save_process_state(self, folder: str) -> None:
+        """Saves what each process keeps apart from the others (called on every process, before the state file)."""
+
+    def load_process_state(self, folder: str) -> None:
+        """Restores `save_process_state` from a checkpoint folder (called on every process)."""
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
         """`Trainer.train`; `resume_from_checkpoint=True` picks the newest *complete* checkpoint."""
@@ -252,9 +258,10 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.save_process_state(folder)
         if self.args.should_save:
-            run_dir = self._get_output_dir(trial=trial)
-            folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if os.path.isdir(folder):
                 self.save_extra_files(folder)
                 # Written last and atomically: its presence marks the checkpoint as complete.
@@ -266,6 +273,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.load_extra_files(resume_from_checkpoint)
+        self.load_process_state(resume_from_checkpoint)
         path = os.path.join(resume_from_checkpoint, STATE_FILE)
         if os.path.isfile(path):
             with open(path) as f:
@@ -289,6 +297,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                 "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
         # Checked before the (slow) Trainer set-up, so that a typo fails at once.
         check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, SeqRLConfig) else None)
+        RolloutReuse.check_dataset(train_dataset, getattr(args, "num_iterations", 1))
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.baseline = self.args.baseline or self.default_baseline
@@ -298,6 +307,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         self.baseline_ema: float | None = None
         self.ref_model = self._build_ref_model() if self.args.kl_coef > 0 else None
         self._rollout_config = None
+        self.reuse = RolloutReuse(self.args.num_iterations) if self.args.num_iterations > 1 else None
 
     # ---- set-up helpers -------------------------------------------------------------------------
 
@@ -316,6 +326,12 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                 max_length=self.args.generation_max_length,
             )
         return self._rollout_config
+
+    def _get_train_sampler(self, train_dataset=None):
+        if self.reuse is None:
+            return super()._get_train_sampler(train_dataset)
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return self.reuse.sampler(dataset, self.args, lambda: self.state.global_step)
 
     # ---- the loss -------------------------------------------------------------------------------
 
@@ -340,6 +356,40 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         """Returns the RL loss of a batch and records the `rl/*` metrics."""
         args, n = self.args, self.args.num_samples
         unwrapped = self.accelerator.unwrap_model(model)
+        step, batch, slot = self.state.global_step, None, None
+        if self.reuse is not None:
+            batch, slot = self.reuse.take(step, inputs["input_ids"])
+        if batch is None:
+            batch = self.roll_out(unwrapped, inputs, text)
+        labels = inputs.get("labels") if args.rl_weight < 1 else None
+        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), batch.sample_ids, n,
+                               decoder_start_id(unwrapped), pad_id(unwrapped), labels, args.temperature)
+        mask, adv, metrics = batch.sample_mask, batch.advantages, dict(batch.metrics)
+        if self.reuse is None:
+            pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,
+                                                  args.loss_normalization)
+        else:
+            if batch.old_token_logprobs is None:
+                # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
+                batch.old_token_logprobs = scored.token_logprobs.detach()
+                self.reuse.keep(step, slot, inputs["input_ids"], batch)
+            clip = (batch.old_token_logprobs, mask, adv, args.epsilon, args.epsilon_high)
+            pg_loss = losses.clipped_policy_loss(scored.token_logprobs, *clip, args.length_normalize,
+                                                 args.loss_normalization)
+            clip_fraction, ratio_mean = losses.clip_statistics(scored.token_logprobs, *clip)
+            metrics.update({"rl/clip_fraction": clip_fraction.item(), "rl/ratio_mean": ratio_mean.item()})
+        xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels)
+        loss = losses.mix_losses(pg_loss, xe_loss, args.rl_weight)
+        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, mask, metrics)
+        metrics["rl/pg_loss"] = pg_loss.item()
+        if xe_loss is not None:
+            metrics["rl/xe_loss"] = xe_loss.item()
+        self._record("train", metrics)
+        return loss
+
+    def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
+        """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
+        args, n = self.args, self.args.num_samples
         rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"),
                                  self.rollout_config, n, with_greedy=self.baseline == "greedy")
         sample_rewards, bad = self.score(rollout.sample_ids, repeat_rows(text, n))
@@ -349,43 +399,42 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             adv = losses.center_advantages(adv, ~bad)
         if args.scale_rewards:
             adv = losses.scale_advantages(adv)
-        labels = inputs.get("labels") if args.rl_weight < 1 else None
-        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), rollout.sample_ids, n,
-                               decoder_start_id(unwrapped), pad_id(unwrapped), labels, args.temperature)
-        mask = rollout.sample_mask
-        pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize)
-        xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels)
-        loss = losses.mix_losses(pg_loss, xe_loss, args.rl_weight)
-        with torch.set_grad_enabled(args.entropy_coef > 0):
-            entropy = losses.masked_mean(losses.token_entropy(scored.sample_logits).flatten(), mask.flatten(), 0)
-        if args.entropy_coef > 0:
-            loss = loss - args.entropy_coef * entropy
-        metrics = {}
-        if self.ref_model is not None:
-            kl = self._kl(inputs, rollout, scored.sample_logits)
-            loss = loss + args.kl_coef * kl
-            metrics["rl/kl"] = kl.item()
+        metrics = self.sample_metrics(sample_rewards, bad, rollout.sample_ids, rollout.sample_mask, unwrapped)
         metrics.update({
-            "rl/phase": 1.0,
-            "rl/reward": sample_rewards.mean().item(),
-            "rl/reward_std": sample_rewards.std().item() if sample_rewards.numel() > 1 else 0.0,
             "rl/baseline_reward": baseline_rewards.mean().item(),
             "rl/advantage_abs": adv.abs().mean().item(),
             "rl/advantage_mean": adv.mean().item(),
             "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item(),
-            "rl/sample_length": mask.sum(dim=1).float().mean().item(),
-            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
-            "rl/frac_empty": (mask.sum(dim=1) <= 1).float().mean().item(),
-            "rl/frac_truncated": (~ended_with_eos(rollout.sample_ids, mask, eos_ids(unwrapped))).float().mean()
-            .item(),
-            "rl/pg_loss": pg_loss.item(),
-            "rl/entropy": entropy.item(),
         })
-        if xe_loss is not None:
-            metrics["rl/xe_loss"] = xe_loss.item()
-        if args.nonfinite_rewards == "drop":
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics)
+
+    def sample_metrics(self, sample_rewards, bad, sample_ids, sample_mask, unwrapped) -> dict[str, float]:
+        """Returns the `rl/*` metrics of the sampled sequences: reward, length, degenerate shares."""
+        metrics = {
+            "rl/phase": 1.0,
+            "rl/reward": sample_rewards.mean().item(),
+            "rl/reward_std": sample_rewards.std().item() if sample_rewards.numel() > 1 else 0.0,
+            "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
+            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
+            "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
+            "rl/frac_truncated": (~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))).float().mean().item(),
+        }
+        if self.args.nonfinite_rewards == "drop":
             metrics["rl/nonfinite_rewards"] = float(bad.sum().item())
-        self._record("train", metrics)
+        return metrics
+
+    def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict):
+        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens; records both."""
+        args = self.args
+        with torch.set_grad_enabled(args.entropy_coef > 0):
+            entropy = losses.masked_mean(losses.token_entropy(logits).flatten(), token_mask.flatten(), 0)
+        if args.entropy_coef > 0:
+            loss = loss - args.entropy_coef * entropy
+        if self.ref_model is not None:
+            kl = self._kl(inputs, token_ids, group, logits, token_mask)
+            loss = loss + args.kl_coef * kl
+            metrics["rl/kl"] = kl.item()
+        metrics["rl/entropy"] = entropy.item()
         return loss
 
     def score(self, token_ids, text: BatchText):
@@ -423,14 +472,14 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             return self.label_smoother({"logits": logits}, labels)
         return losses.cross_entropy(logits, labels)
 
-    def _kl(self, inputs, rollout, sample_logits):
-        """Returns the mean per-token KL(policy || frozen reference) over the sampled positions."""
+    def _kl(self, inputs, token_ids, group: int, logits, token_mask):
+        """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`."""
         with torch.no_grad():
-            ref = score_rollout(self.ref_model, inputs["input_ids"], inputs.get("attention_mask"),
-                                rollout.sample_ids, rollout.num_samples, decoder_start_id(self.ref_model),
-                                pad_id(self.ref_model), temperature=self.args.temperature)
-        kl = losses.token_kl(sample_logits, ref.sample_logits)
-        return losses.masked_mean(kl.flatten(), rollout.sample_mask.flatten(), 0)
+            ref = score_rollout(self.ref_model, inputs["input_ids"], inputs.get("attention_mask"), token_ids, group,
+                                decoder_start_id(self.ref_model), pad_id(self.ref_model),
+                                temperature=self.args.temperature)
+        kl = losses.token_kl(logits, ref.sample_logits)
+        return losses.masked_mean(kl.flatten(), token_mask.flatten(), 0)
 
     def _decode_labels(self, labels):
         if labels is None:
@@ -466,3 +515,12 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def load_extra_state(self, state: dict) -> None:
         self.baseline_ema = state.get("baseline_ema")
+
+    def save_process_state(self, folder: str) -> None:
+        if self.reuse is not None:
+            self.reuse.save(folder, self.args.process_index)
+            self.accelerator.wait_for_everyone()  # every rollout file is on disk before the state file marks completion
+
+    def load_process_state(self, folder: str) -> None:
+        if self.reuse is not None:
+            self.reuse.load(folder, self.args.process_index, self.args.device)

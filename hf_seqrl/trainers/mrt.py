@@ -1,0 +1,107 @@
+"""`MRTTrainer`: minimum risk training (Shen et al., 2016; Edunov et al., 2018).
+
+One step: sample candidates (plus the greedy decode and the reference when asked) → rewards → drop duplicates →
+log-probs of every candidate (with grad) → risk `sum_y Q(y) (1 - r(y))`, `Q ∝ p^α` over the source's candidates,
+mixed with cross-entropy by `rl_weight` (− entropy, + KL on the sampled positions). The math is
+`hf_seqrl.losses.minimum_risk_loss`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import losses
+from ..configs import MRTConfig
+from ..rollout import decoder_start_id, pad_id, sample_rollout, score_rollout
+from .base import BatchText, SeqRLTrainer, repeat_rows
+
+
+def candidate_set(sample_ids: torch.Tensor, sample_mask: torch.Tensor, num_samples: int,
+                  extra: list[tuple[torch.Tensor, torch.Tensor]], pad: int):
+    """Returns `(token_ids, token_mask, is_sample)` of each source's candidates: its samples, then each `extra` row.
+
+    Args:
+        sample_ids (`torch.LongTensor` of shape `(B*n, T)`), sample_mask (`torch.BoolTensor` of shape `(B*n, T)`).
+        extra: `(ids, mask)` pairs of shape `(B, T_j)`, one candidate per source each (greedy decodes, references).
+        pad (`int`): pad token id, written after every candidate's last counted token.
+
+    Returns: token ids `(B*k, T_max)`, their mask `(B*k, T_max)` and a bool `(B*k,)` that is true on sample rows,
+    with `k = n + len(extra)` contiguous candidates per source.
+    """
+    batch = sample_ids.shape[0] // num_samples
+    parts = [(sample_ids.view(batch, num_samples, -1), sample_mask.view(batch, num_samples, -1))]
+    parts += [(ids.unsqueeze(1), mask.unsqueeze(1)) for ids, mask in extra]
+    length = max(ids.shape[-1] for ids, _ in parts)
+
+    def widen(x: torch.Tensor, value: int) -> torch.Tensor:
+        return F.pad(x, (0, length - x.shape[-1]), value=value)
+
+    # One pad id after the counted tokens makes equal sequences equal rows (see `first_occurrence_mask`).
+    token_ids = torch.cat([widen(ids.masked_fill(~mask.bool(), pad), pad) for ids, mask in parts], dim=1)
+    token_mask = torch.cat([widen(mask.long(), 0).bool() for _, mask in parts], dim=1)
+    k = token_ids.shape[1]
+    is_sample = (torch.arange(k, device=token_ids.device) < num_samples).repeat(batch)
+    return token_ids.flatten(0, 1), token_mask.flatten(0, 1), is_sample
+
+
+class MRTTrainer(SeqRLTrainer):
+    """Minimum risk training: minimizes the expected cost `1 - reward` under `Q ∝ p(y|x)^α`, renormalized over a
+    candidate set per source (samples, optionally the greedy decode and the reference; duplicates counted once).
+
+    `args` is an `MRTConfig`. Logs `mrt/risk`, `mrt/q_entropy`, `mrt/distinct_candidates` and the `rl/*` metrics of
+    the samples (reward, length, entropy, KL, cross-entropy).
+    """
+
+    config_class = MRTConfig
+    algorithm = "MRT"
+    default_baseline = "none"
+
+    def rl_loss(self, model, inputs, text: BatchText):
+        """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
+        args, n = self.args, self.args.num_samples
+        unwrapped = self.accelerator.unwrap_model(model)
+        labels = inputs.get("labels")
+        if args.mrt_include_reference and labels is None:
+            raise ValueError(
+                "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
+                "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
+        rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"), self.rollout_config,
+                                 n, with_greedy=args.mrt_include_greedy)
+        extra = [(rollout.greedy_ids, rollout.greedy_mask)] if args.mrt_include_greedy else []
+        if args.mrt_include_reference:
+            extra.append((labels, labels != -100))
+        pad = pad_id(unwrapped)
+        token_ids, token_mask, is_sample = candidate_set(rollout.sample_ids, rollout.sample_mask, n, extra, pad)
+        k = n + len(extra)
+        rewards, bad = self.score(token_ids, repeat_rows(text, k))
+        keep = losses.first_occurrence_mask(token_ids, k) & ~bad
+        xe_labels = labels if args.rl_weight < 1 else None
+        # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at.
+        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), token_ids, k,
+                               decoder_start_id(unwrapped), pad, None if args.mrt_include_reference else xe_labels)
+        seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, token_mask, args.length_normalize)
+        risk = losses.minimum_risk_loss(seq_logprobs, rewards, k, args.mrt_alpha, keep)
+        xe_loss = None
+        if xe_labels is not None:
+            gold_logits = scored.gold_logits
+            if args.mrt_include_reference:  # the reference is the last candidate: its logits are the gold ones
+                logits = scored.sample_logits
+                gold_logits = logits.view(-1, k, *logits.shape[1:])[:, -1, : labels.shape[1]]
+            xe_loss = self._xe_from_logits(gold_logits, labels)
+        loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
+        metrics = self.sample_metrics(rewards[is_sample], bad[is_sample], rollout.sample_ids, rollout.sample_mask,
+                                      unwrapped)
+        sampled_tokens = token_mask & is_sample.unsqueeze(1)  # entropy and KL on the sampled positions, as elsewhere
+        loss = self.add_regularizers(loss, inputs, token_ids, k, scored.sample_logits, sampled_tokens, metrics)
+        with torch.no_grad():
+            q = losses.candidate_distribution(seq_logprobs, k, args.mrt_alpha, keep)
+        metrics.update({
+            "mrt/risk": risk.item(),
+            "mrt/q_entropy": torch.special.entr(q).sum(dim=-1).mean().item(),
+            "mrt/distinct_candidates": keep.view(-1, k).sum(dim=-1).float().mean().item(),
+        })
+        if xe_loss is not None:
+            metrics["rl/xe_loss"] = xe_loss.item()
+        self._record("train", metrics)
+        return loss
