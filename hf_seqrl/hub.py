@@ -63,6 +63,31 @@ REFERENCES = {
   year      = {2019},
   url       = {https://aclanthology.org/P19-2049/}
 }"""),
+    "shen2016mrt": dict(cite="Shen et al., 2016", url="https://aclanthology.org/P16-1159/", bibtex="""\
+@inproceedings{shen2016mrt,
+  title     = {Minimum Risk Training for Neural Machine Translation},
+  author    = {Shen, Shiqi and Cheng, Yong and He, Zhongjun and He, Wei and Wu, Hua and Sun, Maosong and Liu, Yang},
+  booktitle = {Proceedings of the 54th Annual Meeting of the ACL},
+  year      = {2016},
+  url       = {https://aclanthology.org/P16-1159/}
+}"""),
+    "lamb2016professor": dict(cite="Lamb et al., 2016", url="https://arxiv.org/abs/1610.09038", bibtex="""\
+@inproceedings{lamb2016professor,
+  title     = {Professor Forcing: A New Algorithm for Training Recurrent Networks},
+  author    = {Lamb, Alex and Goyal, Anirudh and Zhang, Ying and Zhang, Saizheng and Courville, Aaron and
+               Bengio, Yoshua},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2016},
+  url       = {https://arxiv.org/abs/1610.09038}
+}"""),
+    "ranzato2016mixer": dict(cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732", bibtex="""\
+@inproceedings{ranzato2016mixer,
+  title     = {Sequence Level Training with Recurrent Neural Networks},
+  author    = {Ranzato, Marc'Aurelio and Chopra, Sumit and Auli, Michael and Zaremba, Wojciech},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2016},
+  url       = {https://arxiv.org/abs/1511.06732}
+}"""),
 }
 
 # Trainer labels (`SeqTrainerBase.algorithm`) whose loss is a policy gradient, with the baseline each uses when
@@ -90,6 +115,15 @@ OTHER_ALGORITHMS = {
                                            "predictions, the gold share following a schedule"),
     "Cross-entropy": dict(name="Cross-entropy", slug="cross-entropy", citations=[],
                           description="maximum likelihood with teacher forcing"),
+    "MRT": dict(name="Minimum risk training", slug="mrt", citations=["shen2016mrt"],
+                description="the expected cost 1 - reward under the model's alpha-sharpened distribution over each "
+                            "source's candidate set"),
+    "Professor forcing": dict(name="Professor forcing", slug="professor-forcing", citations=["lamb2016professor"],
+                              description="cross-entropy plus an adversarial loss that makes the decoder's "
+                                          "free-running hidden states look teacher-forced to a discriminator"),
+    "MIXER": dict(name="MIXER", slug="mixer", citations=["ranzato2016mixer"],
+                  description="cross-entropy on the first tokens of each target and REINFORCE on the sampled rest, "
+                              "the sampled part growing over training"),
 }
 
 PIPELINES = {"translation": "translation", "summarization": "summarization"}
@@ -99,7 +133,9 @@ EXAMPLE_INPUTS = {"translation": "Ein Hund läuft im Park."}
 CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_xe_steps", "rl_weight",
                  "temperature", "top_k", "top_p", "max_new_tokens", "length_normalize", "entropy_coef", "kl_coef",
                  "center_advantages", "scale_rewards", "schedule", "schedule_k", "min_teacher_forcing_ratio",
-                 "sampling", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "sampling", "num_iterations", "epsilon", "epsilon_high", "loss_normalization", "mrt_alpha",
+                 "mrt_include_greedy", "mrt_include_reference", "adversarial_weight", "discriminator",
+                 "free_running", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
                  "max_steps", "num_train_epochs", "seed", "bf16", "fp16")
 SECRET_PATTERN = re.compile(r"(hf_[A-Za-z0-9]{20,}|api[_-]?key|token|secret|password)", re.IGNORECASE)
 # Setting names that hold credentials (`hub_token`), not ones that merely mention tokens (`max_new_tokens`).

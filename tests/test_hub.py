@@ -94,6 +94,9 @@ def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
     ("Scheduled sampling", "None", "Scheduled sampling", "scheduled-sampling",
      ["bengio2015scheduled", "mihaylova2019scheduled"]),
     ("Cross-entropy", None, "Cross-entropy", "cross-entropy", []),
+    ("MRT", "greedy", "Minimum risk training", "mrt", ["shen2016mrt"]),  # MRT has no baseline to name
+    ("Professor forcing", None, "Professor forcing", "professor-forcing", ["lamb2016professor"]),
+    ("MIXER", "moving_average", "MIXER", "mixer", ["ranzato2016mixer"]),
 ])
 def test_describe_algorithm_names_what_the_baseline_makes_of_the_trainer(algorithm, baseline, name, slug, citations):
     method = describe_algorithm(algorithm, baseline)
