@@ -82,7 +82,8 @@ def test_mrt_trains_a_tiny_t5_and_logs_its_metrics(tmp_path, tokenizer):
     after = params(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     trainer.save_model(str(tmp_path / "saved"))
-    assert "- Algorithm: MRT" in (tmp_path / "saved" / "README.md").read_text()
+    card = (tmp_path / "saved" / "README.md").read_text()
+    assert "- Algorithm: Minimum risk training" in card and "Shen et al., 2016" in card
 
 
 def test_identical_candidates_count_once(tmp_path, tokenizer):
