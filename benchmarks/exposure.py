@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = {
     "xe": ("more teacher forcing (cross-entropy)", "1×"),
     "ss": ("scheduled sampling", "≈1× (two passes)"),
+    "mixer": ("MIXER", "> 1× (decode of the sampled suffix)"),
     "pf": ("professor forcing", "> 1× (decode + discriminator)"),
     "scst": ("SCST (greedy baseline)", "> 1× (decode)"),
 }

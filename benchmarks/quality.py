@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data"))
 ARMS = ("xe", "ss", "scst", "loo4")
 TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": "C + scheduled sampling",
-          "pf": "C + professor forcing",
+          "pf": "C + professor forcing", "mixer": "C + MIXER",
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
@@ -502,6 +502,19 @@ def _rl_arm(arm: str):
     return build
 
 
+def _mixer_arm(ctx: "ArmContext"):
+    from hf_seqrl.configs import MixerConfig
+    from hf_seqrl.trainers.mixer import MixerTrainer
+
+    settings = ctx.settings
+    # Δ grows by mixer_delta tokens every tenth of the budget's steps (one rollout + one scoring pass per step).
+    steps = settings.budget_positions / (2 * settings.batch_size * ctx.mean_target_positions)
+    args = ctx.args(MixerConfig, lr=settings.rl_lr or settings.arm_lr, max_new_tokens=settings.max_new_tokens,
+                    temperature=settings.rl_temperature, mixer_delta=2, mixer_increment_steps=max(1, int(steps / 10)))
+    return MixerTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
+                        processing_class=ctx.tokenizer)
+
+
 def _pf_arm(ctx: "ArmContext"):
     from hf_seqrl.configs import ProfessorForcingConfig
     from hf_seqrl.trainers.professor_forcing import ProfessorForcingTrainer
@@ -530,7 +543,8 @@ class ArmContext:
 
 
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
-ARM_TRAINERS = {"xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"), "pf": _pf_arm}
+ARM_TRAINERS = {"xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"), "pf": _pf_arm,
+                "mixer": _mixer_arm}
 
 
 def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_dir: str, seed: int,

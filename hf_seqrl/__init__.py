@@ -16,6 +16,8 @@ _LAZY = {
     "ProfessorForcingConfig": "configs",
     "ProfessorForcingTrainer": "trainers.professor_forcing",
     "MRTConfig": "configs",
+    "MixerConfig": "configs",
+    "MixerTrainer": "trainers.mixer",
     "SeqRLTrainer": "trainers.base",
     "SeqRLBaseTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.reinforce",

@@ -290,6 +290,45 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
 
 
 @dataclass
+class MixerConfig(SeqRLConfig):
+    r"""
+    Arguments of [`MixerTrainer`] (MIXER, Ranzato et al., 2016), on top of [`SeqRLConfig`].
+
+    For a target of `T` tokens (EOS included), the first `T - Δ` gold tokens are trained with cross-entropy; from
+    that gold prefix the model samples the rest (`num_samples` continuations), trained with REINFORCE on the
+    sequence-level reward of prefix + continuation, with any of the baselines (the greedy one continues greedily
+    from the same prefix). Δ starts at `mixer_delta` and grows by `mixer_delta` every `mixer_increment_steps`
+    optimizer steps after the warm-up, until whole sequences are sampled (then the loss is REINFORCE's). Per row the
+    loss is `-Σ_{t<T-Δ} log p(y*_t) - A · Σ_{t>=T-Δ} log p(ŷ_t)` (sums over tokens), averaged over rows, and mixed
+    with the whole target's cross-entropy by `rl_weight`. `length_normalize`, `loss_normalization="token"` and
+    `num_iterations > 1` are refused.
+
+    mixer_delta (`int`, *optional*, defaults to `2`):
+        Δ at the start, and its increment.
+    mixer_increment_steps (`int`, *optional*, defaults to `1000`):
+        Optimizer steps between two increments of Δ.
+    """
+
+    mixer_delta: int = field(default=2, metadata={"help": "Sampled final tokens at the start, and the increment."})
+    mixer_increment_steps: int = field(default=1000, metadata={"help": "Optimizer steps between increments."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.mixer_delta < 1:
+            raise ValueError(f"MixerConfig.mixer_delta must be >= 1 (tokens sampled from the end), got "
+                             f"{self.mixer_delta}.")
+        if self.mixer_increment_steps < 1:
+            raise ValueError(f"MixerConfig.mixer_increment_steps must be >= 1, got {self.mixer_increment_steps}.")
+        refused = {"length_normalize": self.length_normalize, "loss_normalization": self.loss_normalization != "sequence",
+                   "num_iterations": self.num_iterations != 1}
+        for name, is_set in refused.items():
+            if is_set:
+                raise ValueError(
+                    f"MixerConfig.{name}={getattr(self, name)!r}: MIXER sums the log-probs of each row's prefix and "
+                    f"continuation, one update per rollout; leave {name} at its default.")
+
+
+@dataclass
 class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     r"""
     Arguments of [`ProfessorForcingTrainer`], on top of `Seq2SeqTrainingArguments`.

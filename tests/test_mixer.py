@@ -61,3 +61,127 @@ def test_without_greedy_rows_samples_match_a_plain_rollout_of_the_same_rng(token
     assert torch.equal(first.sample_ids, again.sample_ids)
     plain = sample_rollout(model, enc["input_ids"], enc["attention_mask"], config, 3)
     assert plain.sample_ids.shape[0] == first.sample_ids.shape[0] == 6
+
+
+# ---- the trainer ----------------------------------------------------------------------------------------------
+
+def mixer_config(tmp_path, **kwargs):
+    from hf_seqrl import MixerConfig
+
+    settings = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3,
+                    logging_steps=1, report_to=[], save_strategy="no", max_new_tokens=8, disable_tqdm=True,
+                    dataloader_pin_memory=False, seed=0, num_samples=2)
+    settings.update(kwargs)
+    return MixerConfig(**settings)
+
+
+def copy_data(tokenizer, n=12, seed=0):
+    from conftest import toy_dataset
+
+    src, tgt = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(3, 5))
+    return toy_dataset(tokenizer, src, tgt)
+
+
+def params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_prefix_lengths():
+    from hf_seqrl.trainers.mixer import prefix_lengths
+
+    labels = torch.tensor([[5, 6, 7, 1], [5, 1, -100, -100]])
+    assert prefix_lengths(labels, 2).tolist() == [2, 0]
+    assert prefix_lengths(labels, 1).tolist() == [3, 1]
+
+
+def test_whole_sequences_sampled_is_reinforce(tmp_path, tokenizer):
+    from hf_seqrl import MixerTrainer, ReinforceTrainer, SeqRLConfig
+
+    results, losses_seen = [], []
+    for cls in (MixerTrainer, ReinforceTrainer):
+        model = tiny_model("t5", seed=5)
+        kwargs = dict(output_dir=str(tmp_path / cls.__name__), per_device_train_batch_size=4, max_steps=2,
+                      optim="sgd", learning_rate=0.5, max_grad_norm=0.0, lr_scheduler_type="constant", logging_steps=1,
+                      report_to=[], save_strategy="no", max_new_tokens=8, disable_tqdm=True,
+                      dataloader_pin_memory=False, seed=0, num_samples=2, baseline="mean")
+        if cls is MixerTrainer:
+            args = mixer_config(tmp_path, **kwargs, mixer_delta=100)  # Δ above every target length
+        else:
+            args = SeqRLConfig(**kwargs)
+        trainer = cls(model=model, args=args, reward_funcs="chrf", train_dataset=copy_data(tokenizer),
+                      processing_class=tokenizer)
+        trainer.train()
+        results.append(params(model))
+        losses_seen.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
+    assert losses_seen[0] == pytest.approx(losses_seen[1], abs=1e-6)
+    for key in results[0]:
+        torch.testing.assert_close(results[0][key], results[1][key], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("arch,baseline", [("t5", "greedy"), ("bart", "moving_average"), ("marian", "mean")])
+def test_trains_from_gold_prefixes_and_logs(tmp_path, tokenizer, arch, baseline):
+    from hf_seqrl import MixerTrainer
+
+    model = tiny_model(arch)
+    before = params(model)
+    args = mixer_config(tmp_path, max_steps=5, baseline=baseline, mixer_delta=2, mixer_increment_steps=2,
+                        warmup_xe_steps=1, rl_weight=0.9)
+    trainer = MixerTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=copy_data(tokenizer),
+                           processing_class=tokenizer)
+    seen = []
+    original = trainer.sample_continuations
+
+    def spy(unwrapped, inputs, labels, prefixes):
+        rollout = original(unwrapped, inputs, labels, prefixes)
+        seen.append((labels, prefixes, rollout))
+        return rollout
+
+    trainer.sample_continuations = spy
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["rl/phase"] for h in logs] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    # Δ: 2 for the first 2 steps after the warm-up, then 4
+    assert [h["mixer/delta"] for h in logs[1:]] == [2.0, 2.0, 4.0, 4.0]
+    assert all(0.0 <= h["mixer/prefix_fraction"] < 1.0 for h in logs[1:])
+    assert logs[1]["mixer/prefix_fraction"] > 0.0
+    for labels, prefixes, rollout in seen:
+        for row, length in enumerate(prefixes.tolist()):
+            for sample in range(2):  # every sample of a source starts with its gold prefix
+                assert rollout.sample_ids[row * 2 + sample, :length].tolist() == labels[row, :length].tolist()
+            if rollout.greedy_ids is not None:
+                assert rollout.greedy_ids[row, :length].tolist() == labels[row, :length].tolist()
+    after = params(model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert trainer.algorithm_name == "MIXER"
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("mixer_delta", 0, "mixer_delta must be >= 1"),
+    ("mixer_increment_steps", 0, "mixer_increment_steps must be >= 1"),
+    ("length_normalize", True, "MixerConfig.length_normalize=True"),
+    ("num_iterations", 2, "MixerConfig.num_iterations=2"),
+])
+def test_bad_settings_name_the_field(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        mixer_config(tmp_path, **{field: value})
+
+
+def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, tokenizer):
+    from hf_seqrl import MixerTrainer
+
+    data = copy_data(tokenizer, n=24)
+
+    def run(resume=None):
+        model = tiny_model("t5", seed=2)
+        args = mixer_config(tmp_path, max_steps=6, save_strategy="steps", save_steps=3, mixer_delta=1,
+                            mixer_increment_steps=2)
+        trainer = MixerTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=data,
+                               processing_class=tokenizer)
+        trainer.train(resume_from_checkpoint=resume)
+        return params(model), trainer.baseline_ema
+
+    full, full_ema = run()
+    resumed, resumed_ema = run(resume=str(tmp_path / "out" / "checkpoint-3"))
+    for key in full:
+        torch.testing.assert_close(resumed[key], full[key], atol=1e-6, rtol=1e-6)
+    assert resumed_ema == pytest.approx(full_ema, abs=1e-6)

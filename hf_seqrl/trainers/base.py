@@ -389,9 +389,14 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
         """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
-        args, n = self.args, self.args.num_samples
+        n = self.args.num_samples
         rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"),
                                  self.rollout_config, n, with_greedy=self.baseline == "greedy")
+        return self.rollout_batch(rollout, text, unwrapped)
+
+    def rollout_batch(self, rollout, text: BatchText, unwrapped) -> RolloutBatch:
+        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad)."""
+        args, n = self.args, rollout.num_samples
         sample_rewards, bad = self.score(rollout.sample_ids, repeat_rows(text, n))
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)

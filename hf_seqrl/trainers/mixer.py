@@ -1,0 +1,124 @@
+"""`MixerTrainer`: MIXER (Ranzato et al., 2016), the gradual hand-off from teacher forcing to REINFORCE.
+
+Each target's first `T - Δ` tokens are teacher-forced (cross-entropy); the model continues that gold prefix on its
+own (`num_samples` samples, and the greedy continuation for the greedy baseline), and the continuation is trained
+with REINFORCE on the reward of prefix + continuation. Δ grows during training (`schedules.mixer_delta`), from the
+end of the target backwards, until whole sequences are sampled. The encoder runs once per source for each group of
+rows that share a prefix length; the continuations are `generate` calls given the gold prefix as decoder input.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .. import losses
+from ..configs import MixerConfig
+from ..rollout import Rollout, decoder_start_id, pad_id, sample_from_prefix, sample_rollout, score_rollout
+from ..schedules import mixer_delta
+from .base import SeqRLTrainer
+from .inputs import BatchText
+
+
+def prefix_lengths(labels: torch.Tensor, delta: int) -> torch.Tensor:
+    """Returns the teacher-forced prefix length `max(0, T - Δ)` of each row, `T` its target tokens (EOS included).
+
+    Args:
+        labels (`torch.LongTensor` of shape `(B, T_max)`): gold targets, -100 at padding.
+    """
+    return ((labels != -100).sum(dim=1) - delta).clamp(min=0)
+
+
+def _pad_columns(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, length - x.shape[1]), value=value)
+
+
+class MixerTrainer(SeqRLTrainer):
+    """MIXER (Ranzato et al., 2016): cross-entropy on the first `T - Δ` gold tokens of each target and REINFORCE on
+    the model's continuation of that prefix, rewarded as a whole sequence; Δ grows by `mixer_delta` every
+    `mixer_increment_steps` optimizer steps. Any baseline of `SeqRLConfig` (default: moving average); with Δ at
+    least the target length the loss is exactly `ReinforceTrainer`'s. Logs `mixer/delta` and
+    `mixer/prefix_fraction` (the teacher-forced share of the targets) next to the `rl/*` metrics.
+    """
+
+    config_class = MixerConfig
+    default_baseline = "moving_average"
+    algorithm = "MIXER"
+
+    def delta(self) -> int:
+        """Returns Δ at the current optimizer step, counted from the end of the warm-up."""
+        step = max(0, self.state.global_step - self.args.warmup_xe_steps)
+        return mixer_delta(step, self.args.mixer_delta, self.args.mixer_increment_steps)
+
+    def sequence_loss(self, model, inputs, text, num_items_in_batch):
+        if inputs.get("labels") is None:
+            raise ValueError("MixerTrainer teacher-forces a prefix of each target: the dataset needs tokenized "
+                             "'labels' (tokenizer(text_target=...)).")
+        return super().sequence_loss(model, inputs, text, num_items_in_batch)
+
+    def rl_loss(self, model, inputs, text: BatchText):
+        args, n = self.args, self.args.num_samples
+        unwrapped = self.accelerator.unwrap_model(model)
+        labels, delta = inputs["labels"], self.delta()
+        prefixes = prefix_lengths(labels, delta)
+        rollout = self.sample_continuations(unwrapped, inputs, labels, prefixes)
+        batch = self.rollout_batch(rollout, text, unwrapped)
+        gold = labels if args.rl_weight < 1 else None
+        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), batch.sample_ids, n,
+                               decoder_start_id(unwrapped), pad_id(unwrapped), gold, args.temperature)
+        positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
+        prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
+        continuation_mask = batch.sample_mask & ~prefix_mask
+        # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
+        prefix_logprobs = None if args.temperature == 1.0 else losses.token_logprobs_from_logits(
+            scored.sample_logits, batch.sample_ids)
+        mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
+                                       prefix_logprobs)
+        xe_loss = None if gold is None else self._xe_from_logits(scored.gold_logits, gold)
+        loss = losses.mix_losses(mixer_loss, xe_loss, args.rl_weight)
+        metrics = dict(batch.metrics)
+        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, continuation_mask,
+                                     metrics)
+        target_tokens = (labels != -100).sum().clamp(min=1)
+        metrics.update({"rl/pg_loss": mixer_loss.item(), "mixer/delta": float(delta),
+                        "mixer/prefix_fraction": (prefixes.sum() / target_tokens).item()})
+        if xe_loss is not None:
+            metrics["rl/xe_loss"] = xe_loss.item()
+        self._record("train", metrics)
+        return loss
+
+    def sample_continuations(self, unwrapped, inputs, labels: torch.Tensor, prefixes: torch.Tensor) -> Rollout:
+        """Returns the samples (and greedy rows) of every source, each holding its gold prefix then its own
+        continuation; rows sharing a prefix length are decoded together, in one `generate` call."""
+        n, with_greedy = self.args.num_samples, self.baseline == "greedy"
+        input_ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
+            return sample_rollout(unwrapped, input_ids, mask, self.rollout_config, n, with_greedy=with_greedy)
+        config = self.rollout_config
+        budget = config.max_new_tokens or max(1, config.max_length - 1)  # the whole output's length limit
+        pad, parts = pad_id(unwrapped), []
+        for length in prefixes.unique().tolist():
+            rows = (prefixes == length).nonzero().squeeze(1)
+            sub_mask = None if mask is None else mask[rows]
+            if length == 0:
+                part = sample_rollout(unwrapped, input_ids[rows], sub_mask, config, n, with_greedy=with_greedy)
+            else:
+                continuation = copy.deepcopy(config)
+                continuation.max_new_tokens = max(1, budget - length)
+                part = sample_from_prefix(unwrapped, input_ids[rows], sub_mask, labels[rows, :length], continuation,
+                                          n, with_greedy=with_greedy)
+            parts.append((rows, part))
+        width = max(part.sample_ids.shape[1] for _, part in parts)
+        sample_ids = labels.new_full((labels.shape[0] * n, width), pad)
+        sample_mask = torch.zeros_like(sample_ids, dtype=torch.bool)
+        greedy_ids = labels.new_full((labels.shape[0], width), pad) if with_greedy else None
+        greedy_mask = torch.zeros_like(greedy_ids, dtype=torch.bool) if with_greedy else None
+        for rows, part in parts:
+            sample_rows = (rows.unsqueeze(1) * n + torch.arange(n, device=rows.device)).flatten()
+            sample_ids[sample_rows] = _pad_columns(part.sample_ids, width, pad)
+            sample_mask[sample_rows] = _pad_columns(part.sample_mask.long(), width, 0).bool()
+            if with_greedy:
+                greedy_ids[rows] = _pad_columns(part.greedy_ids, width, pad)
+                greedy_mask[rows] = _pad_columns(part.greedy_mask.long(), width, 0).bool()
+        return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, n)
