@@ -136,14 +136,54 @@ def main(out: str, repo: str) -> None:
     dump(trainer, os.path.join(out, f"pipeline_rank{rank}.pt"))
 
 
-def main_reuse_and_mrt(out: str) -> None:
-    for name, run in (("reuse", run_reuse), ("mrt", run_mrt)):
+def run_professor_forcing(output_dir: str):
+    """Returns the trainer after 2 steps of professor forcing on the `one_step` data (free-running outputs differ
+    between ranks, and so do their discriminator gradients until they are averaged)."""
+    from hf_seqrl import ProfessorForcingConfig, ProfessorForcingTrainer
+
+    args = ProfessorForcingConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
+                                  learning_rate=1e-2, discriminator_hidden_size=16, discriminator_learning_rate=1e-2,
+                                  logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=0,
+                                  dataloader_pin_memory=False, use_cpu=True)
+    tokenizer = byt5_tokenizer()
+    trainer = ProfessorForcingTrainer(model=tiny_model("t5", seed=1), args=args,
+                                      train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
+def run_mixer(output_dir: str):
+    """Returns the trainer after 2 steps of MIXER (Δ = 2: gold prefixes, sampled last tokens) on the `one_step` data."""
+    from hf_seqrl import MixerConfig, MixerTrainer
+
+    args = MixerConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
+                       num_samples=2, baseline="greedy", mixer_delta=2, learning_rate=1e-2, logging_steps=1,
+                       report_to=[], save_strategy="no", disable_tqdm=True, seed=0, dataloader_pin_memory=False,
+                       use_cpu=True)
+    tokenizer = byt5_tokenizer()
+    trainer = MixerTrainer(model=tiny_model("t5", seed=1), args=args, reward_funcs=overlap_reward,
+                           train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
+# Groups of runs a test launches on 2 processes at once: name -> (run name, function of the output folder).
+SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
+          "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing))}
+
+
+def main_suite(out: str, suite: str) -> None:
+    for name, run in SUITES[suite]:
         trainer = run(os.path.join(out, name))
         dump(trainer, os.path.join(out, f"{name}_rank{trainer.args.process_index}.pt"))
+        discriminator = getattr(trainer, "discriminator", None)
+        if discriminator is not None:
+            torch.save(discriminator.state_dict(), os.path.join(out, f"{name}_discriminator_rank"
+                                                                     f"{trainer.args.process_index}.pt"))
 
 
 if __name__ == "__main__":
-    if sys.argv[3:] == ["reuse_and_mrt"]:
-        main_reuse_and_mrt(sys.argv[1])
+    if sys.argv[3:4] and sys.argv[3] in SUITES:
+        main_suite(sys.argv[1], sys.argv[3])
     else:
         main(sys.argv[1], sys.argv[2])

@@ -206,3 +206,39 @@ def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_pat
     assert len(mrt) == 2 and all(math.isfinite(h["mrt/risk"]) and math.isfinite(h["rl/xe_loss"]) for h in mrt)
     initial = tiny_model("t5", seed=1).state_dict()
     assert max((results["mrt0"]["params"][k] - initial[k]).abs().max().item() for k in initial) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def mixer_and_pf_results(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("dist_mixer_pf")
+    out = tmp_path / "out"
+    out.mkdir()
+    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), "mixer_and_pf"], tmp_path)
+    print(f"MIXER and professor forcing worker on 2 processes: {seconds:.1f} s")
+    results = {f"{run}{rank}": torch.load(out / f"{run}_rank{rank}.pt", weights_only=False)
+               for run in ("mixer", "pf") for rank in (0, 1)}
+    for rank in (0, 1):
+        results[f"discriminator{rank}"] = torch.load(out / f"pf_discriminator_rank{rank}.pt")
+    return results
+
+
+def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
+    """Both train on 2 processes: the ranks end with identical models (and, for professor forcing, identical
+    discriminators, whose gradients are averaged over the ranks), and log finite metrics averaged over them."""
+    import math
+
+    from conftest import tiny_model
+
+    results = mixer_and_pf_results
+    initial = tiny_model("t5", seed=1).state_dict()
+    for run in ("mixer", "pf"):
+        assert results[f"{run}0"]["world_size"] == 2
+        for name, value in results[f"{run}0"]["params"].items():
+            assert torch.equal(value, results[f"{run}1"]["params"][name]), (run, name)
+        assert max((results[f"{run}0"]["params"][k] - initial[k]).abs().max().item() for k in initial) > 1e-4
+    for name, value in results["discriminator0"].items():
+        assert torch.equal(value, results["discriminator1"][name]), name
+    mixer = [h for h in results["mixer0"]["log_history"] if "mixer/delta" in h]
+    assert len(mixer) == 2 and all(h["mixer/delta"] == 2.0 and math.isfinite(h["rl/reward"]) for h in mixer)
+    pf = [h for h in results["pf0"]["log_history"] if "pf/d_loss" in h]
+    assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
