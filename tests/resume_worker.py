@@ -1,6 +1,8 @@
 """Subprocess for the crash-resume tests: trains a tiny model, optionally SIGKILLs itself at a step.
 
-usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [NUM_ITERATIONS]
+usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [NUM_ITERATIONS] [TRAINER]
+TRAINER: `reinforce` (default), or one of `OTHER_TRAINERS` (8 steps, checkpoints every 3, the trainer's own state
+saved with them).
 With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
 With NUM_ITERATIONS > 1: a short run of 8 steps (warm-up 2, checkpoints every 3, 2 accumulation steps) whose
 checkpoint-3 falls inside the cycle of steps 2-3, each rollout serving NUM_ITERATIONS clipped steps.
@@ -30,11 +32,43 @@ class KillAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def other_trainer(name: str, out: str, dataset, tok, callbacks):
+    """Returns a short run of `name` (see `OTHER_TRAINERS`) that checkpoints every 3 of its 8 steps."""
+    import hf_seqrl
+
+    config_name, trainer_name, extra = OTHER_TRAINERS[name]
+    args = getattr(hf_seqrl, config_name)(output_dir=out, per_device_train_batch_size=4, max_steps=8, learning_rate=1e-3,
+                                          max_new_tokens=6, logging_steps=1, save_strategy="steps", save_steps=3,
+                                          report_to=[], disable_tqdm=True, seed=0, dataloader_pin_memory=False,
+                                          **extra)
+    rewards = {"reward_funcs": "chrf"} if "num_samples" in extra else {}
+    return getattr(hf_seqrl, trainer_name)(model=tiny_model("t5", seed=0), args=args, train_dataset=dataset,
+                                           processing_class=tok, callbacks=callbacks, **rewards)
+
+
+# name -> (config class, trainer class, their own settings)
+OTHER_TRAINERS = {
+    "mixer": ("MixerConfig", "MixerTrainer", dict(num_samples=2, mixer_delta=1, mixer_increment_steps=2)),
+    "pf": ("ProfessorForcingConfig", "ProfessorForcingTrainer", dict(discriminator_hidden_size=16,
+                                                                     discriminator_learning_rate=1e-2)),
+}
+
+
 def main():
     out, kill_at, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
     num_iterations = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    name = sys.argv[5] if len(sys.argv) > 5 else "reinforce"
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
+    callbacks = [KillAt(kill_at)] if kill_at >= 0 else None
+    if name != "reinforce":
+        trainer = other_trainer(name, out, toy_dataset(tok, src, tgt), tok, callbacks)
+        trainer.train(resume_from_checkpoint=True if resume else None)
+        torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))
+        history = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+        with open(os.path.join(out, "history.json"), "w") as f:
+            json.dump({"losses": history}, f)
+        return
     settings = dict(per_device_train_batch_size=4, max_steps=20, warmup_xe_steps=10, save_steps=5)
     if num_iterations > 1:
         settings = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8, warmup_xe_steps=2,
@@ -45,7 +79,7 @@ def main():
                        save_strategy="steps", report_to=[], disable_tqdm=True, seed=0,
                        dataloader_pin_memory=False, **settings)
     trainer = ReinforceTrainer(model=tiny_model("t5", seed=0), args=args, train_dataset=toy_dataset(tok, src, tgt),
-                               reward_funcs="chrf", processing_class=tok, callbacks=[KillAt(kill_at)] if kill_at >= 0 else None)
+                               reward_funcs="chrf", processing_class=tok, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=True if resume else None)
     torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))
     history = {h["step"]: h["rl/reward"] for h in trainer.state.log_history if "rl/reward" in h}

@@ -15,10 +15,10 @@ from hf_seqrl.trainers.base import STATE_FILE, last_complete_checkpoint
 WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
 
 
-def worker(out, kill_at=-1, resume=False, num_iterations=1):
+def worker(out, kill_at=-1, resume=False, num_iterations=1, trainer="reinforce"):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0", str(num_iterations)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0", str(num_iterations),
+                           trainer], env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,24 @@ def test_sigkill_inside_a_reuse_cycle_then_resume_matches_uninterrupted_run(tmp_
         assert torch.equal(params[key], full_params[key]), key
     histories = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("full", "cut")]
     assert histories[0] == histories[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["mixer", "pf"])
+def test_sigkill_then_resume_other_trainers(tmp_path, trainer):
+    """MIXER (Δ schedule, moving-average baseline) and professor forcing (its discriminator and optimizer) killed
+    after checkpoint-3 resume from it and end where an uninterrupted run ends."""
+    full = worker(tmp_path / "full", trainer=trainer)
+    assert full.returncode == 0, full.stderr[-2000:]
+    killed = worker(tmp_path / "cut", kill_at=5, trainer=trainer)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = worker(tmp_path / "cut", resume=True, trainer=trainer)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full_params, params = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
+    for key in full_params:
+        assert torch.equal(params[key], full_params[key]), key
+    histories = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("full", "cut")]
+    assert histories[0]["losses"] == histories[1]["losses"]
 
 
 def test_partial_checkpoint_is_not_picked(tmp_path):
