@@ -46,8 +46,11 @@ def candidate_set(sample_ids: torch.Tensor, sample_mask: torch.Tensor, num_sampl
 
 
 class MRTTrainer(SeqRLTrainer):
-    """Minimum risk training: minimizes the expected cost `1 - reward` under `Q ∝ p(y|x)^α`, renormalized over a
-    candidate set per source (samples, optionally the greedy decode and the reference; duplicates counted once).
+    """Minimum risk training (Shen et al., 2016; Edunov et al., 2018).
+
+    Loss: the expected cost `1 - reward` under `Q ∝ p(y|x)^α`, renormalized over a candidate set per source
+    (samples, optionally the greedy decode and the reference; duplicates counted once), mixed with cross-entropy by
+    `rl_weight`. Baseline: none (the renormalization over candidates plays its part).
 
     `args` is an `MRTConfig`. Logs `mrt/risk`, `mrt/q_entropy`, `mrt/distinct_candidates` and the `rl/*` metrics of
     the samples (reward, length, entropy, KL, cross-entropy).

@@ -6,10 +6,11 @@ from .base import SeqRLTrainer
 
 
 class ReinforceTrainer(SeqRLTrainer):
-    """REINFORCE on sampled sequences; `SeqRLConfig.baseline` defaults to `"moving_average"`.
+    """REINFORCE on sampled sequences (Williams, 1992).
 
-    Loss: `-mean_i (r_i - b) * log p(y_i | x_i)`, mixed with cross-entropy by `rl_weight` (Ranzato et al., 2016;
-    Paulus et al., 2017).
+    Loss: the policy gradient `-mean_i (r_i - b) * log p(y_i | x_i)`, mixed with cross-entropy by `rl_weight`
+    (Ranzato et al., 2016; Paulus et al., 2017). Baseline: `SeqRLConfig.baseline`, by default `"moving_average"`,
+    an exponential moving average of past batch rewards.
     """
 
     default_baseline = "moving_average"

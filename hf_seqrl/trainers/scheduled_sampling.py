@@ -46,8 +46,10 @@ def mix_decoder_inputs(
 
 
 class ScheduledSamplingTrainer(SeqRLBaseTrainer):
-    """Cross-entropy training where the decoder sees its own predictions with probability 1 − ε.
+    """Scheduled sampling for transformers (Bengio et al., 2015; Mihaylova & Martins, 2019).
 
+    Loss: cross-entropy of the gold targets on decoder inputs that are the gold token with probability ε and the
+    model's own pass-1 prediction otherwise, ε following `ScheduledSamplingConfig.schedule`. No reward, no baseline.
     Same constructor as `Seq2SeqTrainer`; `args` is a `ScheduledSamplingConfig`. With ε = 1 the loss is plain
     teacher forcing exactly.
     """
