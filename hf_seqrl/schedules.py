@@ -48,3 +48,14 @@ def mixer_delta(step: int, delta: int, increment_steps: int) -> int:
         raise ValueError(f"mixer_delta needs step >= 0, delta >= 1 and increment_steps >= 1, got {step}, {delta}, "
                          f"{increment_steps}.")
     return delta * (1 + step // increment_steps)
+
+
+def corruption_rate(step: float, max_rate: float, schedule: str, k: float) -> float:
+    """Returns σ, the probability of corrupting a decoder input at `step`: `max_rate · (1 − ε(step))`.
+
+    ε is `teacher_forcing_ratio(step, schedule, k, min_ratio=0)`, so σ ramps up from (about) 0 to `max_rate`
+    as ε decays from 1 to 0: `"constant"`: σ = max_rate; `"linear"`: σ = max_rate · min(1, step/k);
+    `"exponential"`: σ = max_rate · (1 − e^(−step/k));
+    `"inverse_sigmoid"`: σ = max_rate · e^(step/k) / (k + e^(step/k)).
+    """
+    return float(max_rate) * (1.0 - teacher_forcing_ratio(step, schedule, k, 0.0))
