@@ -18,12 +18,16 @@ _LAZY = {
     "MRTConfig": "configs",
     "MixerConfig": "configs",
     "MixerTrainer": "trainers.mixer",
+    "PrefixCorruptionConfig": "configs",
+    "KStepRolloutConfig": "configs",
     "SeqRLTrainer": "trainers.base",
     "SeqRLBaseTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.reinforce",
     "SCSTTrainer": "trainers.scst",
     "MRTTrainer": "trainers.mrt",
     "ScheduledSamplingTrainer": "trainers.scheduled_sampling",
+    "PrefixCorruptionTrainer": "trainers.input_schedules",
+    "KStepRolloutTrainer": "trainers.input_schedules",
     "get_reward": "rewards",
     "build_reward": "rewards",
     "WeightedReward": "rewards",
@@ -38,7 +42,7 @@ _LAZY = {
     "build_tiny_model": "tiny_models",
 }
 
-__all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "__version__"]
+__all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "decoder_inputs", "__version__"]
 
 
 def __getattr__(name):
@@ -47,6 +51,7 @@ def __getattr__(name):
         value = getattr(module, name)
         globals()[name] = value
         return value
-    if name in ("losses", "rewards", "metrics", "schedules", "rollout", "data", "configs", "diagnostics", "hub"):
+    if name in ("losses", "rewards", "metrics", "schedules", "rollout", "data", "configs", "diagnostics", "hub",
+                "decoder_inputs"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'hf_seqrl' has no attribute {name!r}")

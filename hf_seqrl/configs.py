@@ -1,6 +1,6 @@
 """Training arguments of the sequence-level trainers.
 
-Both dataclasses extend `transformers.Seq2SeqTrainingArguments`, so every standard field (logging,
+Every dataclass extends `transformers.Seq2SeqTrainingArguments`, so every standard field (logging,
 `report_to`, checkpoints, mixed precision, gradient accumulation, `push_to_hub`, ...) keeps working.
 Rules that involve several fields are checked in `__post_init__` with messages that name the field
 and the fix.
@@ -28,6 +28,19 @@ class _NoSecretsInPickle:
             if key.endswith("_token") and state[key] is not None:
                 state[key] = None
         return state
+
+
+def check_schedule(config) -> None:
+    """Raises a ValueError naming the field if `config.schedule`, `schedule_k` or `schedule_unit` is invalid."""
+    name = type(config).__name__
+    if config.schedule not in SCHEDULES:
+        raise ValueError(f"{name}.schedule={config.schedule!r} is not one of {SCHEDULES}.")
+    if config.schedule_k <= 0:
+        raise ValueError(f"{name}.schedule_k must be > 0, got {config.schedule_k}.")
+    if config.schedule == "inverse_sigmoid" and config.schedule_k < 1:
+        raise ValueError(f"{name}.schedule_k must be >= 1 for the inverse_sigmoid schedule, got {config.schedule_k}.")
+    if config.schedule_unit not in ("step", "epoch"):
+        raise ValueError(f"{name}.schedule_unit must be 'step' or 'epoch', got {config.schedule_unit!r}.")
 
 
 @dataclass
@@ -273,18 +286,11 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"ScheduledSamplingConfig.schedule={self.schedule!r} is not one of {SCHEDULES}.")
-        if self.schedule_k <= 0:
-            raise ValueError(f"ScheduledSamplingConfig.schedule_k must be > 0, got {self.schedule_k}.")
-        if self.schedule == "inverse_sigmoid" and self.schedule_k < 1:
-            raise ValueError("ScheduledSamplingConfig.schedule_k must be >= 1 for the inverse_sigmoid schedule.")
+        check_schedule(self)
         if not 0.0 <= self.min_teacher_forcing_ratio <= 1.0:
             raise ValueError("ScheduledSamplingConfig.min_teacher_forcing_ratio must be in [0, 1].")
         if self.sampling not in ("argmax", "sample"):
             raise ValueError(f"ScheduledSamplingConfig.sampling must be 'argmax' or 'sample', got {self.sampling!r}.")
-        if self.schedule_unit not in ("step", "epoch"):
-            raise ValueError("ScheduledSamplingConfig.schedule_unit must be 'step' or 'epoch'.")
         if self.warmup_xe_steps < 0:
             raise ValueError(f"ScheduledSamplingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
 
@@ -374,3 +380,106 @@ class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError(f"ProfessorForcingConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}.")
         if self.warmup_xe_steps < 0:
             raise ValueError(f"ProfessorForcingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
+
+
+@dataclass
+class PrefixCorruptionConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+    r"""
+    Arguments of [`PrefixCorruptionTrainer`] (prefix corruption and noise-level forcing), on top of
+    `Seq2SeqTrainingArguments`.
+
+    The loss is always the cross-entropy of the gold next token; only the decoder inputs are corrupted. The start
+    token and padding are never corrupted.
+
+    corruption_rate (`float`, *optional*, defaults to `0.15`):
+        σ_max in [0, 1]: the probability of corrupting each decoder input once the schedule has ramped up. With
+        `per_token_levels`, the upper end of the per-token levels' range.
+    replacement (`str`, *optional*, defaults to `"random"`):
+        What a corrupted input becomes: `"random"` (a token drawn uniformly from the vocabulary minus pad, EOS, the
+        decoder start token and the tokenizer's special tokens; one parallel pass) or `"model"` (the model's own
+        prediction at that position from a no-grad teacher-forced pass; two passes, as in scheduled sampling).
+    per_token_levels (`bool`, *optional*, defaults to `False`):
+        Noise-level forcing: every position of every sequence draws its own level σ_t ~ U(0, σ), then is corrupted
+        with probability σ_t (so each input with probability σ/2, independently). `False` corrupts every input with
+        probability σ.
+    sampling (`str`, *optional*, defaults to `"argmax"`):
+        With `replacement="model"`, how the model's token is picked: `"argmax"` or `"sample"`.
+    schedule (`str`, *optional*, defaults to `"constant"`):
+        How σ ramps up over time s: σ = corruption_rate · (1 − ε(s)), ε being the teacher-forcing ratio of
+        `hf_seqrl.schedules` with a lower bound of 0. `"constant"`: σ = corruption_rate; `"linear"`:
+        σ = corruption_rate · min(1, s/k); `"exponential"`: σ = corruption_rate · (1 − e^(−s/k));
+        `"inverse_sigmoid"`: σ = corruption_rate · e^(s/k) / (k + e^(s/k)), needs k ≥ 1.
+    schedule_k (`float`, *optional*, defaults to `1000.0`):
+        Time constant k of the schedule, in `schedule_unit`s, counted after the warm-up.
+    schedule_unit (`str`, *optional*, defaults to `"step"`):
+        `"step"` (optimizer steps) or `"epoch"`.
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher forcing before corruption starts.
+    """
+
+    corruption_rate: float = field(default=0.15, metadata={"help": "σ: probability of corrupting a decoder input."})
+    replacement: str = field(default="random", metadata={"help": "random | model"})
+    per_token_levels: bool = field(default=False, metadata={"help": "Noise-level forcing: σ_t ~ U(0, σ) per token."})
+    sampling: str = field(default="argmax", metadata={"help": "argmax | sample (replacement='model')"})
+    schedule: str = field(default="constant", metadata={"help": "constant | linear | exponential | inverse_sigmoid"})
+    schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule."})
+    schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before corruption."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.corruption_rate <= 1.0:
+            raise ValueError(f"PrefixCorruptionConfig.corruption_rate must be in [0, 1], got {self.corruption_rate}.")
+        if self.replacement not in ("random", "model"):
+            raise ValueError(
+                f"PrefixCorruptionConfig.replacement must be 'random' or 'model', got {self.replacement!r}.")
+        if self.sampling not in ("argmax", "sample"):
+            raise ValueError(f"PrefixCorruptionConfig.sampling must be 'argmax' or 'sample', got {self.sampling!r}.")
+        check_schedule(self)
+        if self.warmup_xe_steps < 0:
+            raise ValueError(f"PrefixCorruptionConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
+
+
+ROLLOUT_CONTEXTS = ("exact", "shared_row")
+
+
+@dataclass
+class KStepRolloutConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+    r"""
+    Arguments of [`KStepRolloutTrainer`], on top of `Seq2SeqTrainingArguments`.
+
+    From anchors every k positions the decoder continues the gold prefix on its own tokens for k positions, each
+    trained with the cross-entropy of the gold token, then re-anchors on the gold prefix.
+
+    rollout_steps (`int`, *optional*, defaults to `4`):
+        k ≥ 1: positions per anchor. The anchor position is predicted from the gold prefix, the next k − 1 after
+        1 .. k − 1 of the model's own tokens. `1` is teacher forcing exactly.
+    rollout_sampling (`str`, *optional*, defaults to `"argmax"`):
+        How the model's own tokens are picked: `"argmax"` (greedy) or `"sample"`.
+    rollout_context (`str`, *optional*, defaults to `"exact"`):
+        `"exact"`: every chunk sees the gold prefix up to its anchor, then its own tokens (one decoder row per
+        anchor). `"shared_row"`: a cheaper approximation with one row per source, where a chunk also sees the
+        model's tokens of the earlier chunks, and only anchor inputs are gold (see docs/math.md).
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher forcing before the rollouts start.
+    """
+
+    rollout_steps: int = field(default=4, metadata={"help": "k: positions per anchor (1 = teacher forcing)."})
+    rollout_sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
+    rollout_context: str = field(default="exact", metadata={"help": "exact | shared_row"})
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before the rollouts."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.rollout_steps, bool) or int(self.rollout_steps) != self.rollout_steps \
+                or self.rollout_steps < 1:
+            raise ValueError(f"KStepRolloutConfig.rollout_steps must be an integer >= 1, got {self.rollout_steps!r}.")
+        self.rollout_steps = int(self.rollout_steps)
+        if self.rollout_sampling not in ("argmax", "sample"):
+            raise ValueError(
+                f"KStepRolloutConfig.rollout_sampling must be 'argmax' or 'sample', got {self.rollout_sampling!r}.")
+        if self.rollout_context not in ROLLOUT_CONTEXTS:
+            raise ValueError(
+                f"KStepRolloutConfig.rollout_context must be one of {ROLLOUT_CONTEXTS}, got {self.rollout_context!r}.")
+        if self.warmup_xe_steps < 0:
+            raise ValueError(f"KStepRolloutConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")

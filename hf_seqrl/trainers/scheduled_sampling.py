@@ -3,18 +3,17 @@
 Mihaylova & Martins (2019): pass 1 runs the decoder on the gold prefix and takes its prediction at every
 position; pass 2 trains with cross-entropy against the gold targets on decoder inputs where each token is
 the gold one with probability ε (the teacher-forcing ratio of Bengio et al., 2015) and the pass-1
-prediction otherwise. The encoder runs once; both passes read its output.
+prediction otherwise. The encoder runs once; both passes read its output (`InputScheduleTrainer`).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.modeling_outputs import BaseModelOutput
 
+from .. import decoder_inputs as di
 from ..configs import ScheduledSamplingConfig
-from ..rollout import decoder_start_id, pad_id, shift_right
 from ..schedules import teacher_forcing_ratio
-from .base import SeqRLBaseTrainer
+from .input_schedules import DecoderRows, InputScheduleTrainer, replaced_fraction
 
 
 def mix_decoder_inputs(
@@ -35,17 +34,11 @@ def mix_decoder_inputs(
         labels (`torch.LongTensor` of shape `(B, T)`): gold targets, -100 at padding.
         ratio (`float`): ε, the probability of keeping the gold token.
     """
-    replaceable = torch.zeros_like(labels, dtype=torch.bool)
-    replaceable[:, 1:] = labels[:, :-1] != -100
-    draws = torch.rand(labels.shape, generator=generator, device=labels.device)
-    replaced = replaceable & (draws >= ratio)
-    candidates = torch.empty_like(gold_inputs)
-    candidates[:, 0] = gold_inputs[:, 0]
-    candidates[:, 1:] = predicted_tokens[:, :-1]
-    return torch.where(replaced, candidates, gold_inputs), replaced
+    replaced = di.corruption_mask(labels, 1.0 - ratio, generator=generator)
+    return di.feed_back(gold_inputs, predicted_tokens, replaced), replaced
 
 
-class ScheduledSamplingTrainer(SeqRLBaseTrainer):
+class ScheduledSamplingTrainer(InputScheduleTrainer):
     """Scheduled sampling for transformers (Bengio et al., 2015; Mihaylova & Martins, 2019).
 
     Loss: cross-entropy of the gold targets on decoder inputs that are the gold token with probability ε and the
@@ -60,43 +53,14 @@ class ScheduledSamplingTrainer(SeqRLBaseTrainer):
     def teacher_forcing_ratio(self) -> float:
         """Returns ε at the current step (or epoch), counted from the end of the warm-up."""
         args = self.args
-        if args.schedule_unit == "epoch":
-            position = float(int(self.state.epoch or 0))
-        else:
-            position = float(max(0, self.state.global_step - args.warmup_xe_steps))
-        return teacher_forcing_ratio(position, args.schedule, args.schedule_k, args.min_teacher_forcing_ratio)
+        return teacher_forcing_ratio(self.schedule_position(), args.schedule, args.schedule_k,
+                                     args.min_teacher_forcing_ratio)
 
-    def sequence_loss(self, model, inputs, text, num_items_in_batch):
-        self.loss_is_scaled_for_ga = None  # the Trainer's own cross-entropy path below
-        labels = inputs["labels"]
-        unwrapped = self.accelerator.unwrap_model(model)
-        gold_inputs = shift_right(labels, decoder_start_id(unwrapped), pad_id(unwrapped))
-        # Encoder once, with grad. Pass 1 reads a detached copy: its output is turned into discrete tokens, so
-        # no gradient could flow back through it anyway.
-        encoder_states = unwrapped.get_encoder()(
-            input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), return_dict=True
-        ).last_hidden_state
+    def decoder_rows(self, batch, gold_inputs, labels):
         ratio = self.teacher_forcing_ratio()
-        with torch.no_grad():
-            first = unwrapped(
-                encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states.detach()),
-                attention_mask=inputs.get("attention_mask"),
-                decoder_input_ids=gold_inputs,
-                use_cache=False,
-            ).logits
-        if self.args.sampling == "sample":
-            predicted = torch.distributions.Categorical(logits=first.float()).sample()
-        else:
-            predicted = first.argmax(dim=-1)
+        predicted = batch.predict(gold_inputs, self.args.sampling)
         mixed, replaced = mix_decoder_inputs(gold_inputs, predicted, labels, ratio)
-        second_inputs = {k: v for k, v in inputs.items() if k not in ("input_ids", "decoder_input_ids")}
-        second_inputs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
-        second_inputs["decoder_input_ids"] = mixed
-        loss = super(SeqRLBaseTrainer, self).compute_loss(model, second_inputs, num_items_in_batch=num_items_in_batch)
-        replaceable = max(int((labels[:, :-1] != -100).sum()), 1)
-        self._record("train", {
-            "rl/phase": 1.0,
+        return DecoderRows(mixed, labels, metrics={
             "ss/teacher_forcing_ratio": ratio,
-            "ss/replaced_fraction": replaced.sum().item() / replaceable,
+            "ss/replaced_fraction": replaced_fraction(replaced, labels),
         })
-        return loss

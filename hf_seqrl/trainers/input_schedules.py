@@ -1,0 +1,267 @@
+"""Input-schedule trainers: cross-entropy on the gold targets, with decoder inputs other than the gold prefix.
+
+`InputScheduleTrainer` holds the one code path they share: the encoder runs once (with grad); no-grad decoder
+passes over its detached states produce the model's own tokens where a trainer needs them; `decoder_rows` builds
+the rows the decoder is fed; one gradient pass trains every row on its gold targets with the Trainer's own
+cross-entropy (label smoothing, `num_items_in_batch` and gradient accumulation unchanged). The trainers differ
+only in `decoder_rows`; the tensor math is in `hf_seqrl.decoder_inputs`.
+
+- `PrefixCorruptionTrainer`: each input replaced with probability σ by a random token or the model's own
+  prediction; with `per_token_levels`, noise-level forcing (σ_t ~ U(0, σ) per position). One row per source.
+- `KStepRolloutTrainer`: from anchors every k positions the decoder continues the gold prefix on its own tokens
+  for k positions, then re-anchors.
+- `ScheduledSamplingTrainer` (in `scheduled_sampling.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from .. import decoder_inputs as di
+from ..configs import KStepRolloutConfig, PrefixCorruptionConfig
+from ..rollout import decoder_start_id, eos_ids, pad_id, shift_right
+from ..schedules import corruption_rate
+from .base import SeqRLBaseTrainer
+
+
+@dataclass
+class EncodedBatch:
+    """A batch after its encoder pass: what the no-grad decoder passes read.
+
+    Attributes:
+        model: the unwrapped encoder-decoder model.
+        encoder_states (`torch.Tensor` of shape `(B, S, H)`): detached: the model's tokens are discrete, so no
+            gradient could flow back through them anyway.
+        attention_mask (`torch.LongTensor` of shape `(B, S)` or None): the sources' mask.
+    """
+
+    model: torch.nn.Module
+    encoder_states: torch.Tensor
+    attention_mask: torch.Tensor | None
+
+    @torch.no_grad()
+    def predict(self, decoder_input_ids: torch.Tensor, sampling: str,
+                source_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns the model's token `(N, T)` at every position of a teacher-forced pass over `decoder_input_ids`.
+
+        The pass runs in the model's current mode (in training, with dropout, like the gradient pass).
+
+        Args:
+            decoder_input_ids (`torch.LongTensor` of shape `(N, T)`): decoder rows.
+            sampling (`str`): `"argmax"` or `"sample"` (from the softmax of the logits).
+            source_index (`torch.LongTensor` of shape `(N,)`, *optional*): the source of each row; `None` when the
+                rows are the `B` sources in order.
+        """
+        states, mask = self.encoder_states, self.attention_mask
+        if source_index is not None:
+            states = states[source_index]
+            mask = None if mask is None else mask[source_index]
+        logits = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=mask,
+                            decoder_input_ids=decoder_input_ids, use_cache=False).logits
+        if sampling == "sample":
+            return torch.distributions.Categorical(logits=logits.float()).sample()
+        return logits.argmax(dim=-1)
+
+
+@dataclass
+class DecoderRows:
+    """The rows of the gradient pass.
+
+    Attributes:
+        input_ids (`torch.LongTensor` of shape `(R, T)`): what the decoder is fed.
+        labels (`torch.LongTensor` of shape `(R, T)`): the gold target of each trained position, -100 elsewhere.
+            Every target of the batch is trained exactly once over all rows, so the mean cross-entropy is over
+            the same tokens as teacher forcing.
+        source_index (`torch.LongTensor` of shape `(R,)` or None): the source of each row; None when the rows
+            are the `B` sources in order.
+        metrics (`dict[str, float]`): logged with the step.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    source_index: torch.Tensor | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+def replaced_fraction(replaced: torch.Tensor, labels: torch.Tensor) -> float:
+    """Returns the share of replaceable decoder inputs that `replaced` (a bool mask `(B, T)`) marks."""
+    return replaced.sum().item() / max(int(di.replaceable_positions(labels).sum()), 1)
+
+
+class InputScheduleTrainer(SeqRLBaseTrainer):
+    """Cross-entropy on the gold targets of decoder rows built by `decoder_rows` (implemented by subclasses)."""
+
+    def schedule_position(self) -> float:
+        """Returns the time of the schedules: optimizer steps after the warm-up, or completed epochs."""
+        if getattr(self.args, "schedule_unit", "step") == "epoch":
+            return float(int(self.state.epoch or 0))
+        return float(max(0, self.state.global_step - self.args.warmup_xe_steps))
+
+    def decoder_rows(self, batch: EncodedBatch, gold_inputs: torch.Tensor, labels: torch.Tensor) -> DecoderRows:
+        """Returns the rows to train on.
+
+        Args:
+            batch (`EncodedBatch`): for no-grad passes of the model.
+            gold_inputs (`torch.LongTensor` of shape `(B, T)`): teacher-forced decoder inputs.
+            labels (`torch.LongTensor` of shape `(B, T)`): gold targets, -100 at padding.
+        """
+        raise NotImplementedError
+
+    def sequence_loss(self, model, inputs, text, num_items_in_batch):
+        self.loss_is_scaled_for_ga = None  # the Trainer's own cross-entropy path below
+        labels = inputs["labels"]
+        unwrapped = self.accelerator.unwrap_model(model)
+        gold_inputs = shift_right(labels, decoder_start_id(unwrapped), pad_id(unwrapped))
+        encoder_states = unwrapped.get_encoder()(
+            input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), return_dict=True
+        ).last_hidden_state
+        batch = EncodedBatch(unwrapped, encoder_states.detach(), inputs.get("attention_mask"))
+        rows = self.decoder_rows(batch, gold_inputs, labels)
+        loss = self.gold_target_loss(model, inputs, encoder_states, rows, num_items_in_batch)
+        self._record("train", {"rl/phase": 1.0, **rows.metrics})
+        return loss
+
+    def gold_target_loss(self, model, inputs, encoder_states, rows: DecoderRows, num_items_in_batch):
+        """Returns the Trainer's cross-entropy of `rows` (with grad), the encoder states gathered to the rows."""
+        pass_inputs = {k: v for k, v in inputs.items() if k not in ("input_ids", "decoder_input_ids", "labels")}
+        if rows.source_index is not None:
+            # Gathering keeps the encoder's gradient: every row's loss flows back to its source's states.
+            encoder_states = encoder_states[rows.source_index]
+            pass_inputs = {k: v[rows.source_index] if torch.is_tensor(v) else v for k, v in pass_inputs.items()}
+        pass_inputs.update(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
+                           decoder_input_ids=rows.input_ids, labels=rows.labels)
+        return super(SeqRLBaseTrainer, self).compute_loss(model, pass_inputs, num_items_in_batch=num_items_in_batch)
+
+
+class PrefixCorruptionTrainer(InputScheduleTrainer):
+    """Teacher forcing on corrupted decoder inputs: prefix corruption, or noise-level forcing.
+
+    Same constructor as `Seq2SeqTrainer`; `args` is a `PrefixCorruptionConfig`. Each decoder input (never the
+    start token or padding) is replaced with probability σ (or σ_t ~ U(0, σ) drawn per position with
+    `per_token_levels`) by a random non-special token or the model's own prediction; the loss is the cross-entropy
+    of the gold targets. With σ = 0 it is teacher forcing exactly.
+    """
+
+    config_class = PrefixCorruptionConfig
+    algorithm = "Prefix corruption"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.per_token_levels:
+            self.algorithm = "Noise-level forcing"
+        self._vocabulary: torch.Tensor | None = None
+
+    def corruption_rate(self) -> float:
+        """Returns σ at the current step (or epoch), counted from the end of the warm-up."""
+        args = self.args
+        return corruption_rate(self.schedule_position(), args.corruption_rate, args.schedule, args.schedule_k)
+
+    def replacement_vocabulary(self, model) -> torch.Tensor:
+        """Returns the ids random replacements are drawn from: every id the model embeds and the tokenizer knows,
+        minus pad, EOS, the decoder start token, BOS and the tokenizer's special tokens."""
+        if self._vocabulary is None:
+            size = model.get_input_embeddings().num_embeddings
+            if hasattr(self.processing_class, "__len__"):
+                size = min(size, len(self.processing_class))
+            special = {pad_id(model), decoder_start_id(model), getattr(model.generation_config, "bos_token_id", None),
+                       *eos_ids(model),
+                       *getattr(self.processing_class, "all_special_ids", [])}
+            self._vocabulary = di.replacement_vocabulary(size, special).to(model.device)
+        return self._vocabulary
+
+    def decoder_rows(self, batch, gold_inputs, labels):
+        args = self.args
+        rate = self.corruption_rate()
+        replaced = di.corruption_mask(labels, rate, args.per_token_levels)
+        if args.replacement == "random":
+            candidates = di.random_tokens(gold_inputs.shape, self.replacement_vocabulary(batch.model))
+            corrupted = torch.where(replaced, candidates, gold_inputs)
+        elif replaced.any():  # the model's pass is only paid for when something is replaced
+            corrupted = di.feed_back(gold_inputs, batch.predict(gold_inputs, args.sampling), replaced)
+        else:
+            corrupted = gold_inputs
+        return DecoderRows(corrupted, labels, metrics={
+            "pc/corruption_rate": rate,
+            "pc/replaced_fraction": replaced_fraction(replaced, labels),
+        })
+
+
+class KStepRolloutTrainer(InputScheduleTrainer):
+    """Cross-entropy of the gold targets after k − 1 steps of the decoder's own outputs from each anchor.
+
+    Same constructor as `Seq2SeqTrainer`; `args` is a `KStepRolloutConfig`. Anchors are positions 0, k, 2k, ...;
+    from anchor a the decoder predicts position a from the gold prefix, then positions a+1 .. a+k−1 after
+    feeding its own tokens for a .. a+k−2. `rollout_steps=1` is teacher forcing exactly. What each position
+    sees, for `rollout_context="exact"` and `"shared_row"`, is in docs/math.md.
+    """
+
+    config_class = KStepRolloutConfig
+    algorithm = "k-step rollout"
+
+    def decoder_rows(self, batch, gold_inputs, labels):
+        k = self.args.rollout_steps
+        if k == 1:
+            return DecoderRows(gold_inputs, labels, metrics={"ks/rows_per_source": 1.0})
+        if self.args.rollout_context == "shared_row":
+            return self.shared_rows(batch, gold_inputs, labels)
+        return self.exact_rows(batch, gold_inputs, labels)
+
+    def exact_rows(self, batch, gold_inputs, labels) -> DecoderRows:
+        """Returns the gold rows (trained at the anchors) and one row per anchor (trained at its chunk).
+
+        The row of anchor a is the gold prefix up to position a, then the model's own tokens at a+1 .. a+k−1:
+        the token at a+j is the model's choice at position a+j−1 of that same row, so every chunk sees exactly
+        what a step-by-step decode from the gold prefix up to its anchor would feed it. The tokens are made in
+        k − 1 no-grad passes: the first over the gold rows (each anchor's first token has the gold prefix as
+        context), the others over all anchor rows at once.
+        """
+        k, sampling, length = self.args.rollout_steps, self.args.rollout_sampling, gold_inputs.shape[1]
+        row_source, row_anchor = di.rollout_rows(labels, k)
+        rows = gold_inputs[row_source]
+        replaceable = di.replaceable_positions(labels)[row_source]
+        fed = torch.zeros_like(rows, dtype=torch.bool)
+        if len(row_source):
+            predicted = batch.predict(gold_inputs, sampling)[row_source]
+            for offset in range(1, k):
+                if offset > 1:
+                    # Causal attention: positions past the last one read here cannot change its prediction.
+                    end = min(length, int(row_anchor.max()) + offset)
+                    predicted = batch.predict(rows[:, :end], sampling, row_source)
+                feed = di.offset_positions(row_anchor, offset, length) & replaceable
+                rows = di.feed_back(rows, predicted, feed)
+                fed |= feed
+        source = torch.arange(len(gold_inputs), device=labels.device)
+        return DecoderRows(
+            input_ids=torch.cat([gold_inputs, rows]),
+            labels=torch.cat([di.anchor_labels(labels, k), di.chunk_labels(labels, row_source, row_anchor, k)]),
+            source_index=torch.cat([source, row_source]),
+            metrics=self.rollout_metrics(rows, gold_inputs[row_source], fed, 1 + len(row_source) / len(source)),
+        )
+
+    def shared_rows(self, batch, gold_inputs, labels) -> DecoderRows:
+        """Returns one row per source where every non-anchor input is the model's own token.
+
+        Pass j (j = 1 .. k−1, no grad) feeds the model's choice at position t−1 into every position t with
+        t mod k = j; its row then holds own tokens at offsets 1 .. j−1 of every chunk, gold tokens elsewhere. So a
+        chunk also sees the own tokens of the chunks before it, and those were chosen before the later offsets of
+        earlier chunks had been replaced: an approximation of the exact rollout, at one row per source.
+        """
+        k, sampling = self.args.rollout_steps, self.args.rollout_sampling
+        rows = gold_inputs
+        fed = torch.zeros_like(rows, dtype=torch.bool)
+        for offset in range(1, k):
+            feed = di.chunk_offset_positions(labels, k, offset)
+            rows = di.feed_back(rows, batch.predict(rows, sampling), feed)
+            fed |= feed
+        return DecoderRows(rows, labels, metrics=self.rollout_metrics(rows, gold_inputs, fed, 1.0))
+
+    @staticmethod
+    def rollout_metrics(rows, gold_rows, fed, rows_per_source: float) -> dict[str, float]:
+        """Returns `ks/own_token_accuracy` (share of fed own tokens equal to the gold input they replace) and
+        `ks/rows_per_source` (decoder rows of the gradient pass per source)."""
+        matches = (rows == gold_rows) & fed
+        accuracy = matches.sum().item() / max(int(fed.sum()), 1)
+        return {"ks/own_token_accuracy": accuracy, "ks/rows_per_source": rows_per_source}
