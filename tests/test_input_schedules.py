@@ -186,6 +186,24 @@ def test_trains_and_logs_its_metrics(tmp_path, tokenizer, arch, variant):
         assert all(2.0 < r <= 3.0 for r in rows) if variant == "kstep_exact" else rows == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("kind,settings", [("ks", dict(rollout_steps=3)),  # deterministic: greedy own tokens
+                                            ("pc", dict(warmup_xe_steps=1))])  # the teacher-forced warm-up step
+def test_gradient_accumulation_matches_the_large_batch(tmp_path, tokenizer, kind, settings):
+    # Equal-length targets: the mean over each half's tokens, averaged over 2 accumulation steps, is the mean over
+    # the 8 rows' tokens. (Given the token count, the Trainer would not divide T5's per-batch mean by the 2 steps.)
+    src, _ = toy_pairs(8, seed=5, alphabet="abcd", lengths=(4, 4))
+    ds = toy_dataset(tokenizer, src, src)
+    results = []
+    for batch_size, steps in ((8, 1), (4, 2)):
+        model = tiny_model("t5", seed=1)
+        args = make_args(tmp_path / f"{batch_size}", kind, per_device_train_batch_size=batch_size,
+                         gradient_accumulation_steps=steps, learning_rate=0.5, **settings)
+        TRAINERS[kind](model=model, args=args, train_dataset=ds, processing_class=tokenizer).train()
+        results.append(params(model))
+    for key, value in results[0].items():
+        torch.testing.assert_close(results[1][key], value, atol=2e-6, rtol=1e-5)
+
+
 def test_random_replacements_exclude_every_special_token(tmp_path, tokenizer):
     model = tiny_model("bart")  # decoder start = EOS = 1, BOS 2
     trainer = PrefixCorruptionTrainer(model=model, args=make_args(tmp_path, "pc"), processing_class=tokenizer)

@@ -122,11 +122,22 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         text = self.pop_text_columns(inputs)
         if self.phase == "xe" or not model.training or return_outputs:
             # Plain Seq2SeqTrainer loss: warm-up steps and evaluation.
-            self.loss_is_scaled_for_ga = None
             if model.training:
                 self._record("train", {"rl/phase": 0.0})
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return self.per_batch_mean_loss(model, inputs, return_outputs)
         return self.sequence_loss(model, inputs, text, num_items_in_batch)
+
+    def per_batch_mean_loss(self, model, inputs, return_outputs=False):
+        """Returns `Seq2SeqTrainer`'s loss of `inputs` as the mean over this batch's target tokens.
+
+        T5, BART and Marian take `**kwargs` but return a per-batch mean whatever `num_items_in_batch` says; given
+        `num_items_in_batch`, the Trainer would take that mean for a sum already divided by the tokens of every
+        accumulated batch on every process, and neither divide it by the accumulation steps nor leave the
+        averaging over processes to DDP (it multiplies by their number). So the count is not passed, and the
+        Trainer divides this mean by the accumulation steps, as it does the policy-gradient loss.
+        """
+        self.loss_is_scaled_for_ga = False
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
 
     def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         """Returns the loss of a training step after the warm-up (implemented by subclasses)."""
@@ -339,9 +350,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         args = self.args
         if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
             # Nothing a rollout produces would reach the loss: skip decoding and train as Seq2SeqTrainer does.
-            self.loss_is_scaled_for_ga = None
             self._record("train", {"rl/phase": 1.0})
-            return super(SeqRLBaseTrainer, self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            return self.per_batch_mean_loss(model, inputs)
         self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
         if args.rl_weight < 1 and inputs.get("labels") is None:
             raise ValueError(

@@ -111,7 +111,6 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
         raise NotImplementedError
 
     def sequence_loss(self, model, inputs, text, num_items_in_batch):
-        self.loss_is_scaled_for_ga = None  # the Trainer's own cross-entropy path below
         labels = inputs["labels"]
         unwrapped = self.accelerator.unwrap_model(model)
         gold_inputs = shift_right(labels, decoder_start_id(unwrapped), pad_id(unwrapped))
@@ -120,12 +119,13 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
         ).last_hidden_state
         batch = EncodedBatch(unwrapped, encoder_states.detach(), inputs.get("attention_mask"))
         rows = self.decoder_rows(batch, gold_inputs, labels)
-        loss = self.gold_target_loss(model, inputs, encoder_states, rows, num_items_in_batch)
+        loss = self.gold_target_loss(model, inputs, encoder_states, rows)
         self._record("train", {"rl/phase": 1.0, **rows.metrics})
         return loss
 
-    def gold_target_loss(self, model, inputs, encoder_states, rows: DecoderRows, num_items_in_batch):
-        """Returns the Trainer's cross-entropy of `rows` (with grad), the encoder states gathered to the rows."""
+    def gold_target_loss(self, model, inputs, encoder_states, rows: DecoderRows):
+        """Returns the Trainer's cross-entropy of `rows` (with grad; the mean over the batch's trained tokens), the
+        encoder states gathered to the rows."""
         pass_inputs = {k: v for k, v in inputs.items() if k not in ("input_ids", "decoder_input_ids", "labels")}
         if rows.source_index is not None:
             # Gathering keeps the encoder's gradient: every row's loss flows back to its source's states.
@@ -133,7 +133,7 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
             pass_inputs = {k: v[rows.source_index] if torch.is_tensor(v) else v for k, v in pass_inputs.items()}
         pass_inputs.update(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
                            decoder_input_ids=rows.input_ids, labels=rows.labels)
-        return super(SeqRLBaseTrainer, self).compute_loss(model, pass_inputs, num_items_in_batch=num_items_in_batch)
+        return self.per_batch_mean_loss(model, pass_inputs)
 
 
 class PrefixCorruptionTrainer(InputScheduleTrainer):
