@@ -13,7 +13,10 @@ With the mode `reuse_and_mrt` it runs instead:
 - `reuse`: the `one_step` setup over 2 optimizer steps with `num_iterations=2` (one rollout, two clipped steps).
 - `mrt`: 2 steps of `MRTTrainer` (samples, greedy decode and reference as candidates, mixed with cross-entropy).
 
-Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT [reuse_and_mrt]
+With the mode `input_schedules`: one step each of noise-level forcing and of an exact k-step rollout
+(`run_input_schedule_step`).
+
+Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT [SUITE]   (SUITE: a key of `SUITES`)
 """
 
 from __future__ import annotations
@@ -167,9 +170,32 @@ def run_mixer(output_dir: str):
     return trainer
 
 
+def run_input_schedule_step(output_dir: str, kind: str, **overrides):
+    """Returns the trainer after one SGD step of noise-level forcing (`noise_level`: random replacements) or of an
+    exact 3-step greedy rollout (`kstep`, deterministic) on the 8 equal-length rows of `one_step_data`."""
+    from hf_seqrl import KStepRolloutConfig, KStepRolloutTrainer, PrefixCorruptionConfig, PrefixCorruptionTrainer
+
+    settings = dict(output_dir=output_dir, per_device_train_batch_size=4, max_steps=1, optim="sgd", learning_rate=0.5,
+                    max_grad_norm=0.0, lr_scheduler_type="constant", logging_steps=1, report_to=[], save_strategy="no",
+                    disable_tqdm=True, seed=0, dataloader_pin_memory=False, use_cpu=True)
+    settings.update(overrides)
+    if kind == "noise_level":
+        trainer_cls, args = PrefixCorruptionTrainer, PrefixCorruptionConfig(**settings, corruption_rate=0.8,
+                                                                            per_token_levels=True)
+    else:
+        trainer_cls, args = KStepRolloutTrainer, KStepRolloutConfig(**settings, rollout_steps=3)
+    tokenizer = byt5_tokenizer()
+    trainer = trainer_cls(model=tiny_model("t5", seed=1), args=args, train_dataset=one_step_data(tokenizer),
+                          processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
 # Groups of runs a test launches on 2 processes at once: name -> (run name, function of the output folder).
 SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
-          "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing))}
+          "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing)),
+          "input_schedules": (("noise_level", lambda out: run_input_schedule_step(out, "noise_level")),
+                              ("kstep", lambda out: run_input_schedule_step(out, "kstep")))}
 
 
 def main_suite(out: str, suite: str) -> None:

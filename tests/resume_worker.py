@@ -38,7 +38,7 @@ def other_trainer(name: str, out: str, dataset, tok, callbacks):
 
     config_name, trainer_name, extra = OTHER_TRAINERS[name]
     args = getattr(hf_seqrl, config_name)(output_dir=out, per_device_train_batch_size=4, max_steps=8, learning_rate=1e-3,
-                                          max_new_tokens=6, logging_steps=1, save_strategy="steps", save_steps=3,
+                                          logging_steps=1, save_strategy="steps", save_steps=3,
                                           report_to=[], disable_tqdm=True, seed=0, dataloader_pin_memory=False,
                                           **extra)
     rewards = {"reward_funcs": "chrf"} if "num_samples" in extra else {}
@@ -48,9 +48,18 @@ def other_trainer(name: str, out: str, dataset, tok, callbacks):
 
 # name -> (config class, trainer class, their own settings)
 OTHER_TRAINERS = {
-    "mixer": ("MixerConfig", "MixerTrainer", dict(num_samples=2, mixer_delta=1, mixer_increment_steps=2)),
+    "mixer": ("MixerConfig", "MixerTrainer", dict(num_samples=2, mixer_delta=1, mixer_increment_steps=2,
+                                                  max_new_tokens=6)),
     "pf": ("ProfessorForcingConfig", "ProfessorForcingTrainer", dict(discriminator_hidden_size=16,
-                                                                     discriminator_learning_rate=1e-2)),
+                                                                     discriminator_learning_rate=1e-2,
+                                                                     max_new_tokens=6)),
+    # Every step draws from the RNG (corruption levels and draws, sampled own tokens): a resume matches only if
+    # the RNG, the schedule position (σ ramps over steps 2-6) and the data order are restored.
+    "noise_level": ("PrefixCorruptionConfig", "PrefixCorruptionTrainer", dict(
+        corruption_rate=0.6, per_token_levels=True, replacement="model", sampling="sample", schedule="linear",
+        schedule_k=4, warmup_xe_steps=2)),
+    "kstep": ("KStepRolloutConfig", "KStepRolloutTrainer", dict(rollout_steps=2, rollout_sampling="sample",
+                                                                warmup_xe_steps=2)),
 }
 
 

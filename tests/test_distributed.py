@@ -242,3 +242,25 @@ def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
     assert len(mixer) == 2 and all(h["mixer/delta"] == 2.0 and math.isfinite(h["rl/reward"]) for h in mixer)
     pf = [h for h in results["pf0"]["log_history"] if "pf/d_loss" in h]
     assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
+
+
+def test_input_schedule_trainers_on_two_processes(tmp_path):
+    """Noise-level forcing and an exact k-step rollout, one step on 2 processes x batch 4: identical ranks, metrics
+    logged; the deterministic rollout equals one process with the same global batch of 8."""
+    import distributed_worker as worker
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), "input_schedules"], tmp_path)
+    print(f"input-schedule worker on 2 processes: {seconds:.1f} s")
+    for kind, metric in (("noise_level", "pc/replaced_fraction"), ("kstep", "ks/own_token_accuracy")):
+        rank0, rank1 = (torch.load(out / f"{kind}_rank{rank}.pt", weights_only=False) for rank in (0, 1))
+        assert rank0["world_size"] == rank1["world_size"] == 2
+        for name, value in rank0["params"].items():
+            assert torch.equal(value, rank1["params"][name]), (kind, name)
+        assert any(metric in h for h in rank0["log_history"]), kind
+    single = worker.run_input_schedule_step(str(tmp_path / "single"), "kstep", per_device_train_batch_size=8)
+    distributed = torch.load(out / "kstep_rank0.pt", weights_only=False)["params"]
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
+

@@ -70,10 +70,11 @@ def test_sigkill_inside_a_reuse_cycle_then_resume_matches_uninterrupted_run(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["mixer", "pf"])
+@pytest.mark.parametrize("trainer", ["mixer", "pf", "noise_level", "kstep"])
 def test_sigkill_then_resume_other_trainers(tmp_path, trainer):
-    """MIXER (Δ schedule, moving-average baseline) and professor forcing (its discriminator and optimizer) killed
-    after checkpoint-3 resume from it and end where an uninterrupted run ends."""
+    """MIXER (Δ schedule, moving-average baseline), professor forcing (its discriminator and optimizer), noise-level
+    forcing and k-step rollout (RNG draws every step) killed after checkpoint-3 resume from it and end where an
+    uninterrupted run ends."""
     full = worker(tmp_path / "full", trainer=trainer)
     assert full.returncode == 0, full.stderr[-2000:]
     killed = worker(tmp_path / "cut", kill_at=5, trainer=trainer)
