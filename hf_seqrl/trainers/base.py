@@ -128,13 +128,11 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         return self.sequence_loss(model, inputs, text, num_items_in_batch)
 
     def per_batch_mean_loss(self, model, inputs, return_outputs=False):
-        """Returns `Seq2SeqTrainer`'s loss of `inputs` as the mean over this batch's target tokens.
+        """Returns `Seq2SeqTrainer`'s loss of `inputs`: the mean over this batch's target tokens.
 
-        T5, BART and Marian take `**kwargs` but return a per-batch mean whatever `num_items_in_batch` says; given
-        `num_items_in_batch`, the Trainer would take that mean for a sum already divided by the tokens of every
-        accumulated batch on every process, and neither divide it by the accumulation steps nor leave the
-        averaging over processes to DDP (it multiplies by their number). So the count is not passed, and the
-        Trainer divides this mean by the accumulation steps, as it does the policy-gradient loss.
+        T5, BART and Marian take `**kwargs` yet ignore `num_items_in_batch`; given the count, the Trainer would
+        treat their mean as normalized over all accumulated batches and processes (no division by the steps, a
+        product with the processes). Without it, the mean is divided by the steps, like the policy-gradient loss.
         """
         self.loss_is_scaled_for_ga = False
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
