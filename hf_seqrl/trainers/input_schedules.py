@@ -3,8 +3,8 @@
 `InputScheduleTrainer` holds the one code path they share: the encoder runs once (with grad); no-grad decoder
 passes over its detached states produce the model's own tokens where a trainer needs them; `decoder_rows` builds
 the rows the decoder is fed; one gradient pass trains every row on its gold targets with the Trainer's own
-cross-entropy (label smoothing, `num_items_in_batch` and gradient accumulation unchanged). The trainers differ
-only in `decoder_rows`; the tensor math is in `hf_seqrl.decoder_inputs`.
+cross-entropy (label smoothing included), the mean over the batch's target tokens. The trainers differ only in
+`decoder_rows`; the tensor math is in `hf_seqrl.decoder_inputs`.
 
 - `PrefixCorruptionTrainer`: each input replaced with probability σ by a random token or the model's own
   prediction; with `per_token_levels`, noise-level forcing (σ_t ~ U(0, σ) per position). One row per source.
