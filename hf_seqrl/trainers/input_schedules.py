@@ -137,12 +137,13 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
 
 
 class PrefixCorruptionTrainer(InputScheduleTrainer):
-    """Teacher forcing on corrupted decoder inputs: prefix corruption, or noise-level forcing.
+    """Prefix corruption, or noise-level forcing (the text analogue of diffusion forcing, Chen et al., 2024).
 
-    Same constructor as `Seq2SeqTrainer`; `args` is a `PrefixCorruptionConfig`. Each decoder input (never the
-    start token or padding) is replaced with probability σ (or σ_t ~ U(0, σ) drawn per position with
-    `per_token_levels`) by a random non-special token or the model's own prediction; the loss is the cross-entropy
-    of the gold targets. With σ = 0 it is teacher forcing exactly.
+    Loss: cross-entropy of the gold targets on decoder inputs of which each (never the start token or padding) is
+    replaced with probability σ, or σ_t ~ U(0, σ) drawn per position with `per_token_levels`, by a random
+    non-special token or the model's own prediction. No reward, no baseline. With σ = 0 it is teacher forcing
+    exactly. Same constructor as `Seq2SeqTrainer`; `args` is a `PrefixCorruptionConfig`. Logs
+    `pc/corruption_rate` and `pc/replaced_fraction`.
     """
 
     config_class = PrefixCorruptionConfig
@@ -190,12 +191,14 @@ class PrefixCorruptionTrainer(InputScheduleTrainer):
 
 
 class KStepRolloutTrainer(InputScheduleTrainer):
-    """Cross-entropy of the gold targets after k − 1 steps of the decoder's own outputs from each anchor.
+    """k-step rollout: cross-entropy of the gold targets after up to k − 1 of the decoder's own tokens.
 
-    Same constructor as `Seq2SeqTrainer`; `args` is a `KStepRolloutConfig`. Anchors are positions 0, k, 2k, ...;
-    from anchor a the decoder predicts position a from the gold prefix, then positions a+1 .. a+k−1 after
-    feeding its own tokens for a .. a+k−2. `rollout_steps=1` is teacher forcing exactly. What each position
-    sees, for `rollout_context="exact"` and `"shared_row"`, is in docs/math.md.
+    Loss: anchors are positions 0, k, 2k, ...; from anchor a the decoder predicts position a from the gold prefix,
+    then positions a+1 .. a+k−1 after feeding back its own tokens for a .. a+k−2, each trained on its gold target;
+    the next anchor starts again from the gold prefix. No reward, no baseline. `rollout_steps=1` is teacher
+    forcing exactly. What each position sees, for `rollout_context="exact"` and `"shared_row"`, is in
+    docs/math.md. Same constructor as `Seq2SeqTrainer`; `args` is a `KStepRolloutConfig`. Logs
+    `ks/own_token_accuracy` and `ks/rows_per_source`.
     """
 
     config_class = KStepRolloutConfig
