@@ -30,6 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = {
     "xe": ("more teacher forcing (cross-entropy)", "1×"),
     "ss": ("scheduled sampling", "≈1× (two passes)"),
+    "pc": ("prefix corruption (random tokens, σ 0.15)", "≈1×"),
+    "noise": ("noise-level forcing (σ_t ~ U(0, 0.3))", "≈1×"),
+    "kstep2": ("k-step rollout, k = 2", "k× = 2×"),
+    "kstep4": ("k-step rollout, k = 4", "k× = 4×"),
     "mixer": ("MIXER", "> 1× (decode of the sampled suffix)"),
     "pf": ("professor forcing", "> 1× (decode + discriminator)"),
     "scst": ("SCST (greedy baseline)", "> 1× (decode)"),

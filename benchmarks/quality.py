@@ -40,7 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DATA = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data"))
 ARMS = ("xe", "ss", "scst", "loo4")
 TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": "C + scheduled sampling",
-          "pf": "C + professor forcing", "mixer": "C + MIXER",
+          "pf": "C + professor forcing", "mixer": "C + MIXER", "pc": "C + prefix corruption (σ 0.15)",
+          "noise": "C + noise-level forcing (σ_t ~ U(0, 0.3))", "kstep2": "C + 2-step rollout",
+          "kstep4": "C + 4-step rollout",
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
@@ -515,6 +517,17 @@ def _mixer_arm(ctx: "ArmContext"):
                         processing_class=ctx.tokenizer)
 
 
+def _input_schedule_arm(config_name: str, trainer_name: str, **fields):
+    def build(ctx: "ArmContext"):
+        import hf_seqrl
+
+        args = ctx.args(getattr(hf_seqrl, config_name), **fields)
+        return getattr(hf_seqrl, trainer_name)(model=ctx.model, args=args, train_dataset=ctx.dataset,
+                                               processing_class=ctx.tokenizer)
+
+    return build
+
+
 def _pf_arm(ctx: "ArmContext"):
     from hf_seqrl.configs import ProfessorForcingConfig
     from hf_seqrl.trainers.professor_forcing import ProfessorForcingTrainer
@@ -543,8 +556,14 @@ class ArmContext:
 
 
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
-ARM_TRAINERS = {"xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"), "pf": _pf_arm,
-                "mixer": _mixer_arm}
+ARM_TRAINERS = {
+    "xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"), "pf": _pf_arm, "mixer": _mixer_arm,
+    "pc": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.15),
+    "noise": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.3,
+                                 per_token_levels=True),
+    "kstep2": _input_schedule_arm("KStepRolloutConfig", "KStepRolloutTrainer", rollout_steps=2),
+    "kstep4": _input_schedule_arm("KStepRolloutConfig", "KStepRolloutTrainer", rollout_steps=4),
+}
 
 
 def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_dir: str, seed: int,

@@ -80,6 +80,15 @@ REFERENCES = {
   year      = {2016},
   url       = {https://arxiv.org/abs/1610.09038}
 }"""),
+    "chen2024diffusion": dict(cite="Chen et al., 2024", url="https://arxiv.org/abs/2407.01392", bibtex="""\
+@inproceedings{chen2024diffusion,
+  title     = {Diffusion Forcing: Next-token Prediction Meets Full-Sequence Diffusion},
+  author    = {Chen, Boyuan and Mart{\\'i} Mons{\\'o}, Diego and Du, Yilun and Simchowitz, Max and Tedrake, Russ and
+               Sitzmann, Vincent},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2024},
+  url       = {https://arxiv.org/abs/2407.01392}
+}"""),
     "ranzato2016mixer": dict(cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732", bibtex="""\
 @inproceedings{ranzato2016mixer,
   title     = {Sequence Level Training with Recurrent Neural Networks},
@@ -121,6 +130,16 @@ OTHER_ALGORITHMS = {
     "Professor forcing": dict(name="Professor forcing", slug="professor-forcing", citations=["lamb2016professor"],
                               description="cross-entropy plus an adversarial loss that makes the decoder's "
                                           "free-running hidden states look teacher-forced to a discriminator"),
+    "Prefix corruption": dict(name="Prefix corruption", slug="prefix-corruption", citations=[],
+                              description="teacher forcing on decoder inputs whose tokens are replaced, with a "
+                                          "probability, by random tokens or the model's own predictions"),
+    "Noise-level forcing": dict(name="Noise-level forcing", slug="noise-level-forcing",
+                                citations=["chen2024diffusion"],
+                                description="teacher forcing on decoder inputs corrupted at an independent noise "
+                                            "level per token"),
+    "k-step rollout": dict(name="k-step rollout", slug="k-step-rollout", citations=[],
+                           description="cross-entropy of the gold tokens after the model ran on its own outputs "
+                                       "for up to k steps from gold anchors"),
     "MIXER": dict(name="MIXER", slug="mixer", citations=["ranzato2016mixer"],
                   description="cross-entropy on the first tokens of each target and REINFORCE on the sampled rest, "
                               "the sampled part growing over training"),
@@ -135,7 +154,8 @@ CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_
                  "center_advantages", "scale_rewards", "schedule", "schedule_k", "min_teacher_forcing_ratio",
                  "sampling", "num_iterations", "epsilon", "epsilon_high", "loss_normalization", "mrt_alpha",
                  "mrt_include_greedy", "mrt_include_reference", "adversarial_weight", "discriminator",
-                 "free_running", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "free_running", "corruption_rate", "replacement", "per_token_levels", "rollout_steps",
+                 "rollout_sampling", "rollout_context", "mixer_delta", "mixer_increment_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
                  "max_steps", "num_train_epochs", "seed", "bf16", "fp16")
 SECRET_PATTERN = re.compile(r"(hf_[A-Za-z0-9]{20,}|api[_-]?key|token|secret|password)", re.IGNORECASE)
 # Setting names that hold credentials (`hub_token`), not ones that merely mention tokens (`max_new_tokens`).

@@ -97,6 +97,9 @@ def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
     ("MRT", "greedy", "Minimum risk training", "mrt", ["shen2016mrt"]),  # MRT has no baseline to name
     ("Professor forcing", None, "Professor forcing", "professor-forcing", ["lamb2016professor"]),
     ("MIXER", "moving_average", "MIXER", "mixer", ["ranzato2016mixer"]),
+    ("Prefix corruption", None, "Prefix corruption", "prefix-corruption", []),
+    ("Noise-level forcing", None, "Noise-level forcing", "noise-level-forcing", ["chen2024diffusion"]),
+    ("k-step rollout", None, "k-step rollout", "k-step-rollout", []),
 ])
 def test_describe_algorithm_names_what_the_baseline_makes_of_the_trainer(algorithm, baseline, name, slug, citations):
     method = describe_algorithm(algorithm, baseline)
