@@ -509,10 +509,13 @@ def _mixer_arm(ctx: "ArmContext"):
     from hf_seqrl.trainers.mixer import MixerTrainer
 
     settings = ctx.settings
-    # Δ grows by mixer_delta tokens every tenth of the budget's steps (one rollout + one scoring pass per step).
+    # Δ grows by mixer_delta tokens every tenth of the budget's steps (one rollout + one scoring pass per step); the
+    # sampled part is rewarded as the SCST arm's samples are (greedy baseline, the same cross-entropy mixing).
     steps = settings.budget_positions / (2 * settings.batch_size * ctx.mean_target_positions)
     args = ctx.args(MixerConfig, lr=settings.rl_lr or settings.arm_lr, max_new_tokens=settings.max_new_tokens,
-                    temperature=settings.rl_temperature, mixer_delta=2, mixer_increment_steps=max(1, int(steps / 10)))
+                    temperature=settings.rl_temperature, rl_weight=settings.rl_weight,
+                    center_advantages=settings.center_advantages, baseline="greedy", num_samples=1, mixer_delta=2,
+                    mixer_increment_steps=max(1, int(steps / 10)))
     return MixerTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
                         processing_class=ctx.tokenizer)
 
@@ -617,7 +620,7 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
 
 
 def _spread(values: list[float]) -> dict:
-    return {"mean": round(statistics.mean(values), 2), "min": min(values), "max": max(values), "values": values}
+    return {"mean": round(statistics.mean(values), 4), "min": min(values), "max": max(values), "values": values}
 
 
 def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
