@@ -264,11 +264,40 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
 def train_main(argv: list[str] | None = None, task: str | None = None) -> dict[str, float]:
     """Runs `hf-seqrl train` / a recipe: parses `argv` (default `sys.argv[1:]`) and returns the final metrics.
 
-    A recipe passes its `task`: it is the default, and a config asking for another task is refused.
+    A recipe passes its `task`: it is the default, and a config asking for another task is refused. A process group
+    that the run sets up (Accelerate does under `accelerate launch`) is destroyed before returning; one that existed
+    before the call is left to its owner.
     """
+    owns_process_group = not _process_group_initialized()
     script_args, training_args = parse_args(argv, defaults={"task": task} if task else None)
     if task is not None and script_args.task != task:
         other = "summarization" if task == "translation" else "translation"
         raise SystemExit(f"task={script_args.task!r}: this is the {task} recipe; use recipes/{other}.py.")
     # parse → data → trainer → train → evaluate on the test split → save (model, tokenizer, card) → push
-    return run(script_args, training_args)
+    metrics = run(script_args, training_args)
+    if owns_process_group and _process_group_initialized():
+        destroy_process_group()
+    return metrics
+
+
+def _process_group_initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def destroy_process_group() -> None:
+    """Destroys the default process group once no trainer uses it, joining the backend's threads.
+
+    Gloo's worker threads release finished collectives, and with them tensors that Python no longer references. If
+    that happens once the interpreter is finalizing, the thread ends inside C++ code and the process aborts
+    ("terminate called without an active exception"), so the threads must be joined before exit. torch joins them
+    when the group's last reference goes, and releases the GIL (which such a release may need) only if that
+    reference is a Python one: if it is a DDP reducer's, the join waits, holding the GIL, on a thread that needs it.
+    Hence unreachable trainers, and their DDP wrappers, are collected first; call this with no trainer of the run
+    still referenced.
+    """
+    import gc
+
+    from accelerate import PartialState
+
+    gc.collect()
+    PartialState().destroy_process_group()

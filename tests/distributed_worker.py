@@ -132,11 +132,15 @@ def dump(trainer, path: str) -> None:
 
 
 def main(out: str, repo: str) -> None:
+    from hf_seqrl.pipeline import destroy_process_group
+
     trainer = run_one_step(os.path.join(out, "one_step"))
     rank = trainer.args.process_index
     dump(trainer, os.path.join(out, f"one_step_rank{rank}.pt"))
     trainer = run_pipeline(os.path.join(out, "pipeline"), repo)
     dump(trainer, os.path.join(out, f"pipeline_rank{rank}.pt"))
+    del trainer  # its DDP wrapper must not hold the group's last reference
+    destroy_process_group()
 
 
 def run_professor_forcing(output_dir: str):
