@@ -203,6 +203,8 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
 
 
 def main_suite(out: str, suite: str) -> None:
+    from hf_seqrl.pipeline import destroy_process_group
+
     for name, run in SUITES[suite]:
         trainer = run(os.path.join(out, name))
         dump(trainer, os.path.join(out, f"{name}_rank{trainer.args.process_index}.pt"))
@@ -210,6 +212,8 @@ def main_suite(out: str, suite: str) -> None:
         if discriminator is not None:
             torch.save(discriminator.state_dict(), os.path.join(out, f"{name}_discriminator_rank"
                                                                      f"{trainer.args.process_index}.pt"))
+        del trainer, discriminator  # no DDP wrapper may hold the group's last reference
+    destroy_process_group()
 
 
 if __name__ == "__main__":
