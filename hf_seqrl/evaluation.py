@@ -23,7 +23,8 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
     """Returns the model's decoded output for each source, in order (greedy when `num_beams` is 1).
 
     Sources are batched by length (less padding); the model's own generation config applies otherwise (its
-    `max_new_tokens` when not given). The model is left in its original train/eval mode.
+    `max_new_tokens` when not given), except that decoding always uses the KV cache (see
+    `rollout.rollout_generation_config`). The model is left in its original train/eval mode.
     """
     from tqdm.auto import tqdm
 
@@ -31,7 +32,7 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
         raise ValueError(f"num_beams and batch_size must be >= 1, got {num_beams} and {batch_size}.")
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [""] * len(sources)
-    kwargs = {"num_beams": num_beams, "do_sample": False}
+    kwargs = {"num_beams": num_beams, "do_sample": False, "use_cache": True}
     if max_new_tokens is not None:
         kwargs["max_new_tokens"] = max_new_tokens
     was_training = model.training

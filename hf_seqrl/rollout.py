@@ -162,12 +162,16 @@ def rollout_generation_config(
 
     Only structural tokens are kept from the model's generation config (start, EOS, pad, forced BOS/EOS);
     beam search, repetition penalties, n-gram blocking and minimum lengths are dropped: the log-probs of
-    the policy gradient must be those of the distribution the samples were drawn from.
+    the policy gradient must be those of the distribution the samples were drawn from. Decoding always uses the
+    KV cache: `Trainer` sets `model.config.use_cache = False` (`TrainingArguments.use_cache` defaults to
+    `False`), and a model built from that config, or loaded from a checkpoint without `generation_config.json`,
+    would otherwise inherit `use_cache=False` and re-run the decoder over the whole prefix at every step.
     """
     base = model.generation_config
     kwargs = dict(
         do_sample=True,
         num_beams=1,
+        use_cache=True,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,

@@ -171,3 +171,39 @@ def test_gold_rows_give_the_model_cross_entropy(arch):
     torch.testing.assert_close(losses.cross_entropy(scored.gold_logits, labels), expected, atol=1e-5, rtol=1e-5)
     ref_lp, _ = naive_token_logprobs(model, ids, attn, ro.sample_ids, 2)
     torch.testing.assert_close(scored.token_logprobs, ref_lp, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decoding_uses_the_kv_cache_when_the_model_config_says_not_to(arch):
+    # `Trainer.__init__` sets `model.config.use_cache = False`; a model built from that config gets
+    # `generation_config.use_cache = False`, and `generate` would re-run the decoder over the whole prefix at every
+    # step (several times slower). Rollouts and evaluation decode one new position per step all the same.
+    from hf_seqrl.evaluation import generate_texts
+
+    tok = byt5_tokenizer()
+    trained = tiny_model(arch)
+    trained.config.use_cache = False  # what Trainer leaves in the config
+    model = type(trained)(trained.config).eval()
+    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        setattr(model.generation_config, key, getattr(model.config, key))
+    model.generation_config.bad_words_ids = None
+    model.generation_config.min_new_tokens = 4  # several decoder steps in `generate_texts` (greedy)
+    assert model.generation_config.use_cache is False
+    widths = []
+
+    def record(module, args, kwargs):
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        widths.append(ids.shape[1])
+
+    hook = model.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
+    ids, attn = batch(tok)
+    decodes = {
+        "sample_rollout": lambda: sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=6),
+                                                 num_samples=2, with_greedy=True),
+        "generate_texts": lambda: generate_texts(model, tok, ["abc", "de"], max_new_tokens=6, progress=False),
+    }
+    for name, decode in decodes.items():
+        widths.clear()
+        decode()
+        assert len(widths) > 1 and set(widths[1:]) == {1}, (name, widths)
+    hook.remove()
