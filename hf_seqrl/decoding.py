@@ -10,7 +10,10 @@ What `generate(do_sample=True)` does for a rollout, without what a rollout does 
 - Only the processors a rollout config can ask for: temperature / top-k / top-p, and forced BOS / EOS tokens.
 - The loop stops when every row has ended (EOS) or at the length limit.
 
-Every step calls the model itself (its root module), never a submodule.
+Every step calls the model itself (its root module), never a submodule, so that FSDP2's root hooks gather the
+root's parameters (shared embedding, LM head) before the encoder and the decoder use them. Under
+`torch.distributed` with more than one process, every rank keeps stepping until all ranks are done, because
+sharded layers all-gather their weights inside each forward and every rank must join every gather.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -74,6 +78,18 @@ class DecodeSettings:
                    forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos)
 
 
+def lockstep_group() -> bool:
+    """Returns whether ranks must decode in lockstep: `torch.distributed` is initialized with world size > 1."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def any_rank_running(running: bool, device: torch.device) -> bool:
+    """Returns whether `running` is true on any rank (an all-reduce of one number)."""
+    flag = torch.tensor([float(running)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, group: int, greedy_first: bool,
                   uniforms: torch.Tensor) -> torch.Tensor:
     """Returns the next token of every row: a forced token where one is due, else the argmax on greedy rows and a
@@ -111,7 +127,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
     """Returns the decoded tokens of `group` rows per source (start token excluded, `pad_id` after a row's EOS).
 
     Args:
-        model: an encoder-decoder `PreTrainedModel`, in the mode to decode in.
+        model: an encoder-decoder `PreTrainedModel` (possibly sharded with FSDP2), in the mode to decode in.
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         group (`int`): rows per source; with `greedy_first`, the first row of each group is greedy.
         uniforms (`torch.Tensor` of shape `(max_new_tokens, B*n)`): one uniform in (0, 1] per step and sample row
@@ -123,6 +139,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
     batch = input_ids.shape[0]
     rows = batch * group
     eos = torch.tensor(settings.eos_ids, dtype=torch.long, device=input_ids.device)
+    lockstep = lockstep_group()
     start = input_ids.new_full((batch, 1), settings.start_id)
     out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start, use_cache=True,
                 return_dict=True)
@@ -144,7 +161,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
             if eos.numel():
                 running &= ~torch.isin(last, eos)
             done = len(tokens) == settings.max_new_tokens or not bool(running.any())
-        if done:
+        # A rank whose rows have all ended keeps calling the model (its outputs unused) while others still decode.
+        if not (any_rank_running(not done, input_ids.device) if lockstep else not done):
             break
         out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=last[:, None],
                     cache=cache, use_cache=True, return_dict=True)

@@ -280,7 +280,7 @@ def score_rollout(
     `gold_labels` is given, the gold target too (for the mixed cross-entropy term).
 
     Args:
-        model: the (possibly DDP-wrapped) encoder-decoder model.
+        model: the (possibly DDP-wrapped or FSDP2-sharded) encoder-decoder model.
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
         gold_labels (`torch.LongTensor` of shape `(B, T_gold)`, -100 at padding) or None.
