@@ -349,9 +349,9 @@ def token_logprobs_from_logits(
         logits (`torch.Tensor` of shape `(N, T, V)`): decoder logits.
         token_ids (`torch.Tensor` of shape `(N, T)`): tokens whose log-probs are wanted (any value where masked).
     """
+    logits = logits.float()  # before the division: bf16/fp16 logits would round the scaled values
     if temperature != 1.0:
         logits = logits / temperature
-    logits = logits.float()
     chosen = logits.gather(-1, token_ids.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(logits, dim=-1)
 

@@ -1,8 +1,8 @@
 """Rollouts: sampled sequences and the greedy baseline (no grad), then their token log-probs (with grad).
 
-One `generate` call decodes the `n` samples and, for SCST, the greedy baseline row of every source: the
-encoder runs once per source and a logits processor picks each row's token (argmax on baseline rows, a sample
-on the others, drawn exactly as a separate sampling call would draw it).
+One decode (`hf_seqrl.decoding`) yields the `n` samples and, for SCST, the greedy baseline row of every source:
+the encoder runs once per source, greedy rows take the argmax, sample rows draw by inverse CDF
+(`hf_seqrl.sampling`) from the distribution `generate(do_sample=True)` would sample from.
 The log-prob pass is one teacher-forced forward through the (possibly DDP-wrapped) model: the encoder
 runs once per source and its states are expanded to the decoder rows by a forward pre-hook, so
 gradients flow back through the expansion.
@@ -11,13 +11,14 @@ gradients flow back through the expansion.
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig
 
 from . import losses
+from .decoding import DecodeSettings, decode
+from .sampling import draw_uniforms
 
 
 @dataclass
@@ -38,55 +39,6 @@ class Rollout:
     greedy_ids: torch.Tensor | None
     greedy_mask: torch.Tensor | None
     num_samples: int
-
-
-class GroupSampler(LogitsProcessor):
-    """Chooses every row's next token: the argmax in each group's first row when `greedy_first`, a sample from
-    the warped distribution (temperature, top-k, top-p) elsewhere; returns scores that allow only that token.
-
-    In a sampling `generate` call with no warpers of its own, one decode thus yields the greedy baseline and
-    the samples (`generate` then samples from one-hot distributions, i.e. takes the chosen tokens). The sample
-    rows draw from `generator` exactly as `generate(do_sample=True)` over the same rows draws from the global
-    RNG (one `torch.multinomial` over their probabilities per step): given a copy of the global RNG state, the
-    samples are the tokens a separate sampling call with that seed returns.
-
-    Args:
-        group_size (`int`): rows per source (`num_samples`, plus 1 with `greedy_first`).
-        greedy_first (`bool`): whether row `g * group_size` of each group is the greedy row.
-        warpers (`LogitsProcessorList`): applied to the sample rows' scores before sampling, as `generate` would.
-        generator (`torch.Generator`, *optional*): the sample rows' RNG; `None` uses the global one.
-    """
-
-    def __init__(self, group_size: int, greedy_first: bool, warpers: LogitsProcessorList,
-                 generator: torch.Generator | None = None):
-        self.group_size, self.greedy_first, self.warpers = group_size, greedy_first, warpers
-        self.generator = generator
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        chosen = scores.argmax(dim=-1)
-        sampled = torch.ones_like(chosen, dtype=torch.bool)
-        if self.greedy_first:
-            sampled = torch.arange(scores.shape[0], device=scores.device) % self.group_size != 0
-        if sampled.any():
-            warped = self.warpers(input_ids[sampled], scores[sampled])
-            probs = torch.nn.functional.softmax(warped, dim=-1)
-            chosen[sampled] = torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
-        forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(-1, chosen.unsqueeze(-1), 0.0)
-
-
-def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
-    """Returns the temperature / top-k / top-p warpers that `generate` would add for `generation_config`."""
-    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    warpers = LogitsProcessorList()
-    if generation_config.temperature is not None and generation_config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(generation_config.temperature))
-    if generation_config.top_k is not None and generation_config.top_k != 0:
-        warpers.append(TopKLogitsWarper(top_k=generation_config.top_k, min_tokens_to_keep=1))
-    if generation_config.top_p is not None and generation_config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p=generation_config.top_p, min_tokens_to_keep=1))
-    return warpers
 
 
 def eos_ids(model) -> list[int]:
@@ -215,29 +167,6 @@ def _split_rows(ids: torch.Tensor, group: int, with_greedy: bool):
     return grouped[:, 1:].reshape(-1, ids.shape[-1]), grouped[:, 0]
 
 
-def _copy_of_global_rng(device: torch.device) -> torch.Generator:
-    """Returns a generator in the state of `device`'s global RNG, which it leaves untouched."""
-    device = torch.device(device)
-    generator = torch.Generator(device=device)
-    if device.type == "cuda":
-        generator.set_state(torch.cuda.get_rng_state(device))
-    elif device.type == "cpu":
-        generator.set_state(torch.get_rng_state())
-    else:
-        generator.manual_seed(int(torch.randint(2**62, (1,)).item()))
-    return generator
-
-
-def _continue_global_rng(generator: torch.Generator) -> None:
-    """Moves the global RNG of `generator`'s device to `generator`'s state, so that the draws made from the copy
-    count as drawn: the next rollout gets fresh noise even where nothing else (dropout) uses the RNG."""
-    device = generator.device
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(generator.get_state(), device)
-    elif device.type == "cpu":
-        torch.set_rng_state(generator.get_state())
-
-
 @torch.no_grad()
 def sample_rollout(
     model,
@@ -249,42 +178,32 @@ def sample_rollout(
 ) -> Rollout:
     """Returns `num_samples` sampled sequences per source and, if `with_greedy`, the greedy decode.
 
-    Decoding runs in eval mode (no dropout), in one `generate` call.
+    Decoding runs in eval mode (no dropout), in one decode of `B * (num_samples + with_greedy)` rows
+    (`hf_seqrl.decoding.decode`). The samples follow the distribution `generate(do_sample=True)` samples from
+    with the same config; the greedy rows are the tokens of greedy `generate`.
+
+    Randomness: one `torch.rand((max_new_tokens, B * num_samples))` from the global RNG of the inputs' device,
+    drawn at the start whatever the samples' lengths. Seeding before a rollout reproduces it, and consecutive
+    rollouts draw fresh uniforms.
 
     Args:
-        model: an unwrapped encoder-decoder `PreTrainedModel`.
+        model: an unwrapped encoder-decoder `PreTrainedModel` (FSDP2-sharded models included).
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         generation_config: from `rollout_generation_config`.
     """
+    settings = DecodeSettings.from_generation_config(generation_config)
     group = num_samples + int(with_greedy)
-    generation_config = copy.deepcopy(generation_config)
-    generation_config.num_return_sequences = 1  # the encoder runs once per source here; its states are repeated
-    generator, processors = None, LogitsProcessorList()
-    if with_greedy:
-        # The sampler picks every token, so `generate` runs greedy (an argmax over one allowed token, where
-        # sampling mode would pay a second softmax and multinomial over the vocabulary).
-        generator = _copy_of_global_rng(model.device)
-        processors.append(GroupSampler(group, True, sampling_warpers(generation_config), generator))
-        generation_config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-    # Without greedy rows, `generate` samples every row itself, from the global RNG.
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    uniforms = draw_uniforms(settings.max_new_tokens, input_ids.shape[0] * num_samples, input_ids.device)
     was_training = model.training
     model.eval()
     try:
-        encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
-        encoded.last_hidden_state = encoded.last_hidden_state.repeat_interleave(group, dim=0)
-        sequences = model.generate(
-            encoder_outputs=encoded,
-            attention_mask=attention_mask.repeat_interleave(group, dim=0),
-            generation_config=generation_config,
-            logits_processor=processors,
-        )
-        if generator is not None:
-            _continue_global_rng(generator)
+        ids = decode(model, input_ids, attention_mask, settings, group, with_greedy, uniforms)
     finally:
         model.train(was_training)
-    ids, mask = strip_decoded(sequences, model)
+    mask = completion_mask(ids, list(settings.eos_ids))
+    ids = ids.masked_fill(~mask, settings.pad_id)
     sample_ids, greedy_ids = _split_rows(ids, group, with_greedy)
     sample_mask, greedy_mask = _split_rows(mask, group, with_greedy)
     return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
@@ -312,31 +231,21 @@ def sample_from_prefix(
         prefix_ids (`torch.LongTensor` of shape `(B, P)`): the forced tokens after the start token, `P >= 1`.
         generation_config: from `rollout_generation_config`.
     """
+    settings = DecodeSettings.from_generation_config(generation_config)
     group = num_samples + int(with_greedy)
-    generation_config = copy.deepcopy(generation_config)
-    generation_config.num_return_sequences = 1
-    generator, processors = None, LogitsProcessorList()
-    if with_greedy:
-        generator = _copy_of_global_rng(model.device)
-        processors.append(GroupSampler(group, True, sampling_warpers(generation_config), generator))
-        generation_config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    start = prefix_ids.new_full((prefix_ids.shape[0], 1), decoder_start_id(model))
-    decoder_input_ids = torch.cat([start, prefix_ids], dim=1).repeat_interleave(group, dim=0)
+    uniforms = draw_uniforms(settings.max_new_tokens, input_ids.shape[0] * num_samples, input_ids.device)
     was_training = model.training
     model.eval()
     try:
-        encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
-        encoded.last_hidden_state = encoded.last_hidden_state.repeat_interleave(group, dim=0)
-        sequences = model.generate(encoder_outputs=encoded, attention_mask=attention_mask.repeat_interleave(group, 0),
-                                   decoder_input_ids=decoder_input_ids, generation_config=generation_config,
-                                   logits_processor=processors)
-        if generator is not None:
-            _continue_global_rng(generator)
+        new = decode(model, input_ids, attention_mask, settings, group, with_greedy, uniforms, prefix_ids)
     finally:
         model.train(was_training)
-    ids, mask = strip_decoded(sequences, model)
+    mask = completion_mask(new, list(settings.eos_ids))
+    prefix = prefix_ids.repeat_interleave(group, dim=0)
+    ids = torch.cat([prefix, new.masked_fill(~mask, settings.pad_id)], dim=1)
+    mask = torch.cat([torch.ones_like(prefix, dtype=torch.bool), mask], dim=1)
     sample_ids, greedy_ids = _split_rows(ids, group, with_greedy)
     sample_mask, greedy_mask = _split_rows(mask, group, with_greedy)
     return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
@@ -417,7 +326,7 @@ def score_rollout(
     `gold_labels` is given, the gold target too (for the mixed cross-entropy term).
 
     Args:
-        model: the (possibly DDP-wrapped) encoder-decoder model.
+        model: the (possibly DDP-wrapped or FSDP2-sharded) encoder-decoder model.
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
         gold_labels (`torch.LongTensor` of shape `(B, T_gold)`, -100 at padding) or None.

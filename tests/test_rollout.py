@@ -1,14 +1,13 @@
-"""Rollouts on tiny T5, BART and Marian models: masks, one-decode greedy rows, log-probs with grad."""
+"""Rollouts on tiny T5, BART and Marian models: masks, greedy rows, log-probs with grad (decoding details in
+test_decoding.py)."""
 
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
 
 from conftest import byt5_tokenizer, tiny_model
 from hf_seqrl import losses
-from hf_seqrl.rollout import (GroupSampler, completion_mask, decoder_start_id, pad_id,
-                              rollout_generation_config, sample_rollout, sampling_warpers, score_rollout,
-                              shift_right, strip_decoded)
+from hf_seqrl.rollout import (completion_mask, decoder_start_id, pad_id, rollout_generation_config, sample_rollout,
+                              score_rollout, shift_right)
 
 ARCHS = ["t5", "bart", "marian"]
 
@@ -19,19 +18,6 @@ def test_completion_mask_counts_eos_not_after():
     assert completion_mask(ids, [1]).int().tolist() == expected
     # several EOS ids
     assert completion_mask(torch.tensor([[5, 9, 1]]), [1, 9]).int().tolist() == [[1, 1, 0]]
-
-
-def test_group_sampler_forces_argmax_rows_and_samples_the_others():
-    inf = float("-inf")
-    # Rows 1 and 3 can only sample one token each (-inf elsewhere); rows 0 and 2 are the greedy rows.
-    scores = torch.tensor([[0.1, 0.7, 0.2], [inf, inf, 0.0], [0.5, 0.1, 0.4], [0.0, inf, inf]])
-    out = GroupSampler(2, True, LogitsProcessorList())(torch.zeros(4, 1, dtype=torch.long), scores)
-    assert out.argmax(dim=-1).tolist() == [1, 2, 0, 0]
-    assert torch.isinf(out).sum().item() == 8  # one allowed token per row
-    # Without greedy rows every row samples; top-k = 1 turns sampling into argmax.
-    warpers = sampling_warpers(GenerationConfig(do_sample=True, top_k=1))
-    out = GroupSampler(2, False, warpers)(torch.zeros(4, 1, dtype=torch.long), scores.clamp(min=-50))
-    assert out.argmax(dim=-1).tolist() == [1, 2, 0, 0]
 
 
 def test_shift_right():
@@ -68,49 +54,6 @@ def test_sample_rollout_shapes_masks_and_greedy_rows(arch):
     length = min(greedy.shape[1], ro.greedy_ids.shape[1])
     g = greedy[:, :length].masked_fill(~completion_mask(greedy, [1])[:, :length], pad_id(model))
     assert torch.equal(ro.greedy_ids[:, :length], g)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("with_greedy", [True, False])
-@pytest.mark.parametrize("warp", [{}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}])
-def test_sample_rows_equal_a_separate_sampling_call_with_the_same_seed(arch, with_greedy, warp):
-    tok = byt5_tokenizer()
-    model = tiny_model(arch).eval()
-    ids, attn = batch(tok)
-    config = rollout_generation_config(model, max_new_tokens=9, **warp)
-    torch.manual_seed(123)
-    ro = sample_rollout(model, ids, attn, config, num_samples=3, with_greedy=with_greedy)
-    torch.manual_seed(123)
-    separate = model.generate(input_ids=ids, attention_mask=attn, generation_config=config, num_return_sequences=3)
-    expected, expected_mask = strip_decoded(separate, model)
-    length = max(expected.shape[1], ro.sample_ids.shape[1])
-    pad = pad_id(model)
-
-    def widen(t, value):
-        return torch.nn.functional.pad(t, (0, length - t.shape[1]), value=value)
-
-    # the combined call may run longer (a greedy row still going): beyond the samples' end it is all pad
-    assert torch.equal(widen(ro.sample_ids, pad), widen(expected, pad))
-    assert torch.equal(widen(ro.sample_mask, False), widen(expected_mask, False))
-    assert len(set(map(tuple, expected.tolist()))) > 1  # real samples, not a degenerate distribution
-    if not with_greedy:  # same draws as the separate call, and the global RNG moved on by exactly those draws
-        after_separate = torch.get_rng_state()
-        torch.manual_seed(123)
-        sample_rollout(model, ids, attn, config, num_samples=3, with_greedy=False)
-        assert torch.equal(torch.get_rng_state(), after_separate)
-
-
-def test_consecutive_rollouts_draw_fresh_noise_without_dropout():
-    # The sampler draws from a copy of the global RNG; the global RNG must still move on, or a dropout-free
-    # model (nothing else drawing) would reuse the same noise at every step.
-    tok = byt5_tokenizer()
-    model = tiny_model("t5").eval()
-    ids, attn = batch(tok)
-    config = rollout_generation_config(model, max_new_tokens=9)
-    torch.manual_seed(5)
-    first = sample_rollout(model, ids, attn, config, num_samples=2).sample_ids
-    second = sample_rollout(model, ids, attn, config, num_samples=2).sample_ids
-    assert not torch.equal(first, second)
 
 
 def test_rollout_config_drops_decoding_heuristics():

@@ -487,7 +487,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def _kl(self, inputs, token_ids, group: int, logits, token_mask):
         """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`."""
-        with torch.no_grad():
+        # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
+        with torch.no_grad(), self.accelerator.autocast():
             ref = score_rollout(self.ref_model, inputs["input_ids"], inputs.get("attention_mask"), token_ids, group,
                                 decoder_start_id(self.ref_model), pad_id(self.ref_model),
                                 temperature=self.args.temperature)
