@@ -9,10 +9,8 @@ prediction otherwise. The encoder runs once; both passes read its output.
 from __future__ import annotations
 
 import torch
-from transformers.modeling_outputs import BaseModelOutput
 
 from ..configs import ScheduledSamplingConfig
-from ..rollout import decoder_start_id, pad_id, shift_right
 from ..schedules import teacher_forcing_ratio
 from .base import SeqRLBaseTrainer
 
@@ -66,30 +64,23 @@ class ScheduledSamplingTrainer(SeqRLBaseTrainer):
 
     def sequence_loss(self, model, inputs, text, num_items_in_batch):
         self.loss_is_scaled_for_ga = None  # the Trainer's own cross-entropy path below
-        labels = inputs["labels"]
         unwrapped = self.accelerator.unwrap_model(model)
-        gold_inputs = shift_right(labels, decoder_start_id(unwrapped), pad_id(unwrapped))
-        # Encoder once, with grad. Pass 1 reads a detached copy: its output is turned into discrete tokens, so
-        # no gradient could flow back through it anyway.
-        encoder_states = unwrapped.get_encoder()(
-            input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), return_dict=True
-        ).last_hidden_state
+        # Through the model family: seq2seq models mix decoder inputs, causal ones the completion tokens of input_ids.
+        gold_inputs, labels = self.family.teacher_forcing(unwrapped, inputs)
+        # Encoder once, with grad (seq2seq); pass 1 reads it without grad: its output is turned into discrete
+        # tokens, so no gradient could flow back through it anyway.
+        encoded = self.family.encode(unwrapped, inputs)
         ratio = self.teacher_forcing_ratio()
         with torch.no_grad():
-            first = unwrapped(
-                encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states.detach()),
-                attention_mask=inputs.get("attention_mask"),
-                decoder_input_ids=gold_inputs,
-                use_cache=False,
-            ).logits
+            first_inputs = self.family.fed_inputs(inputs, gold_inputs, encoded)
+            first_inputs.pop("labels", None)
+            first = unwrapped(**first_inputs, use_cache=False).logits
         if self.args.sampling == "sample":
             predicted = torch.distributions.Categorical(logits=first.float()).sample()
         else:
             predicted = first.argmax(dim=-1)
         mixed, replaced = mix_decoder_inputs(gold_inputs, predicted, labels, ratio)
-        second_inputs = {k: v for k, v in inputs.items() if k not in ("input_ids", "decoder_input_ids")}
-        second_inputs["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder_states)
-        second_inputs["decoder_input_ids"] = mixed
+        second_inputs = self.family.fed_inputs(inputs, mixed, encoded)
         loss = super(SeqRLBaseTrainer, self).compute_loss(model, second_inputs, num_items_in_batch=num_items_in_batch)
         replaceable = max(int((labels[:, :-1] != -100).sum()), 1)
         self._record("train", {
