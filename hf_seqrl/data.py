@@ -301,6 +301,26 @@ def _message_text(value) -> str:
     raise ValueError(f"Expected a string or a list of messages, got {type(value).__name__}.")
 
 
+def prompt_token_ids(prompt, tokenizer, max_length: int | None = None) -> list[int]:
+    """Returns the token ids of a prompt (text or messages, see `render_prompt`), cut from the left to `max_length`.
+
+    A chat template writes its own special tokens; plain text gets the tokenizer's (a BOS), less a final EOS (ByT5
+    and T5 tokenizers append one), since the completion follows.
+    """
+    ids = tokenizer(render_prompt(prompt, tokenizer), add_special_tokens=isinstance(prompt, str))["input_ids"]
+    if ids and ids[-1] == tokenizer.eos_token_id:
+        ids = ids[:-1]
+    return ids[-max_length:] if max_length is not None else ids
+
+
+def completion_token_ids(text: str, tokenizer, max_length: int | None = None) -> list[int]:
+    """Returns the token ids of a completion followed by EOS, cut from the right to `max_length` (EOS kept)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_length is not None:
+        ids = ids[: max_length - 1]
+    return ids + [tokenizer.eos_token_id]
+
+
 def tokenize_prompt_completion(
     examples: dict[str, list],
     tokenizer,
@@ -323,8 +343,7 @@ def tokenize_prompt_completion(
     end of a prompt says what to write), completions from the right to `max_completion_length` (EOS kept).
     """
     prompts, targets = examples[prompt_column], examples[completion_column]
-    eos = tokenizer.eos_token_id
-    if eos is None:
+    if tokenizer.eos_token_id is None:
         raise ValueError("tokenize_prompt_completion needs a tokenizer with an eos_token: completions end with it.")
     features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": []}
     for i, (prompt, target) in enumerate(zip(prompts, targets)):
@@ -337,21 +356,12 @@ def tokenize_prompt_completion(
                 prompt = [{"role": "user", "content": prompt}]
         else:
             source = _message_text([m for m in prompt if m.get("role") == "user"] or prompt)
-        text = render_prompt(prompt, tokenizer)
         is_list_of_refs = isinstance(target, (list, tuple)) and target and isinstance(target[0], str)
         references = [_message_text(t) for t in target] if is_list_of_refs else [_message_text(target)]
         if not references[0].strip():
             raise ValueError(f"Row {i} of this batch has an empty {completion_column!r}: drop or fix it.")
-        # A chat template writes its own special tokens; plain prompts get the tokenizer's (BOS), less a final EOS.
-        prompt_ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
-        if prompt_ids and prompt_ids[-1] == eos:
-            prompt_ids = prompt_ids[:-1]
-        if max_prompt_length is not None:
-            prompt_ids = prompt_ids[-max_prompt_length:]
-        completion_ids = tokenizer(references[0], add_special_tokens=False)["input_ids"]
-        if max_completion_length is not None:
-            completion_ids = completion_ids[: max_completion_length - 1]
-        completion_ids = completion_ids + [eos]
+        prompt_ids = prompt_token_ids(prompt, tokenizer, max_prompt_length)
+        completion_ids = completion_token_ids(references[0], tokenizer, max_completion_length)
         features["input_ids"].append(prompt_ids + completion_ids)
         features["attention_mask"].append([1] * (len(prompt_ids) + len(completion_ids)))
         features["labels"].append([-100] * len(prompt_ids) + completion_ids)

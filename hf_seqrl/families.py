@@ -92,6 +92,18 @@ class ModelFamily:
         """Returns the tokenized features of source/target pairs (a `datasets.map(batched=True)` function)."""
         raise NotImplementedError
 
+    def tokenize_sources(self, tokenizer, sources, max_length=None) -> dict:
+        """Returns the padded `input_ids` / `attention_mask` tensors `(B, S)` of source or prompt texts."""
+        raise NotImplementedError
+
+    def tokenize_targets(self, model, tokenizer, texts, max_length=None) -> list[list[int]]:
+        """Returns the target token ids of reference texts, EOS included, as the model writes them."""
+        raise NotImplementedError
+
+    def structural_ids(self, model) -> list[int]:
+        """Returns token ids that start a target without being part of it (never an injected mistake)."""
+        return []
+
     def check_rows(self, dataset, name: str) -> None:
         """Raises a clear error naming a row of a `datasets.Dataset` that this family cannot train on."""
 
@@ -166,6 +178,20 @@ class Seq2SeqFamily(ModelFamily):
         from .data import tokenize_pairs
 
         return tokenize_pairs(examples, tokenizer, **kwargs)
+
+    def tokenize_sources(self, tokenizer, sources, max_length=None):
+        enc = tokenizer(list(sources), return_tensors="pt", padding=True, truncation=max_length is not None,
+                        max_length=max_length)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def tokenize_targets(self, model, tokenizer, texts, max_length=None):
+        from .data import strip_start_token
+
+        ids = tokenizer(text_target=list(texts), truncation=max_length is not None, max_length=max_length)["input_ids"]
+        return strip_start_token(ids, decoder_start_id(model))
+
+    def structural_ids(self, model):
+        return [decoder_start_id(model)]
 
 
 class CausalFamily(ModelFamily):
@@ -267,6 +293,24 @@ class CausalFamily(ModelFamily):
         from .data import tokenize_prompt_completion
 
         return tokenize_prompt_completion(examples, tokenizer, **kwargs)
+
+    def tokenize_sources(self, tokenizer, sources, max_length=None):
+        from .data import prompt_token_ids
+
+        rows = [prompt_token_ids(source, tokenizer, max_length) for source in sources]
+        width = max(len(row) for row in rows)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return {"input_ids": torch.tensor([[pad] * (width - len(row)) + row for row in rows]),
+                "attention_mask": torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])}
+
+    def tokenize_targets(self, model, tokenizer, texts, max_length=None):
+        from .data import completion_token_ids
+
+        return [completion_token_ids(text, tokenizer, max_length) for text in texts]
+
+    def structural_ids(self, model):
+        bos = model.generation_config.bos_token_id
+        return [] if bos is None else [int(bos)]
 
 
 FAMILIES = {"seq2seq": Seq2SeqFamily(), "causal": CausalFamily()}

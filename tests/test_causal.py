@@ -3,6 +3,7 @@ trainer on a tiny Llama / Qwen2 built from a config (no Hub), and learning on a 
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -245,3 +246,29 @@ def test_causal_scst_raises_heldout_greedy_chrf_on_reversal(tmp_path):
 
 
 WARMUP_STEPS, RL_STEPS = 120, 150
+
+
+def test_diagnostics_of_a_causal_model(tmp_path, tokenizer):
+    """The exposure-bias report of a decoder-only model: prefixes are the prompt plus the first k completion tokens."""
+    from datasets import Dataset
+
+    from hf_seqrl.data import tokenize_prompt_completion
+    from hf_seqrl.diagnostics import run_diagnostics, write_report
+
+    model = tiny_causal_model(seed=1)
+    sources = ["ab=", "cad=", "bbca=", "dcab="]
+    references = [s[:-1][::-1] for s in sources]
+    report = run_diagnostics(model, tokenizer, sources, references, max_horizon=4, batch_size=4, progress=False,
+                             max_new_tokens=8, inject_positions=(0, 1))
+    raw = Dataset.from_dict({"prompt": sources, "completion": references})
+    batch = collate(tokenizer, raw.map(tokenize_prompt_completion, batched=True, remove_columns=raw.column_names,
+                                       fn_kwargs=dict(tokenizer=tokenizer)))
+    with torch.no_grad():
+        loss = model(**batch).loss.item()  # mean NLL of the completion tokens (EOS included) after their prompts
+    assert report["gap"]["tf_nll"] == pytest.approx(loss, rel=1e-5)
+    first = report["horizon"][0]  # k = 0: the prompt alone under both prefixes
+    assert first["tf_nll"] == pytest.approx(first["free_nll"]) and first["count"] == 4
+    assert [r["j"] for r in report["recovery"]] == [0, 1] and all(r["count"] == 4 for r in report["recovery"])
+    assert report["jacobian"]["curve"][0]["divergence"] > 0 and report["jacobian"]["growth_factor"] > 0
+    paths = write_report(report, str(tmp_path))
+    assert all(os.path.getsize(path) > 0 for path in paths.values())
