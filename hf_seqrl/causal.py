@@ -1,5 +1,5 @@
-"""Decoder-only (causal LM) rollouts: prompts split from a batch, one `generate` call for the samples and the greedy
-row with the prompt's KV cache computed once per source, and teacher-forced log-probs of completion tokens.
+"""Decoder-only (causal LM) rollouts: prompts split from a batch, one decode loop for the samples and the greedy row
+(a long prompt's KV cache computed once per source), and teacher-forced log-probs of completion tokens.
 
 A batch row holds `prompt + completion` in `input_ids` with `labels` = -100 on the prompt (the usual causal-LM
 layout), or the prompt alone (a dataset with `references` and no `labels`). The prompt of a row is its attended
@@ -10,14 +10,13 @@ their EOS, nothing before or after.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig
 
 from . import losses
-from .rollout import GroupSampler, Rollout, ScoredRollout, completion_mask, eos_ids, pad_id, sampling_warpers
+from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id, sampling_warpers
 
 
 # Below this many prompt tokens, running a prompt once more per sample costs less than the extra forward call that
@@ -111,27 +110,88 @@ def _strip_prompt(sequences: torch.Tensor, prompt_width: int, model) -> tuple[to
     return ids.masked_fill(~mask, pad_id(model)), mask
 
 
-def generate_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, repeats: int = 1,
+def generate_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          **generate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns `(completion ids (B*repeats, T), mask)` of `model.generate` on left-padded prompts, each repeated
-    `repeats` times in place; pad after each row's first EOS.
+    """Returns `(completion ids (B, T), mask)` of `model.generate` on left-padded prompts (greedy, beams, or whatever
+    `generate_kwargs` ask for: evaluation and diagnostics), pad after each row's first EOS."""
+    sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), **generate_kwargs)
+    return _strip_prompt(sequences, prompt_ids.shape[1], model)
 
-    With `repeats > 1` and prompts of at least `PROMPT_CACHE_MIN_TOKENS` tokens, the prompts are run through the model
-    once (all but their last token, into a `DynamicCache`), and that cache is expanded to the repeated rows: `generate`
-    then only decodes, instead of encoding each prompt `repeats` times.
+
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, repeats: int):
+    """Returns `(cache, logits (B*repeats, V) of the next token, mask (B*repeats, P))` after reading the prompts.
+
+    Prompts of at least `PROMPT_CACHE_MIN_TOKENS` tokens are read once and their cache expanded to their repeats.
     """
-    width = prompt_ids.shape[1]
-    rows, mask = prompt_ids.repeat_interleave(repeats, dim=0), prompt_mask.long().repeat_interleave(repeats, dim=0)
-    if repeats > 1 and width >= max(PROMPT_CACHE_MIN_TOKENS, 2) and generate_kwargs.get("num_beams", 1) in (None, 1):
-        cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    mask = prompt_mask.bool().repeat_interleave(repeats, dim=0)
+    if repeats > 1 and prompt_ids.shape[1] >= max(PROMPT_CACHE_MIN_TOKENS, 2):
         model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1].long(),
-              position_ids=position_ids(prompt_mask[:, :-1]), cache=cache, use_cache=True,
-              logits_to_keep=1)
-        if repeats > 1:
-            cache.batch_repeat_interleave(repeats)
-        generate_kwargs["cache"] = cache
-    sequences = model.generate(input_ids=rows, attention_mask=mask, **generate_kwargs)
-    return _strip_prompt(sequences, width, model)
+              position_ids=position_ids(prompt_mask[:, :-1]), cache=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(repeats)
+        rows = prompt_ids[:, -1:].repeat_interleave(repeats, dim=0)
+        logits = model(input_ids=rows, attention_mask=mask.long(), position_ids=position_ids(mask)[:, -1:],
+                       cache=cache, use_cache=True).logits[:, -1]
+    else:
+        rows = prompt_ids.repeat_interleave(repeats, dim=0)
+        logits = model(input_ids=rows, attention_mask=mask.long(), position_ids=position_ids(mask), cache=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+    return cache, logits, mask
+
+
+def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, warpers) -> torch.Tensor:
+    """Returns the next token of each row: a draw from the warped distribution where `sampled`, the argmax elsewhere.
+
+    The draw is one `torch.multinomial` over the sampled rows' probabilities, as `generate(do_sample=True)` makes it
+    from the global RNG, so a seeded decode samples the tokens `generate` would.
+
+    Args:
+        logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
+        warpers (`LogitsProcessorList`): temperature / top-k / top-p (`rollout.sampling_warpers`).
+    """
+    scores = logits.float()
+    chosen = scores.argmax(dim=-1)
+    if sampled.any():
+        probs = torch.nn.functional.softmax(warpers(None, scores[sampled]), dim=-1)
+        chosen[sampled] = torch.multinomial(probs, num_samples=1).squeeze(1)
+    return chosen
+
+
+@torch.no_grad()
+def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig,
+                  repeats: int = 1, greedy_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(completion ids (B*repeats, T), mask)`: each prompt continued `repeats` times, pad after EOS.
+
+    A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
+    others sample from `generation_config`'s temperature / top-k / top-p; decoding stops when every row has written
+    an EOS or `max_new_tokens` tokens. It does what `generate` does for these rows without its per-step machinery
+    (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models.
+    """
+    pad, eos = pad_id(model), torch.tensor(eos_ids(model), device=prompt_ids.device)
+    warpers = sampling_warpers(generation_config)
+    cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, repeats)
+    rows = logits.shape[0]
+    sampled = torch.ones(rows, dtype=torch.bool, device=logits.device)
+    if greedy_first:
+        sampled = torch.arange(rows, device=logits.device) % repeats != 0
+    if not generation_config.do_sample:
+        sampled = torch.zeros_like(sampled)
+    positions = position_ids(mask)[:, -1:]
+    finished = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    tokens = []
+    for step in range(generation_config.max_new_tokens):
+        chosen = choose_tokens(logits, sampled, warpers).masked_fill(finished, pad)
+        tokens.append(chosen)
+        finished = finished | torch.isin(chosen, eos)
+        if bool(finished.all()) or step + 1 == generation_config.max_new_tokens:
+            break
+        mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+        positions = positions + 1
+        logits = model(input_ids=chosen.unsqueeze(1), attention_mask=mask.long(), position_ids=positions, cache=cache,
+                       use_cache=True).logits[:, -1]
+    ids = torch.stack(tokens, dim=1)
+    done = completion_mask(ids, eos_ids(model))
+    return ids.masked_fill(~done, pad), done
 
 
 @torch.no_grad()
@@ -140,8 +200,8 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                   with_greedy: bool = False) -> CausalRollout:
     """Returns `num_samples` sampled completions per prompt and, if `with_greedy`, the greedy completion.
 
-    One `generate` call in eval mode: a `GroupSampler` picks the argmax on each source's greedy row and a sample
-    elsewhere (as `rollout.sample_rollout` does for seq2seq models); the prompt's KV cache is computed once per source.
+    One decode in eval mode (`decode_causal`) over every prompt's group of rows: the argmax on each source's greedy
+    row and a sample elsewhere, as `rollout.sample_rollout` does for seq2seq models.
 
     Args:
         model: an unwrapped `PreTrainedModel` for causal LM.
@@ -151,18 +211,10 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     pad = pad_id(model)
     prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
     group = num_samples + int(with_greedy)
-    config = copy.deepcopy(generation_config)
-    config.num_return_sequences = 1
-    processors = LogitsProcessorList()
-    if with_greedy:
-        # The sampler picks every token (from the global RNG), so `generate` itself runs greedy.
-        processors.append(GroupSampler(group, True, sampling_warpers(config)))
-        config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     was_training = model.training
     model.eval()
     try:
-        ids, mask = generate_completions(model, prompt_ids, prompt_mask, group, generation_config=config,
-                                         logits_processor=processors)
+        ids, mask = decode_causal(model, prompt_ids, prompt_mask, generation_config, group, greedy_first=with_greedy)
     finally:
         model.train(was_training)
     grouped_ids, grouped_mask = ids.view(-1, group, ids.shape[1]), mask.view(-1, group, ids.shape[1])

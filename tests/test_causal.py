@@ -89,6 +89,24 @@ def test_rollout_masks_and_logprobs_equal_per_sample_recomputation(tokenizer, mo
         assert rollout.greedy_ids[source][mask].tolist() == greedy[: int(mask.sum())].tolist()
 
 
+@pytest.mark.parametrize("settings", [dict(), dict(temperature=0.7, top_k=5, top_p=0.9)])
+def test_decode_loop_samples_what_generate_samples(tokenizer, settings):
+    from hf_seqrl.causal import decode_causal
+
+    model = tiny_causal_model("qwen2", seed=2).eval()
+    batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=3, seed=6, lengths=(1, 6)))
+    prompt_ids, prompt_mask = split_prompts(batch["input_ids"], batch["attention_mask"], batch["labels"], pad=0)
+    config = causal_generation_config(model, 7, **settings)
+    torch.manual_seed(11)
+    ids, mask = decode_causal(model, prompt_ids, prompt_mask, config, repeats=2)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        expected = model.generate(input_ids=prompt_ids.repeat_interleave(2, 0),
+                                  attention_mask=prompt_mask.long().repeat_interleave(2, 0), generation_config=config)
+    expected = expected[:, prompt_ids.shape[1]:]
+    assert ids.tolist() == torch.nn.functional.pad(expected, (0, ids.shape[1] - expected.shape[1])).tolist()
+
+
 def test_prompt_tokens_never_enter_the_loss(tmp_path, tokenizer):
     """Gradients reach no logit that predicts a prompt token or padding, in the warm-up and in the RL loss."""
     model = tiny_causal_model("llama", seed=1)
@@ -272,3 +290,28 @@ def test_diagnostics_of_a_causal_model(tmp_path, tokenizer):
     assert report["jacobian"]["curve"][0]["divergence"] > 0 and report["jacobian"]["growth_factor"] > 0
     paths = write_report(report, str(tmp_path))
     assert all(os.path.getsize(path) > 0 for path in paths.values())
+
+
+# ---- the recipe's pipeline on the tiny offline causal config ------------------------------------------------------
+
+def test_causal_translation_recipe_trains_evaluates_and_saves(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_seqrl.pipeline import train_main
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the config names its data files relative to the repository root
+    out = tmp_path / "causal"
+    metrics = train_main(["--config", "recipes/configs/tiny_offline_causal_translation.yaml", "--output_dir",
+                          str(out), "--max_steps", "4", "--warmup_xe_steps", "2", "--num_samples", "2",
+                          "--tiny_d_model", "32", "--eval_strategy", "no", "--max_eval_samples", "8",
+                          "--max_test_samples", "8", "--max_new_tokens", "16", "--generation_max_length", "16"])
+    for prefix in ("eval", "test"):  # corpus scores of the completions, every reference
+        assert 0.0 <= metrics[f"{prefix}_chrf"] <= 100.0 and 0.0 <= metrics[f"{prefix}_rl/reward"] <= 1.0
+        assert 0 < metrics[f"{prefix}_gen_len"] <= 16  # completion tokens only, not the prompt
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    card = (out / "README.md").read_text()
+    assert "AutoModelForCausalLM.from_pretrained" in card and "pipeline_tag: text-generation" in card
