@@ -88,9 +88,16 @@ class ModelFamily:
         """Returns the model inputs (with `labels`) of feeding `fed` instead of the gold inputs."""
         raise NotImplementedError
 
-    def tokenize(self, examples: dict, tokenizer, **kwargs) -> dict:
-        """Returns the tokenized features of source/target pairs (a `datasets.map(batched=True)` function)."""
+    def tokenize(self, examples: dict, tokenizer, source_column: str, target_column: str, max_source_length=None,
+                 max_target_length=None, prefix: str = "", decoder_start_token_id=None, prompt_template=None,
+                 use_chat_template: bool = False) -> dict:
+        """Returns the tokenized features of source/target pairs (a `datasets.map(batched=True)` function): what
+        `data.tokenize_pairs` (seq2seq) or `data.tokenize_prompt_completion` (causal) make of them."""
         raise NotImplementedError
+
+    def label_start_id(self, model) -> int | None:
+        """Returns the token that tokenized labels must not start with (the decoder start token), or None."""
+        return None
 
     def tokenize_sources(self, tokenizer, sources, max_length=None) -> dict:
         """Returns the padded `input_ids` / `attention_mask` tensors `(B, S)` of source or prompt texts."""
@@ -174,10 +181,19 @@ class Seq2SeqFamily(ModelFamily):
         inputs.update(encoder_outputs=encoded["encoder_outputs"], decoder_input_ids=fed)
         return inputs
 
-    def tokenize(self, examples, tokenizer, **kwargs):
+    def tokenize(self, examples, tokenizer, source_column, target_column, max_source_length=None,
+                 max_target_length=None, prefix="", decoder_start_token_id=None, prompt_template=None,
+                 use_chat_template=False):
         from .data import tokenize_pairs
 
-        return tokenize_pairs(examples, tokenizer, **kwargs)
+        if prompt_template is not None or use_chat_template:
+            raise ValueError("prompt_template and use_chat_template shape the prompts of decoder-only models; an "
+                             "encoder-decoder model reads the source itself (source_prefix adds a task prefix).")
+        return tokenize_pairs(examples, tokenizer, source_column, target_column, max_source_length,
+                              max_target_length, prefix, decoder_start_token_id)
+
+    def label_start_id(self, model):
+        return decoder_start_id(model)
 
     def tokenize_sources(self, tokenizer, sources, max_length=None):
         enc = tokenizer(list(sources), return_tensors="pt", padding=True, truncation=max_length is not None,
@@ -289,10 +305,15 @@ class CausalFamily(ModelFamily):
     def fed_inputs(self, batch, fed, encoded):
         return {**batch, "input_ids": fed}
 
-    def tokenize(self, examples, tokenizer, **kwargs):
+    def tokenize(self, examples, tokenizer, source_column, target_column, max_source_length=None,
+                 max_target_length=None, prefix="", decoder_start_token_id=None, prompt_template=None,
+                 use_chat_template=False):
         from .data import tokenize_prompt_completion
 
-        return tokenize_prompt_completion(examples, tokenizer, **kwargs)
+        if prefix and prompt_template is None:
+            prompt_template = prefix + "{prompt}"
+        return tokenize_prompt_completion(examples, tokenizer, source_column, target_column, max_source_length,
+                                          max_target_length, prompt_template, use_chat_template)
 
     def tokenize_sources(self, tokenizer, sources, max_length=None):
         from .data import prompt_token_ids

@@ -1,6 +1,7 @@
 """Subprocess for the crash-resume tests: trains a tiny model, optionally SIGKILLs itself at a step.
 
-usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1)
+usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [MODEL(seq2seq|causal)]
+`causal` trains a tiny decoder-only Llama on prompt + completion rows instead of a tiny T5.
 With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
 Writes OUTPUT_DIR/final.pt (parameters) and OUTPUT_DIR/history.json (logged rl/reward per step) when it finishes.
 """
@@ -14,7 +15,8 @@ import torch
 from transformers import TrainerCallback
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs  # noqa: E402
+from conftest import (byt5_tokenizer, prompt_completion_dataset, tiny_causal_model, tiny_model,  # noqa: E402
+                      toy_dataset, toy_pairs)
 
 from hf_seqrl import ReinforceTrainer, SeqRLConfig  # noqa: E402
 
@@ -30,14 +32,19 @@ class KillAt(TrainerCallback):
 
 def main():
     out, kill_at, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    causal = len(sys.argv) > 4 and sys.argv[4] == "causal"
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
+    if causal:
+        model, data = tiny_causal_model("llama", seed=0), prompt_completion_dataset(tok, n=48, seed=0, task="copy")
+    else:
+        model, data = tiny_model("t5", seed=0), toy_dataset(tok, src, tgt)
     args = SeqRLConfig(output_dir=out, per_device_train_batch_size=4, max_steps=20, learning_rate=1e-3,
                        warmup_xe_steps=10, num_samples=2, max_new_tokens=6, logging_steps=1,
                        kl_coef=0.05,
                        save_strategy="steps", save_steps=5, report_to=[], disable_tqdm=True, seed=0,
                        dataloader_pin_memory=False)
-    trainer = ReinforceTrainer(model=tiny_model("t5", seed=0), args=args, train_dataset=toy_dataset(tok, src, tgt),
+    trainer = ReinforceTrainer(model=model, args=args, train_dataset=data,
                                reward_funcs="chrf", processing_class=tok, callbacks=[KillAt(kill_at)] if kill_at >= 0 else None)
     trainer.train(resume_from_checkpoint=True if resume else None)
     torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))

@@ -202,6 +202,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
             repo_id=args.hub_model_id,
+            model_class=self.family.auto_class,
         )
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
