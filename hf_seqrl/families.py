@@ -38,7 +38,8 @@ class ModelFamily:
         raise NotImplementedError
 
     def sample(self, model, batch: dict, generation_config, num_samples: int = 1, with_greedy: bool = False) -> Rollout:
-        """Returns `num_samples` samples per source (and the greedy row), source/prompt encoded once."""
+        """Returns `num_samples` samples per source and, with `with_greedy`, its greedy decode (in one decode; the
+        encoder runs once per source, a long prompt is read once)."""
         raise NotImplementedError
 
     def score(self, model, batch: dict, sample_ids, num_samples: int, gold_labels=None,

@@ -95,7 +95,7 @@ def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_transla
     script_args, training_args = parse_args([
         "--config", os.path.join(repo, "recipes", "configs", config),
         "--output_dir", output_dir, "--max_steps", "4", "--warmup_xe_steps", "2", "--num_samples", "2",
-        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--tiny_d_model", "32",
+        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--tiny_d_model", "32", "--logging_steps", "1",
         "--train_file", os.path.join(data, "toy_de_en.train.txt"), "--validation_file",
         os.path.join(data, "toy_de_en.validation.tsv"), "--test_file", os.path.join(data, "toy_de_en.test.txt"),
     ])
