@@ -2,6 +2,7 @@
 trainer on a tiny Llama / Qwen2 built from a config (no Hub), and learning on a toy task."""
 
 import copy
+import json
 import math
 import os
 
@@ -163,17 +164,26 @@ def test_policy_gradient_trainers_train_causal_models(tmp_path, tokenizer, arch,
     assert math.isfinite(metrics["eval_loss"])
 
 
-def test_references_only_prompts_train(tmp_path, tokenizer):
+def test_references_only_prompts_train_and_extra_columns_reach_the_rewards(tmp_path, tokenizer):
     from datasets import Dataset
 
     prompts = ["ab=", "cab=", "dd=", "bca="]
     enc = tokenizer(prompts, add_special_tokens=False)
     data = Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                              "references": [p[:-1][::-1] for p in prompts]})
-    trainer = SCSTTrainer(model=tiny_causal_model(), args=config(tmp_path, max_steps=2), reward_funcs="chrf",
+                              "references": [p[:-1][::-1] for p in prompts], "hint": [len(p) for p in prompts]})
+    seen = []
+
+    def spy(predictions, references, sources, hint, **columns):
+        seen.extend(zip(hint, (r[0] for r in references)))
+        return [float(len(p) == h - 1) for p, h in zip(predictions, hint)]
+
+    trainer = SCSTTrainer(model=tiny_causal_model(), args=config(tmp_path, max_steps=2, baseline="mean",
+                                                                 num_samples=2), reward_funcs=spy,
                           train_dataset=data, processing_class=tokenizer)
     trainer.train()
     assert len([h for h in trainer.state.log_history if "rl/reward" in h]) == 2
+    # each sample's own row: the hint (prompt length) goes with that prompt's reference
+    assert seen and all(hint == len(reference) + 1 for hint, reference in seen)
 
 
 def test_scheduled_sampling_mixes_completion_tokens_only(tmp_path, tokenizer):
@@ -315,3 +325,13 @@ def test_causal_translation_recipe_trains_evaluates_and_saves(tmp_path, monkeypa
     assert type(model).__name__ == "LlamaForCausalLM"
     card = (out / "README.md").read_text()
     assert "AutoModelForCausalLM.from_pretrained" in card and "pipeline_tag: text-generation" in card
+    # `hf-seqrl evaluate` and `hf-seqrl diagnose` load the checkpoint as a causal LM and read sources as prompts
+    from hf_seqrl.diagnostics import diagnose_main
+    from hf_seqrl.evaluation import evaluate_main
+
+    data = ["--model", str(out), "--data", "recipes/data/toy_de_en.test.txt", "--max_examples", "4",
+            "--max_new_tokens", "8"]
+    assert evaluate_main([*data, "--output", str(tmp_path / "scores.json")]) == 0
+    assert 0.0 <= json.loads((tmp_path / "scores.json").read_text())["scores"]["chrf"] <= 100.0
+    assert diagnose_main([*data, "--output_dir", str(tmp_path / "diag"), "--max_horizon", "4"]) == 0
+    assert (tmp_path / "diag" / "diagnostics.json").exists()
