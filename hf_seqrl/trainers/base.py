@@ -60,7 +60,9 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     config_class: type = Seq2SeqTrainingArguments
     algorithm = "Cross-entropy"
-    model_families: tuple[str, ...] = ("seq2seq", "causal")  # the `hf_seqrl.families` this trainer supports
+    # The `hf_seqrl.families` a trainer takes: a trainer opts in to decoder-only models once every pass of its loss
+    # goes through `self.family`.
+    model_families: tuple[str, ...] = ("seq2seq",)
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, **kwargs):

@@ -93,9 +93,6 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
 
     config_class = ProfessorForcingConfig
     algorithm = "Professor forcing"
-    # The discriminator reads decoder hidden states of gold and own targets next to each other, through the encoder
-    # states of their source; decoder-only models are not wired up.
-    model_families = ("seq2seq",)
 
     def __init__(self, model=None, args: ProfessorForcingConfig | None = None, **kwargs):
         forward = inspect.signature(getattr(model, "forward", lambda: None)).parameters

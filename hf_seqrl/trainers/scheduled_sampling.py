@@ -52,6 +52,7 @@ class ScheduledSamplingTrainer(SeqRLBaseTrainer):
 
     config_class = ScheduledSamplingConfig
     algorithm = "Scheduled sampling"
+    model_families = ("seq2seq", "causal")
 
     def teacher_forcing_ratio(self) -> float:
         """Returns ε at the current step (or epoch), counted from the end of the warm-up."""

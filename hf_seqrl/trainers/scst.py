@@ -14,3 +14,4 @@ class SCSTTrainer(SeqRLTrainer):
 
     default_baseline = "greedy"
     algorithm = "SCST"
+    model_families = ("seq2seq", "causal")
