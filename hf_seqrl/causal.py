@@ -19,9 +19,10 @@ from . import losses
 from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id, sampling_warpers
 
 
-# Below this many prompt tokens, running a prompt once more per sample costs less than the extra forward call that
-# shares its KV cache (small models on CPU are dominated by the per-call overhead, not by token positions).
-PROMPT_CACHE_MIN_TOKENS = 32
+# Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
+# its KV cache. Measured on CPU, 2-layer width-64 Llama, 4 prompts x 4 samples, 12 new tokens: sharing took 8.8 ms
+# against 8.2 at 15 prompt tokens, 8.4 against 9.6 at 31, 9.7 against 14.6 at 63.
+PROMPT_CACHE_MIN_TOKENS = 24
 
 
 @dataclass
