@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import byt5_tokenizer, prompt_completion_dataset, tiny_causal_model
-from hf_seqrl import ProfessorForcingTrainer, SCSTTrainer, ScheduledSamplingTrainer, SeqRLConfig
+from hf_seqrl import ProfessorForcingTrainer, ReinforceTrainer, SCSTTrainer, ScheduledSamplingTrainer, SeqRLConfig
 from hf_seqrl.causal import causal_generation_config, completion_labels, sample_causal, split_prompts
 from hf_seqrl.configs import ProfessorForcingConfig, ScheduledSamplingConfig
 from hf_seqrl.families import CausalFamily, Seq2SeqFamily, family_for
@@ -144,16 +144,18 @@ def test_prompt_tokens_never_enter_the_loss(tmp_path, tokenizer):
         handle.remove()
 
 
-@pytest.mark.parametrize("arch,baseline", [("llama", "greedy"), ("qwen2", "mean"), ("llama", "moving_average")])
-def test_policy_gradient_trainers_train_causal_models(tmp_path, tokenizer, arch, baseline):
+@pytest.mark.parametrize("trainer_class,arch,baseline", [(SCSTTrainer, "llama", "greedy"), (SCSTTrainer, "qwen2", "mean"),
+                                                         (ReinforceTrainer, "llama", None)])
+def test_policy_gradient_trainers_train_causal_models(tmp_path, tokenizer, trainer_class, arch, baseline):
     model = tiny_causal_model(arch)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     args = config(tmp_path, warmup_xe_steps=1, num_samples=2, baseline=baseline, rl_weight=0.7,
                   predict_with_generate=True, generation_max_length=8, per_device_eval_batch_size=4)
-    trainer = SCSTTrainer(model=model, args=args, reward_funcs=["chrf", "bleu"],
-                          train_dataset=prompt_completion_dataset(tokenizer, n=8),
-                          eval_dataset=prompt_completion_dataset(tokenizer, n=5, seed=9), processing_class=tokenizer,
-                          compute_metrics=lambda pred: {"rows": float(len(pred.predictions))})
+    trainer = trainer_class(model=model, args=args, reward_funcs=["chrf", "bleu"],
+                            train_dataset=prompt_completion_dataset(tokenizer, n=8),
+                            eval_dataset=prompt_completion_dataset(tokenizer, n=5, seed=9), processing_class=tokenizer,
+                            compute_metrics=lambda pred: {"rows": float(len(pred.predictions))})
+    assert trainer.baseline == (baseline or "moving_average")
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["rl/phase"] for h in logs] == [0.0, 1.0, 1.0]
