@@ -1,7 +1,8 @@
 """Subprocess for the crash-resume tests: trains a tiny model, optionally SIGKILLs itself at a step.
 
-usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [MODEL(seq2seq|causal)]
-`causal` trains a tiny decoder-only Llama on prompt + completion rows instead of a tiny T5.
+usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1)
+With RESUME_WORKER_MODEL=causal in the environment, a tiny decoder-only Llama trains on prompt + completion rows
+instead of a tiny T5.
 With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
 Writes OUTPUT_DIR/final.pt (parameters) and OUTPUT_DIR/history.json (logged rl/reward per step) when it finishes.
 """
@@ -32,7 +33,7 @@ class KillAt(TrainerCallback):
 
 def main():
     out, kill_at, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    causal = len(sys.argv) > 4 and sys.argv[4] == "causal"
+    causal = os.environ.get("RESUME_WORKER_MODEL", "seq2seq") == "causal"
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
     if causal:

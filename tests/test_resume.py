@@ -16,8 +16,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
 
 
 def worker(out, kill_at=-1, resume=False, model="seq2seq"):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0", model], env=env,
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RESUME_WORKER_MODEL=model)
+    return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0"], env=env,
                           capture_output=True, text=True, timeout=300)
 
 
