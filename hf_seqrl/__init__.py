@@ -1,4 +1,4 @@
-"""hf-seqrl: sequence-level reinforcement learning for Hugging Face encoder-decoder models.
+"""hf-seqrl: sequence-level reinforcement learning for Hugging Face encoder-decoder and decoder-only models.
 
 Heavy modules (transformers, the trainers) are imported on first attribute access, so that
 `import hf_seqrl` and `import hf_seqrl.losses` stay fast.
@@ -33,6 +33,8 @@ _LAZY = {
     "WeightedReward": "rewards",
     "SeqRLDataCollator": "data",
     "tokenize_pairs": "data",
+    "tokenize_prompt_completion": "data",
+    "family_for": "families",
     "strip_start_token": "data",
     "run_diagnostics": "diagnostics",
     "DiagnosticsCallback": "diagnostics",

@@ -277,3 +277,94 @@ def drop_empty_pairs(dataset, where: str = "dataset"):
         dataset = dataset.map(lambda batch: {"target": [[r for r in refs if nonempty(r)] for refs in batch["target"]]},
                               batched=True, desc=f"{where}: drop empty references")
     return dataset
+
+
+# ---- decoder-only models: prompt + completion in one row, the loss on the completion only ----------------------
+
+def render_prompt(prompt, tokenizer) -> str:
+    """Returns the text a causal model reads before its completion: `prompt` as is, or, for a conversation (a list
+    of `{"role", "content"}` messages), the tokenizer's chat template with the generation prompt added."""
+    if isinstance(prompt, str):
+        return prompt
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("A conversational prompt (a list of messages) needs a tokenizer with a chat_template; give "
+                         "plain-text prompts or set tokenizer.chat_template.")
+    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+
+
+def _message_text(value) -> str:
+    """Returns the text of a completion or reference: a string, or the content of the last of a list of messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[-1], dict):
+        return str(value[-1].get("content", ""))
+    raise ValueError(f"Expected a string or a list of messages, got {type(value).__name__}.")
+
+
+def prompt_token_ids(prompt, tokenizer, max_length: int | None = None) -> list[int]:
+    """Returns the token ids of a prompt (text or messages, see `render_prompt`), cut from the left to `max_length`.
+
+    A chat template writes its own special tokens; plain text gets the tokenizer's (a BOS), less a final EOS (ByT5
+    and T5 tokenizers append one), since the completion follows.
+    """
+    ids = tokenizer(render_prompt(prompt, tokenizer), add_special_tokens=isinstance(prompt, str))["input_ids"]
+    if ids and ids[-1] == tokenizer.eos_token_id:
+        ids = ids[:-1]
+    return ids[-max_length:] if max_length is not None else ids
+
+
+def completion_token_ids(text: str, tokenizer, max_length: int | None = None) -> list[int]:
+    """Returns the token ids of a completion followed by EOS, cut from the right to `max_length` (EOS kept)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_length is not None:
+        ids = ids[: max_length - 1]
+    return ids + [tokenizer.eos_token_id]
+
+
+def tokenize_prompt_completion(
+    examples: dict[str, list],
+    tokenizer,
+    prompt_column: str = "prompt",
+    completion_column: str = "completion",
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    prompt_template: str | None = None,
+    use_chat_template: bool = False,
+) -> dict[str, list]:
+    """Returns causal-LM features (batched map): `input_ids` = prompt + completion + EOS, `attention_mask`, `labels`
+    (-100 on the prompt, the completion and its EOS otherwise), and raw `references` / `sources`.
+
+    The prompt of a row is what precedes its first label (`hf_seqrl.causal.split_prompts` reads it back for
+    rollouts), so no other column is needed. A prompt is plain text or a list of chat messages (rendered with the
+    tokenizer's chat template and its generation prompt); `prompt_template` (with a `{prompt}` field) formats plain
+    prompts first, and `use_chat_template` then wraps the result as one user message. A completion cell may be a
+    string, a list of messages (the last one's content), or a list of references: the first one is the training
+    target, all of them are the rewards' references. Prompts are cut from the left to `max_prompt_length` tokens (the
+    end of a prompt says what to write), completions from the right to `max_completion_length` (EOS kept).
+    """
+    prompts, targets = examples[prompt_column], examples[completion_column]
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenize_prompt_completion needs a tokenizer with an eos_token: completions end with it.")
+    features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": []}
+    for i, (prompt, target) in enumerate(zip(prompts, targets)):
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError(f"Row {i} of this batch has an empty {prompt_column!r}: drop or fix it.")
+            source = prompt
+            prompt = prompt_template.format(prompt=prompt) if prompt_template else prompt
+            if use_chat_template:
+                prompt = [{"role": "user", "content": prompt}]
+        else:
+            source = _message_text([m for m in prompt if m.get("role") == "user"] or prompt)
+        is_list_of_refs = isinstance(target, (list, tuple)) and target and isinstance(target[0], str)
+        references = [_message_text(t) for t in target] if is_list_of_refs else [_message_text(target)]
+        if not references[0].strip():
+            raise ValueError(f"Row {i} of this batch has an empty {completion_column!r}: drop or fix it.")
+        prompt_ids = prompt_token_ids(prompt, tokenizer, max_prompt_length)
+        completion_ids = completion_token_ids(references[0], tokenizer, max_completion_length)
+        features["input_ids"].append(prompt_ids + completion_ids)
+        features["attention_mask"].append([1] * (len(prompt_ids) + len(completion_ids)))
+        features["labels"].append([-100] * len(prompt_ids) + completion_ids)
+        features["references"].append(references)
+        features["sources"].append(source)
+    return features

@@ -28,6 +28,9 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
     """
     from tqdm.auto import tqdm
 
+    from .families import family_for
+
+    family = family_for(model)
     if num_beams < 1 or batch_size < 1:
         raise ValueError(f"num_beams and batch_size must be >= 1, got {num_beams} and {batch_size}.")
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -41,9 +44,8 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
         with torch.no_grad():
             for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=not progress):
                 rows = order[start:start + batch_size]
-                batch = tokenizer([sources[i] for i in rows], return_tensors="pt", padding=True,
-                                  truncation=max_source_length is not None, max_length=max_source_length)
-                ids = model.generate(**batch.to(model.device), **kwargs)
+                batch = family.tokenize_sources(tokenizer, [sources[i] for i in rows], max_source_length)
+                ids = family.generate(model, {k: v.to(model.device) for k, v in batch.items()}, **kwargs)
                 for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
                     outputs[i] = text.strip()
     finally:
@@ -68,7 +70,8 @@ def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequenc
 class CheckpointDataArguments:
     """The checkpoint, the data file and the batching shared by `hf-seqrl evaluate` and `hf-seqrl diagnose`."""
 
-    model: str = field(metadata={"help": "Local directory (or Hub id) of a seq2seq model and its tokenizer."})
+    model: str = field(metadata={"help": "Local directory (or Hub id) of a seq2seq or causal model and its tokenizer "
+                                         "(causal models read each source as their prompt)."})
     data: str = field(metadata={"help": "A .json, .jsonl, .csv, .tsv or .txt file of source/target pairs."})
     source_column: str = field(default="source", metadata={"help": "Column of the sources."})
     target_column: str = field(default="target", metadata={"help": "Column of the references: a string or a list "
@@ -110,13 +113,14 @@ class EvaluateArguments(CheckpointDataArguments):
 
 def load_model_and_pairs(args: CheckpointDataArguments):
     """Returns `(model, tokenizer, sources, references)` named by `args`, the model on `args.device`."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from .data import load_pairs
+    from .families import load_pretrained
 
     sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=False).to(device)
+    model = load_pretrained(args.model, trust_remote_code=False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
     return model, tokenizer, sources, references
 

@@ -269,17 +269,20 @@ def render_model_card(
     example_input: str | None = None,
     algorithm_detail: str | None = None,
     license: str | None = None,
+    model_class: str = "AutoModelForSeq2SeqLM",
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
     `algorithm` is the trainer's label and `baseline` the baseline that ran; the card names the algorithm they make
     up (see `describe_algorithm`). `algorithm_detail` is appended to that name; `license` (an SPDX id such as
-    `"apache-2.0"`) goes into the metadata when known.
+    `"apache-2.0"`) goes into the metadata when known. `model_class` is the transformers Auto class that loads the
+    model (`"AutoModelForCausalLM"` for a decoder-only model: its card shows a text-generation pipeline).
     """
     from huggingface_hub import ModelCard, ModelCardData
 
     method = describe_algorithm(algorithm, baseline)
-    pipeline_tag = PIPELINES.get(task, "text2text-generation")
+    causal = model_class == "AutoModelForCausalLM"
+    pipeline_tag = "text-generation" if causal else PIPELINES.get(task, "text2text-generation")
     datasets = list(datasets or [])
     base_model = hub_id(base_model)
     metrics = sorted((k, float(v)) for k, v in (metrics or {}).items()
@@ -307,6 +310,8 @@ def render_model_card(
         task=task,
         pipeline_tag=pipeline_tag,
         pipeline_var=PIPELINE_VARIABLES.get(pipeline_tag, "generator"),
+        model_class=model_class,
+        causal=causal,
         base_model=base_model,
         datasets=datasets,
         reward=_safe(reward),

@@ -20,9 +20,10 @@ import transformers
 from transformers import HfArgumentParser
 
 from .configs import ScheduledSamplingConfig, SeqRLConfig
-from .data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_pairs
+from .data import drop_empty_pairs, load_text_files, select_pair_columns
 from .evaluation import build_compute_metrics
-from .rollout import decoder_start_id
+from .families import Seq2SeqFamily, family_for
+from .tiny_models import ARCHITECTURES
 
 ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")
 SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
@@ -34,8 +35,14 @@ class ScriptArguments:
     What to train, on what data, with which algorithm; the training settings are the fields of `SeqRLConfig` /
     `ScheduledSamplingConfig`. Each field has its `--help`. Notes:
 
-    - The model: `model_name_or_path` (Hub id or folder), or `tiny_model` (`"t5"`, `"bart"`, `"marian"`): a small
-      random model built from a config over `tokenizer_name`'s vocabulary (default: `ByT5Tokenizer`, no download).
+    - The model: `model_name_or_path` (Hub id or folder; encoder-decoder models load with AutoModelForSeq2SeqLM,
+      decoder-only ones with AutoModelForCausalLM), or `tiny_model` (`"t5"`, `"bart"`, `"marian"`, or the decoder-only
+      `"llama"`, `"qwen2"`): a small random model built from a config over `tokenizer_name`'s vocabulary (default:
+      `ByT5Tokenizer`, no download).
+    - Decoder-only models read each source as a prompt, `prompt_template` (a `{prompt}` field takes the source)
+      wrapped in the tokenizer's chat template when `use_chat_template`; the target is the completion, and the loss,
+      the rewards and the evaluation cover the completion only. `max_target_length` and `generation_max_length` count
+      completion tokens.
     - The data: `dataset_name` (+ `dataset_config`) with `train` / `validation` / `test` splits, or local files:
       `.json`/`.jsonl` and `.csv`/`.tsv` (a header line) name their columns; `.txt` holds one example a line,
       `source<TAB>reference[<TAB>reference ...]`. A target cell may be a list of references; all of them are used
@@ -49,7 +56,8 @@ class ScriptArguments:
         "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
                 "reward_weights; default: bleu for translation, rougeL for summarization."})
     model_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or local folder."})
-    tiny_model: str | None = field(default=None, metadata={"help": "t5 | bart | marian, built from a config."})
+    tiny_model: str | None = field(default=None, metadata={
+        "help": "t5 | bart | marian | llama | qwen2, built from a config (llama, qwen2: decoder-only)."})
     tiny_d_model: int = field(default=32, metadata={"help": "Width of the tiny model."})
     tiny_layers: int = field(default=1, metadata={"help": "Encoder and decoder layers of the tiny model."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
@@ -65,6 +73,10 @@ class ScriptArguments:
     source_lang: str | None = field(default=None, metadata={"help": "Source key of a translation column."})
     target_lang: str | None = field(default=None, metadata={"help": "Target key of a translation column."})
     source_prefix: str = field(default="", metadata={"help": "Prepended to every source (T5 task prefix)."})
+    prompt_template: str | None = field(default=None, metadata={
+        "help": "Decoder-only models: the prompt, with a {prompt} field that receives the source."})
+    use_chat_template: bool = field(default=False, metadata={
+        "help": "Decoder-only models: send the prompt as a user message through the tokenizer's chat template."})
     max_source_length: int = field(default=256, metadata={"help": "Truncate sources to this many tokens."})
     max_target_length: int = field(default=128, metadata={"help": "Truncate targets to this many tokens."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
@@ -77,9 +89,12 @@ class ScriptArguments:
             raise ValueError(f"ScriptArguments.algorithm={self.algorithm!r} is not one of {ALGORITHMS}.")
         if (self.model_name_or_path is None) == (self.tiny_model is None):
             raise ValueError("Set exactly one of model_name_or_path (Hub id or folder) and tiny_model "
-                             "(t5|bart|marian).")
-        if self.tiny_model is not None and self.tiny_model not in ("t5", "bart", "marian"):
-            raise ValueError(f"ScriptArguments.tiny_model={self.tiny_model!r} is not one of t5, bart, marian.")
+                             f"({'|'.join(ARCHITECTURES)}).")
+        if self.tiny_model is not None and self.tiny_model not in ARCHITECTURES:
+            raise ValueError(f"ScriptArguments.tiny_model={self.tiny_model!r} is not one of {', '.join(ARCHITECTURES)}.")
+        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
+            raise ValueError(f"ScriptArguments.prompt_template={self.prompt_template!r} has no {{prompt}} field for "
+                             "the source.")
         if self.dataset_name is None and self.train_file is None:
             raise ValueError("Give the data: dataset_name (a Hub dataset) or train_file (a local file).")
 
@@ -145,8 +160,9 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
 
 def load_model_and_tokenizer(script_args: ScriptArguments):
     """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, ByT5Tokenizer
+    from transformers import AutoTokenizer, ByT5Tokenizer
 
+    from .families import load_pretrained
     from .tiny_models import build_tiny_model
 
     remote = bool(script_args.trust_remote_code)
@@ -159,12 +175,18 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
         return model, tokenizer
     tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path,
                                               trust_remote_code=remote)
-    model = AutoModelForSeq2SeqLM.from_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
+    model = load_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
     return model, tokenizer
 
 
-def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id: int | None = None) -> dict:
-    """Returns the tokenized splits present among train / validation / test (with `references`, `sources`)."""
+def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id: int | None = None,
+                family=None) -> dict:
+    """Returns the tokenized splits present among train / validation / test (with `references`, `sources`).
+
+    `family` (`hf_seqrl.families`, default seq2seq) tokenizes the pairs: source → target for encoder-decoders,
+    prompt + completion rows for decoder-only models.
+    """
+    family = family or Seq2SeqFamily()
     from datasets import load_dataset
 
     s = script_args
@@ -186,10 +208,11 @@ def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id:
         data = select_pair_columns(data, s.source_column, s.target_column, s.source_lang, s.target_lang, where)
         data = drop_empty_pairs(data, where)
         out[split] = data.map(
-            tokenize_pairs, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
+            family.tokenize, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
             fn_kwargs=dict(tokenizer=tokenizer, source_column="source", target_column="target",
                            max_source_length=s.max_source_length, max_target_length=s.max_target_length,
-                           prefix=s.source_prefix, decoder_start_token_id=decoder_start_token_id))
+                           prefix=s.source_prefix, decoder_start_token_id=decoder_start_token_id,
+                           prompt_template=s.prompt_template, use_chat_template=s.use_chat_template))
     if "train" not in out:
         raise ValueError("The data has no 'train' split: give train_file, or a dataset_name with a train split.")
     return out
@@ -236,8 +259,9 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     transformers.set_seed(training_args.seed)  # the tiny model's initial weights
     model, tokenizer = load_model_and_tokenizer(script_args)
+    family = family_for(model)
     with training_args.main_process_first(desc="data"):
-        splits = load_splits(script_args, tokenizer, decoder_start_id(model))
+        splits = load_splits(script_args, tokenizer, family.label_start_id(model), family)
     trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
 
     resume = training_args.resume_from_checkpoint

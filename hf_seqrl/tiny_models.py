@@ -1,11 +1,12 @@
-"""Randomly initialized encoder-decoders built from a config: the tests, the recipes' `tiny_model`, the demo and the
+"""Randomly initialized encoder-decoders and decoder-only models built from a config: the tests, the recipes' `tiny_model`, the demo and the
 benchmarks all build theirs here, so a model of given settings is the same model everywhere."""
 
 from __future__ import annotations
 
 import torch
 
-ARCHITECTURES = ("t5", "bart", "marian")
+ARCHITECTURES = ("t5", "bart", "marian", "llama", "qwen2")
+CAUSAL_ARCHITECTURES = ("llama", "qwen2")
 
 
 def build_tiny_model(arch: str, vocab_size: int | None = None, tokenizer=None, *, d_model: int = 32, layers: int = 1,
@@ -13,16 +14,17 @@ def build_tiny_model(arch: str, vocab_size: int | None = None, tokenizer=None, *
                      pad_token_id: int | None = None, eos_token_id: int | None = None,
                      bos_token_id: int | None = None, decoder_start_token_id: int | None = None,
                      seed: int | None = None, **config_overrides):
-    """Returns a randomly initialized `"t5"`, `"bart"` or `"marian"` model, its special ids set in both its config
-    and its generation config.
+    """Returns a randomly initialized `"t5"`, `"bart"` or `"marian"` encoder-decoder, or a `"llama"` / `"qwen2"`
+    decoder-only model, its special ids set in both its config and its generation config.
 
     Args:
         arch (`str`): `"t5"` (`T5ForConditionalGeneration`), `"bart"` (`BartForConditionalGeneration`) or
-            `"marian"` (`MarianMTModel`).
+            `"marian"` (`MarianMTModel`); `"llama"` (`LlamaForCausalLM`) or `"qwen2"` (`Qwen2ForCausalLM`), with
+            tied input and output embeddings.
         vocab_size (`int`, *optional*): defaults to `len(tokenizer)`.
         tokenizer (*optional*): the source of `vocab_size` and of the special ids not given.
         d_model (`int`, *optional*, defaults to `32`), layers (`int`, *optional*, defaults to `1`, encoder and
-            decoder each), heads (`int`, *optional*, defaults to `2`), ffn (`int`, *optional*, defaults to
+            decoder each; a decoder-only model has `layers` layers), heads (`int`, *optional*, defaults to `2`), ffn (`int`, *optional*, defaults to
             `2 * d_model`): the sizes. T5's per-head width is `d_model // heads`.
         dropout (`float`, *optional*, defaults to `0.0`): T5's `dropout_rate`; BART's and Marian's `dropout`,
             `attention_dropout` and `activation_dropout` (override the last two to tell them apart).
@@ -31,7 +33,7 @@ def build_tiny_model(arch: str, vocab_size: int | None = None, tokenizer=None, *
         pad_token_id, eos_token_id, bos_token_id (`int`, *optional*): default to the tokenizer's. BART's `bos`
             falls back to `eos`; T5 has none.
         decoder_start_token_id (`int`, *optional*): defaults to `eos` for BART (as the pretrained BARTs) and to
-            `pad` for T5 and Marian.
+            `pad` for T5 and Marian; decoder-only models have none.
         seed (`int`, *optional*): `torch.manual_seed(seed)` before the weights are drawn; `None` draws from the
             current generator state (after `transformers.set_seed`, say).
         config_overrides: any other field of the config class (`activation_function="relu"`, `init_std=0.1`,
@@ -54,6 +56,9 @@ def build_tiny_model(arch: str, vocab_size: int | None = None, tokenizer=None, *
     if missing:
         raise ValueError(f"build_tiny_model needs {', '.join(missing)}: give them, or a tokenizer that has them.")
     ffn = 2 * d_model if ffn is None else ffn
+    if arch in CAUSAL_ARCHITECTURES:
+        return _build_causal(arch, vocab_size, d_model, layers, heads, ffn, dropout, max_positions, pad, eos, bos, seed,
+                             config_overrides)
     if decoder_start_token_id is None:
         decoder_start_token_id = eos if arch == "bart" else pad
     ids = {"pad_token_id": pad, "eos_token_id": eos, "decoder_start_token_id": decoder_start_token_id}
@@ -81,4 +86,23 @@ def build_tiny_model(arch: str, vocab_size: int | None = None, tokenizer=None, *
         setattr(model.generation_config, key, getattr(model.config, key))
     # Marian's pretrained generation configs ban the pad id through `bad_words_ids`; nothing is banned here.
     model.generation_config.bad_words_ids = None
+    return model
+
+
+def _build_causal(arch, vocab_size, d_model, layers, heads, ffn, dropout, max_positions, pad, eos, bos, seed,
+                  config_overrides):
+    """Returns a tiny `LlamaForCausalLM` / `Qwen2ForCausalLM` (see `build_tiny_model`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    ids = {"pad_token_id": pad, "eos_token_id": eos, "bos_token_id": bos}
+    fields = dict(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=ffn, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=heads, attention_dropout=dropout,
+                  max_position_embeddings=max_positions, tie_word_embeddings=True, **ids)
+    config = config_class(**{**fields, **config_overrides})
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = model_class(config)
+    for key in ids:
+        setattr(model.generation_config, key, getattr(model.config, key))
     return model

@@ -60,3 +60,25 @@ def toy_dataset(tokenizer, sources, targets, references=None, with_labels=True):
 @pytest.fixture
 def tokenizer():
     return byt5_tokenizer()
+
+
+def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2):
+    """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
+    from hf_seqrl.tiny_models import build_tiny_model
+
+    return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, max_positions=128, pad_token_id=0,
+                            eos_token_id=1, seed=seed)
+
+
+def prompt_completion_dataset(tokenizer, n: int = 16, seed: int = 0, task: str = "reverse", alphabet: str = "abcd",
+                              lengths=(2, 5), **kwargs):
+    """Returns a tokenized causal-LM dataset of a toy string task: prompt `"<string>="`, completion its copy or
+    reversal (`hf_seqrl.data.tokenize_prompt_completion`)."""
+    from datasets import Dataset
+
+    from hf_seqrl.data import tokenize_prompt_completion
+
+    sources, targets = toy_pairs(n, seed=seed, task=task, alphabet=alphabet, lengths=lengths)
+    raw = Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
+    return raw.map(tokenize_prompt_completion, batched=True, remove_columns=raw.column_names,
+                   fn_kwargs=dict(tokenizer=tokenizer, **kwargs))

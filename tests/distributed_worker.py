@@ -7,6 +7,8 @@ Each rank writes `OUT/<phase>_rank<i>.pt` with its parameters after training, an
   are the 8 rows that a single process sees in one batch of 8.
 - `pipeline`: a few steps of the recipe's own code path (hf_seqrl.pipeline, tiny offline translation config:
   teacher-forced warm-up, then sampled rollouts) with AdamW; the ranks see different data and sample differently.
+- `causal_one_step`, `causal_pipeline`: the same two runs with a tiny decoder-only Llama (prompt + completion rows;
+  the tiny offline causal config).
 
 With the mode `reuse_and_mrt` it runs instead:
 
@@ -28,7 +30,8 @@ import torch
 
 torch.set_num_threads(1)
 
-from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs  # noqa: E402  (tests/ is sys.path[0])
+from conftest import (byt5_tokenizer, prompt_completion_dataset, tiny_causal_model, tiny_model,  # noqa: E402
+                      toy_dataset, toy_pairs)  # (tests/ is sys.path[0])
 
 
 REWARDS_SEEN: list[float] = []  # what this process's reward calls returned (its own samples only)
@@ -99,21 +102,35 @@ def run_mrt(output_dir: str):
     return trainer
 
 
-def run_pipeline(output_dir: str, repo: str):
-    """Returns the trainer after a few steps of the recipe's code path on the tiny offline translation config."""
+def run_one_step_causal(output_dir: str, **overrides):
+    """Returns the trainer after one optimizer step of the equivalence setup on a tiny decoder-only model."""
+    from hf_seqrl import SCSTTrainer
+
+    tokenizer = byt5_tokenizer()
+    data = prompt_completion_dataset(tokenizer, n=8, seed=5, task="copy", lengths=(4, 4))
+    trainer = SCSTTrainer(model=tiny_causal_model("llama", seed=1), args=one_step_args(output_dir, **overrides),
+                          reward_funcs=overlap_reward, train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
+def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_translation.yaml"):
+    """Returns the trainer after a few steps of the recipe's code path on a tiny offline translation config."""
+    from hf_seqrl.families import family_for
     from hf_seqrl.pipeline import build_trainer, load_model_and_tokenizer, load_splits, parse_args
 
     data = os.path.join(repo, "recipes", "data")
     script_args, training_args = parse_args([
-        "--config", os.path.join(repo, "recipes", "configs", "tiny_offline_translation.yaml"),
+        "--config", os.path.join(repo, "recipes", "configs", config),
         "--output_dir", output_dir, "--max_steps", "4", "--warmup_xe_steps", "2", "--num_samples", "2",
-        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--tiny_d_model", "32",
+        "--per_device_train_batch_size", "4", "--eval_strategy", "no", "--tiny_d_model", "32", "--logging_steps", "1",
         "--train_file", os.path.join(data, "toy_de_en.train.txt"), "--validation_file",
         os.path.join(data, "toy_de_en.validation.tsv"), "--test_file", os.path.join(data, "toy_de_en.test.txt"),
     ])
     model, tokenizer = load_model_and_tokenizer(script_args)
+    family = family_for(model)
     with training_args.main_process_first():
-        splits = load_splits(script_args, tokenizer)
+        splits = load_splits(script_args, tokenizer, family=family)
     trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
     trainer.train()
     return trainer
@@ -139,6 +156,10 @@ def main(out: str, repo: str) -> None:
     dump(trainer, os.path.join(out, f"one_step_rank{rank}.pt"))
     trainer = run_pipeline(os.path.join(out, "pipeline"), repo)
     dump(trainer, os.path.join(out, f"pipeline_rank{rank}.pt"))
+    trainer = run_one_step_causal(os.path.join(out, "causal_one_step"))
+    dump(trainer, os.path.join(out, f"causal_one_step_rank{rank}.pt"))
+    trainer = run_pipeline(os.path.join(out, "causal_pipeline"), repo, "tiny_offline_causal_translation.yaml")
+    dump(trainer, os.path.join(out, f"causal_pipeline_rank{rank}.pt"))
     del trainer  # its DDP wrapper must not hold the group's last reference
     destroy_process_group()
 

@@ -3,6 +3,8 @@
 usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [NUM_ITERATIONS] [TRAINER]
 TRAINER: `reinforce` (default), or one of `OTHER_TRAINERS` (8 steps, checkpoints every 3, the trainer's own state
 saved with them).
+With RESUME_WORKER_MODEL=causal in the environment, a tiny decoder-only Llama trains on prompt + completion rows
+instead of a tiny T5 (the REINFORCE run).
 With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
 With NUM_ITERATIONS > 1: a short run of 8 steps (warm-up 2, checkpoints every 3, 2 accumulation steps) whose
 checkpoint-3 falls inside the cycle of steps 2-3, each rollout serving NUM_ITERATIONS clipped steps.
@@ -18,7 +20,8 @@ import torch
 from transformers import TrainerCallback
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs  # noqa: E402
+from conftest import (byt5_tokenizer, prompt_completion_dataset, tiny_causal_model, tiny_model,  # noqa: E402
+                      toy_dataset, toy_pairs)
 
 from hf_seqrl import ReinforceTrainer, SeqRLConfig  # noqa: E402
 
@@ -82,12 +85,16 @@ def main():
     if num_iterations > 1:
         settings = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8, warmup_xe_steps=2,
                         save_steps=3, num_iterations=num_iterations)
+    if os.environ.get("RESUME_WORKER_MODEL", "seq2seq") == "causal":
+        model, data = tiny_causal_model("llama", seed=0), prompt_completion_dataset(tok, n=48, seed=0, task="copy")
+    else:
+        model, data = tiny_model("t5", seed=0), toy_dataset(tok, src, tgt)
     args = SeqRLConfig(output_dir=out, learning_rate=1e-3,
                        num_samples=2, max_new_tokens=6, logging_steps=1,
                        kl_coef=0.05,
                        save_strategy="steps", report_to=[], disable_tqdm=True, seed=0,
                        dataloader_pin_memory=False, **settings)
-    trainer = ReinforceTrainer(model=tiny_model("t5", seed=0), args=args, train_dataset=toy_dataset(tok, src, tgt),
+    trainer = ReinforceTrainer(model=model, args=args, train_dataset=data,
                                reward_funcs="chrf", processing_class=tok, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=True if resume else None)
     torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))

@@ -359,6 +359,7 @@ def test_growth_factor_by_hand():
 @pytest.mark.parametrize("arch", ["t5", "bart", "marian"])
 def test_jacobian_curves_equal_an_explicit_perturbed_forward(arch, heldout):
     from hf_seqrl.diagnostics.jacobian import jacobian_curves, perturbation_directions
+    from hf_seqrl.families import family_for
     from hf_seqrl.rollout import pad_id, shift_right
 
     tok, model = byt5_tokenizer(), tiny_model(arch, seed=4).eval()
@@ -367,7 +368,7 @@ def test_jacobian_curves_equal_an_explicit_perturbed_forward(arch, heldout):
     lengths = torch.tensor([5, 3, 4])
     positions, horizon, epsilon = [1, 2], 2, 1e-3
     with torch.no_grad():
-        encoded = model.get_encoder()(**enc, return_dict=True)
+        encoded = family_for(model).encode(model, enc)  # the encoder output and the attention mask
         log_d, valid = jacobian_curves(model, enc, encoded, greedy, lengths, positions, horizon, epsilon,
                                        torch.Generator().manual_seed(7))
         directions = perturbation_directions((3, 2, model.config.d_model), torch.Generator().manual_seed(7))
@@ -375,7 +376,7 @@ def test_jacobian_curves_equal_an_explicit_perturbed_forward(arch, heldout):
         embeds = model.get_decoder().get_input_embeddings()(rows).double()
 
         def hidden(inputs_embeds):
-            return model(encoder_outputs=encoded, attention_mask=enc["attention_mask"],
+            return model(encoder_outputs=encoded["encoder_outputs"], attention_mask=enc["attention_mask"],
                          decoder_inputs_embeds=inputs_embeds.float(), output_hidden_states=True,
                          use_cache=False).decoder_hidden_states[-1].double()
 

@@ -109,7 +109,7 @@ def worker_results(tmp_path_factory):
     _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO)], tmp_path)
     print(f"worker on 2 processes: {seconds:.1f} s")
     return {f"{phase}{rank}": torch.load(out / f"{phase}_rank{rank}.pt", weights_only=False)
-            for phase in ("one_step", "pipeline") for rank in (0, 1)}
+            for phase in ("one_step", "pipeline", "causal_one_step", "causal_pipeline") for rank in (0, 1)}
 
 
 @pytest.fixture(scope="module")
@@ -264,3 +264,23 @@ def test_input_schedule_trainers_on_two_processes(tmp_path):
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
+
+
+def test_causal_model_on_two_processes(worker_results):
+    """A decoder-only model: both ranks stay identical, and one step on 2 x 4 prompts equals one on 1 x 8."""
+    import distributed_worker as worker
+
+    for phase in ("causal_one_step", "causal_pipeline"):
+        rank0, rank1 = worker_results[f"{phase}0"], worker_results[f"{phase}1"]
+        assert rank0["world_size"] == 2
+        for name, value in rank0["params"].items():
+            assert torch.equal(value, rank1["params"][name]), (phase, name)
+    history = worker_results["causal_pipeline0"]["log_history"]
+    assert any(h.get("rl/phase") == 1.0 and "rl/reward" in h for h in history)  # the RL steps ran
+    worker.REWARDS_SEEN.clear()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        single = worker.run_one_step_causal(out, per_device_train_batch_size=8).model.state_dict()
+    for name, value in single.items():
+        torch.testing.assert_close(worker_results["causal_one_step0"]["params"][name], value, atol=ATOL, rtol=RTOL)

@@ -171,20 +171,23 @@ def test_remote_code_stays_off_unless_asked(tmp_path, monkeypatch):
 
     calls = []
 
-    def record(name):
+    def record(name, returned=None):
         def fake(path, **kwargs):
             calls.append((name, kwargs.get("trust_remote_code")))
-            return object()
+            return object() if returned is None else returned
         return fake
 
+    # The config says which Auto class loads the model (an encoder-decoder here).
+    encoder_decoder = transformers.PretrainedConfig(is_encoder_decoder=True)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", record("config", encoder_decoder))
     monkeypatch.setattr(transformers.AutoModelForSeq2SeqLM, "from_pretrained", record("model"))
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record("tokenizer"))
     load_model_and_tokenizer(ScriptArguments(model_name_or_path="some/model", dataset_name="wmt16"))
-    assert calls == [("tokenizer", False), ("model", False)]
+    assert calls == [("tokenizer", False), ("config", False), ("model", False)]
     calls.clear()
     load_model_and_tokenizer(ScriptArguments(model_name_or_path="some/model", dataset_name="wmt16",
                                              trust_remote_code=True))
-    assert calls == [("tokenizer", True), ("model", True)]
+    assert calls == [("tokenizer", True), ("config", True), ("model", True)]
 
 
 def test_centered_advantages_have_zero_batch_mean(tmp_path, tokenizer):

@@ -15,8 +15,8 @@ from hf_seqrl.trainers.base import STATE_FILE, last_complete_checkpoint
 WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
 
 
-def worker(out, kill_at=-1, resume=False, num_iterations=1, trainer="reinforce"):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+def worker(out, kill_at=-1, resume=False, num_iterations=1, trainer="reinforce", model="seq2seq"):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RESUME_WORKER_MODEL=model)
     return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0", str(num_iterations),
                            trainer], env=env, capture_output=True, text=True, timeout=300)
 
@@ -110,3 +110,18 @@ def test_resume_true_skips_a_partial_checkpoint(tmp_path):
     assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")
     resumed = worker(tmp_path, resume=True)  # would crash on the truncated weights if it picked checkpoint-25
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_causal_model_sigkill_during_rl_then_resume_matches_uninterrupted_run(tmp_path):
+    full, interrupted = tmp_path / "full", tmp_path / "interrupted"
+    proc = worker(full, model="causal")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert worker(interrupted, kill_at=17, model="causal").returncode == -signal.SIGKILL
+    resumed = worker(interrupted, resume=True, model="causal")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full_params, params = torch.load(full / "final.pt"), torch.load(interrupted / "final.pt")
+    for key in full_params:
+        assert torch.equal(params[key], full_params[key]), key
+    histories = [json.loads((folder / "history.json").read_text()) for folder in (full, interrupted)]
+    assert histories[0]["rewards"] == histories[1]["rewards"] and len(histories[0]["rewards"]) == 10

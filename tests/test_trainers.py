@@ -253,11 +253,13 @@ def test_config_errors_name_the_field(tmp_path):
         config(tmp_path, reward_workers=-1)
 
 
-def test_decoder_only_model_is_rejected(tmp_path, tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_model_that_is_neither_seq2seq_nor_causal_is_rejected(tmp_path, tokenizer):
+    from transformers import BertConfig, BertModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=384))
-    with pytest.raises(ValueError, match="not an encoder-decoder model.*AutoModelForSeq2SeqLM"):
+    model = BertModel(BertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32,
+                                 vocab_size=384))
+    with pytest.raises(ValueError, match="neither an encoder-decoder model.*AutoModelForSeq2SeqLM or "
+                                         "AutoModelForCausalLM"):
         SCSTTrainer(model=model, args=config(tmp_path), reward_funcs="bleu", train_dataset=copy_dataset(tokenizer),
                     processing_class=tokenizer)
 
@@ -286,12 +288,12 @@ def test_plain_training_arguments_are_rejected(tmp_path, tokenizer):
 
 
 def test_rl_weight_zero_is_plain_cross_entropy_without_decoding(tmp_path, tokenizer, monkeypatch):
-    import hf_seqrl.trainers.base as base
+    from hf_seqrl.families import Seq2SeqFamily
 
     def no_rollouts(*args, **kwargs):
         raise AssertionError("rl_weight=0 must not decode")
 
-    monkeypatch.setattr(base, "sample_rollout", no_rollouts)
+    monkeypatch.setattr(Seq2SeqFamily, "sample", no_rollouts)
     results = []
     for rl_weight in (0.0, None):
         model = tiny_model("t5", seed=7)

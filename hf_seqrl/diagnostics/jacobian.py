@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..rollout import decoder_start_id, expand_encoder_states, pad_id, shift_right
+from ..families import family_for
 
 
 def growth_factor(log_divergence: torch.Tensor, valid: torch.Tensor) -> float | None:
@@ -75,17 +75,19 @@ def jacobian_curves(model, enc: dict, encoded, tokens: torch.Tensor, lengths: to
     positions: the log of `‖Δ hidden_{k+h}‖ / ‖ε‖` when the decoder input embedding at position `k` is perturbed.
 
     Args:
-        model: an encoder-decoder `PreTrainedModel` in eval mode; `encoded` its encoder output for `enc`.
+        model: a `PreTrainedModel` in eval mode; `encoded` its family's `encode` of `enc`.
         tokens (`torch.LongTensor` of shape `(B, T)`): the model's own greedy output (decoder start stripped).
         lengths (`torch.LongTensor` of shape `(B,)`): tokens of each output, EOS included.
-        positions: decoder input positions `k` (0 is the start token) to perturb.
+        positions: decoder input positions `k` to perturb (0 is the decoder start token, or the last prompt token of
+            a causal model; `k` reads output token `k - 1`).
         horizon (`int`): offsets `h = 0 … horizon` after `k` measured.
         epsilon (`float`): norm of the perturbation as a fraction of the embedding's norm at `k`.
     """
     batch, length = tokens.shape
     k_count = len(positions)
-    rows = shift_right(tokens, decoder_start_id(model), pad_id(model))  # input at t: start, then tokens[:t]
-    embeddings = model.get_decoder().get_input_embeddings()
+    family = family_for(model)
+    embeddings = family.input_embeddings(model)
+    offset = family.target_offset(encoded)  # where target position 0's input sits in the embedded rows
     captured = {}
 
     def capture(module, args, output):
@@ -93,12 +95,11 @@ def jacobian_curves(model, enc: dict, encoded, tokens: torch.Tensor, lengths: to
 
     handle = embeddings.register_forward_hook(capture)
     try:
-        clean = model(encoder_outputs=encoded, attention_mask=enc["attention_mask"], decoder_input_ids=rows,
-                      output_hidden_states=True, use_cache=False).decoder_hidden_states[-1].double()
+        clean = family.target_forward(model, encoded, tokens, output_hidden_states=True).hidden_states.double()
     finally:
         handle.remove()
     at = torch.tensor(positions, device=tokens.device).clamp(max=length - 1)
-    base = captured["clean"].double()  # (B, T, d) as the decoder reads them
+    base = captured["clean"][:, offset:offset + length].double()  # (B, T, d) as the decoder reads them
     norms = base[:, at].norm(dim=-1)  # (B, K)
     delta = torch.zeros(batch, k_count, length, base.shape[-1], dtype=torch.float64, device=tokens.device)
     directions = perturbation_directions((batch, k_count, base.shape[-1]), generator).to(tokens.device)
@@ -106,14 +107,13 @@ def jacobian_curves(model, enc: dict, encoded, tokens: torch.Tensor, lengths: to
     delta[:, torch.arange(k_count), at] = directions * eps_norm.unsqueeze(-1)
 
     def perturb(module, args, output):
-        return output + delta.flatten(0, 1).to(output.dtype)
+        shift = torch.nn.functional.pad(delta.flatten(0, 1), (0, 0, offset, output.shape[1] - offset - length))
+        return output + shift.to(output.dtype)
 
     handle = embeddings.register_forward_hook(perturb)
     try:
-        with expand_encoder_states(model, k_count):
-            perturbed = model(encoder_outputs=encoded, attention_mask=enc["attention_mask"],
-                              decoder_input_ids=rows.repeat_interleave(k_count, dim=0), output_hidden_states=True,
-                              use_cache=False).decoder_hidden_states[-1].double()
+        perturbed = family.target_forward(model, encoded, tokens.repeat_interleave(k_count, dim=0), repeats=k_count,
+                                          output_hidden_states=True).hidden_states.double()
     finally:
         handle.remove()
     offsets = at.view(1, k_count, 1) + torch.arange(horizon + 1, device=tokens.device).view(1, 1, -1)  # (1, K, H+1)

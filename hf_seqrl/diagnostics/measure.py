@@ -11,13 +11,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
-from ..data import strip_start_token
+from ..families import family_for
 from ..losses import token_logprobs_from_logits
 from ..metrics import corpus_scores
 from ..rewards import get_reward, normalize_references
 from .jacobian import JacobianTotals, jacobian_curves
-from ..rollout import (completion_mask, decoder_start_id, ended_with_eos, eos_ids, expand_encoder_states, pad_id,
-                       rollout_generation_config, shift_right, strip_decoded)
+from ..rollout import completion_mask, ended_with_eos, eos_ids, pad_id
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
 
@@ -27,7 +26,7 @@ def greedy_generation_config(model, max_new_tokens: int) -> GenerationConfig:
 
     The free-running outputs must be the argmax path of the distribution whose NLL the horizon curve measures.
     """
-    config = rollout_generation_config(model, max_new_tokens)
+    config = family_for(model).generation_config(model, max_new_tokens)
     config.do_sample, config.top_k, config.top_p, config.temperature = False, None, None, None
     return config
 
@@ -76,11 +75,11 @@ def closest_references(predictions: Sequence[str], references: Sequence[Sequence
 
 
 def _decode(model, enc: dict, config: GenerationConfig, prefix: torch.Tensor | None = None):
-    """Returns greedy decodes after the start token, their lengths before EOS, and whether each emitted EOS.
+    """Returns greedy decodes (target tokens), their lengths before EOS, and whether each emitted EOS.
 
-    Returns: token ids `(N, T)` (forced `prefix` included, pad after EOS), lengths `(N,)`, has_eos `(N,)`.
+    Returns: token ids `(N, T)` (forced `prefix` `(N, k)` included, pad after EOS), lengths `(N,)`, has_eos `(N,)`.
     """
-    out, mask = strip_decoded(model.generate(**enc, generation_config=config, decoder_input_ids=prefix), model)
+    out, mask = family_for(model).continue_from(model, enc, prefix, config)
     has_eos = ended_with_eos(out, mask, eos_ids(model))
     return out, mask.sum(dim=1) - has_eos.long(), has_eos
 
@@ -99,12 +98,9 @@ def _position_stats(model, enc: dict, encoded, labels: torch.Tensor, greedy: tor
     `(B, T)`: the most likely token other than the gold one after each gold prefix.
     """
     batch, length = labels.shape
-    start, pad = decoder_start_id(model), pad_id(model)
-    free = torch.nn.functional.pad(greedy, (0, max(0, length - greedy.shape[1])), value=pad)[:, :length]
-    rows = torch.stack([shift_right(labels, start, pad), shift_right(free, start, pad)], dim=1).flatten(0, 1)
-    with expand_encoder_states(model, 2):
-        logits = model(encoder_outputs=encoded, attention_mask=enc["attention_mask"], decoder_input_ids=rows,
-                       use_cache=False).logits.float()
+    free = torch.nn.functional.pad(greedy, (0, max(0, length - greedy.shape[1])), value=pad_id(model))[:, :length]
+    rows = torch.stack([labels, free], dim=1).flatten(0, 1)
+    logits = family_for(model).target_forward(model, encoded, rows, repeats=2).logits.float()
     targets = labels.clamp(min=0)
     nll = -token_logprobs_from_logits(logits, targets.repeat_interleave(2, dim=0)).view(batch, 2, length)
     correct = (logits.argmax(dim=-1).view(batch, 2, length) == targets.unsqueeze(1)).float()
@@ -116,14 +112,12 @@ def _position_stats(model, enc: dict, encoded, labels: torch.Tensor, greedy: tor
 
 
 def _other_source_nll(model, enc: dict, encoded, labels: torch.Tensor) -> torch.Tensor | None:
-    """Returns the per-position NLL `(B, T)` of each gold row when the decoder reads the encoder output of the next
-    source of the batch (`encoded` rotated by one), or None for a batch of one source."""
+    """Returns the per-position NLL `(B, T)` of each gold row when the model reads the next source (prompt) of the
+    batch (`encoded` rotated by one), or None for a batch of one source."""
     if labels.shape[0] < 2:
         return None
-    other = type(encoded)(last_hidden_state=encoded.last_hidden_state.roll(-1, dims=0))
-    rows = shift_right(labels, decoder_start_id(model), pad_id(model))
-    logits = model(encoder_outputs=other, attention_mask=enc["attention_mask"].roll(-1, dims=0),
-                   decoder_input_ids=rows, use_cache=False).logits.float()
+    family = family_for(model)
+    logits = family.target_forward(model, family.rotate(encoded), labels).logits.float()
     return -token_logprobs_from_logits(logits, labels.clamp(min=0))
 
 
@@ -206,7 +200,7 @@ def _recovery_batch(model, tokenizer, enc, labels, wrong, gold, references, j, b
         enc: the sources of the rows still holding a content token at `j`; labels (`(N, T)`), wrong (`(N, T)`) the
             same rows as in `_position_stats`; gold, references: their token lists and reference rows.
     """
-    prefix = shift_right(labels[:, : j + 1], decoder_start_id(model), pad_id(model))  # start + gold[:j]
+    prefix = labels[:, :j]  # gold[:j]
     outputs = []
     for forced, new in ((prefix, budget - j), (torch.cat([prefix, wrong[:, j : j + 1]], dim=1), budget - j - 1)):
         config.max_new_tokens = max(new, 1)  # equal total lengths for the clean and the injected decode
@@ -256,8 +250,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     """
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r} is not supported: choose one of {', '.join(METRICS)}.")
-    if not getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("run_diagnostics needs an encoder-decoder model (model.config.is_encoder_decoder is False).")
+    family = family_for(model)
     references = normalize_references(references)
     if len(sources) != len(references):
         raise ValueError(f"Got {len(sources)} sources but {len(references)} reference rows: give one row per source.")
@@ -267,16 +260,14 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     device, eos = model.device, eos_ids(model)
     # Learned position tables (BART, Marian) end at max_position_embeddings; the start token takes a position.
     limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-    flat = tokenizer(text_target=[ref for refs in references for ref in refs], truncation=limit is not None,
-                     max_length=limit)["input_ids"]
-    flat = iter(strip_start_token(flat, decoder_start_id(model)))
+    flat = iter(family.tokenize_targets(model, tokenizer, [ref for refs in references for ref in refs], limit))
     reference_ids = [[next(flat) for _ in refs] for refs in references]
     # The gold of a row is known only after its greedy decode, so the budget covers every reference.
     budget = max_new_tokens or 2 * max(len(ids) for row in reference_ids for ids in row) + 10
     budget = min(budget, limit - 1) if limit else budget
     config = greedy_generation_config(model, budget)
     vocab = model.get_output_embeddings().weight.shape[0]
-    special = [*eos, pad_id(model), decoder_start_id(model), *tokenizer.all_special_ids]
+    special = [*eos, pad_id(model), *family.structural_ids(model), *tokenizer.all_special_ids]
     banned_ids = {i for i in special if 0 <= i < vocab}
     banned = torch.tensor(sorted(banned_ids), device=device)
     reward_fn = get_reward(metric)
@@ -297,9 +288,8 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
         with torch.no_grad():
             for lo in tqdm(range(0, len(sources), batch_size), desc="diagnostics", disable=not progress):
                 idx = list(range(lo, min(lo + batch_size, len(sources))))
-                enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True,
-                                truncation=max_source_length is not None, max_length=max_source_length).to(device)
-                enc = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+                enc = family.tokenize_sources(tokenizer, [sources[i] for i in idx], max_source_length)
+                enc = {key: value.to(device) for key, value in enc.items()}
                 config.max_new_tokens = budget
                 greedy, greedy_lengths, has_eos = _decode(model, enc, config)
                 predictions = tokenizer.batch_decode(greedy, skip_special_tokens=True)
@@ -313,7 +303,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
                 totals.free_lengths += greedy_lengths.tolist()
                 totals.stopped += int(has_eos.sum())
                 # The encoder runs once for the teacher-forced rows of both the own and the rotated sources.
-                encoded = model.get_encoder()(**enc, return_dict=True)
+                encoded = family.encode(model, enc)
                 nll, correct, wrong = _position_stats(model, enc, encoded, labels, greedy, banned)
                 totals.add_positions(labels, greedy_lengths, nll, correct)
                 totals.add_source_gap(labels, nll, _other_source_nll(model, enc, encoded, labels))

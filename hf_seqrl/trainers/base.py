@@ -22,12 +22,12 @@ from transformers.utils import logging
 from .. import losses
 from ..configs import SeqRLConfig
 from ..data import TEXT_COLUMNS, SeqRLDataCollator, check_rows
+from ..families import family_for
 from ..hub import CARD_SETTINGS, describe_algorithm, final_eval_metrics, training_curve, write_model_card
 from ..rewards import (build_reward, call_reward, check_finite, check_reward_spec, normalize_references,
                        reward_name)
-from ..rollout import (decoder_start_id, ended_with_eos, eos_ids, pad_id, rollout_generation_config, sample_rollout,
-                       score_rollout)
-from .inputs import BatchText, check_dataset_columns, check_encoder_decoder, load_tokenizer_for, repeat_rows
+from ..rollout import ended_with_eos, eos_ids
+from .inputs import BatchText, check_dataset_columns, check_model_family, load_tokenizer_for, repeat_rows
 from .reuse import RolloutBatch, RolloutReuse
 
 STATE_FILE = "seqrl_state.json"
@@ -61,6 +61,9 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     config_class: type = Seq2SeqTrainingArguments
     algorithm = "Cross-entropy"
+    # The `hf_seqrl.families` a trainer takes: a trainer opts in to decoder-only models once every pass of its loss
+    # goes through `self.family`.
+    model_families: tuple[str, ...] = ("seq2seq",)
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, **kwargs):
@@ -71,11 +74,12 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                 f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(args).__name__}: "
                 f"{self.config_class.__name__} accepts every Seq2SeqTrainingArguments field plus its own."
             )
-        check_encoder_decoder(model)
+        family = family_for(model)
+        check_model_family(family, self.model_families, type(self).__name__)
         if processing_class is None:
             processing_class = load_tokenizer_for(model)
         if train_dataset is not None:
-            check_dataset_columns(train_dataset, "train_dataset")
+            check_dataset_columns(train_dataset, "train_dataset", family)
             check_rows(train_dataset, "train_dataset")
         eval_splits = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
         for split, data in eval_splits:
@@ -92,6 +96,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             # Every column the model does not take reaches the rewards (as TRL passes a dataset's extra columns).
             data_collator.model_input_names = set(self._signature_columns) - set(TEXT_COLUMNS)
         self._model_input_names = set(data_collator.model_input_names)
+        self.family = family
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         for callback in self.callback_handler.callbacks:
             self._bind(callback)
@@ -154,8 +159,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         text = self.pop_text_columns(inputs)
-        loss, generated, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys,
-                                                          **gen_kwargs)
+        loss, generated, labels = self.family.prediction_step(self, super().prediction_step, model, inputs,
+                                                              prediction_loss_only, ignore_keys, **gen_kwargs)
         if self.args.predict_with_generate and not prediction_loss_only and generated is not None:
             self.on_generated(generated, inputs, text)
         return loss, generated, labels
@@ -209,6 +214,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
             repo_id=args.hub_model_id,
+            model_class=self.family.auto_class,
         )
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
@@ -330,7 +336,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     def rollout_config(self):
         if self._rollout_config is None:
             model = self.accelerator.unwrap_model(self.model)
-            self._rollout_config = rollout_generation_config(
+            self._rollout_config = self.family.generation_config(
                 model, self.args.max_new_tokens, self.args.temperature, self.args.top_k, self.args.top_p,
                 max_length=self.args.generation_max_length,
             )
@@ -370,8 +376,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         if batch is None:
             batch = self.roll_out(unwrapped, inputs, text)
         labels = inputs.get("labels") if args.rl_weight < 1 else None
-        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), batch.sample_ids, n,
-                               decoder_start_id(unwrapped), pad_id(unwrapped), labels, args.temperature)
+        scored = self.family.score(model, inputs, batch.sample_ids, n, labels, args.temperature)
         mask, adv, metrics = batch.sample_mask, batch.advantages, dict(batch.metrics)
         if self.reuse is None:
             pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,
@@ -398,8 +403,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
         """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
         n = self.args.num_samples
-        rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"),
-                                 self.rollout_config, n, with_greedy=self.baseline == "greedy")
+        rollout = self.family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=self.baseline == "greedy")
         return self.rollout_batch(rollout, text, unwrapped)
 
     def rollout_batch(self, rollout, text: BatchText, unwrapped) -> RolloutBatch:
@@ -489,9 +493,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`."""
         # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
         with torch.no_grad(), self.accelerator.autocast():
-            ref = score_rollout(self.ref_model, inputs["input_ids"], inputs.get("attention_mask"), token_ids, group,
-                                decoder_start_id(self.ref_model), pad_id(self.ref_model),
-                                temperature=self.args.temperature)
+            ref = self.family.score(self.ref_model, inputs, token_ids, group, temperature=self.args.temperature)
         kl = losses.token_kl(logits, ref.sample_logits)
         return losses.masked_mean(kl.flatten(), token_mask.flatten(), 0)
 

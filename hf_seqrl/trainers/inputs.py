@@ -5,17 +5,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-def check_encoder_decoder(model) -> None:
-    """Raises a clear error unless `model` is an encoder-decoder (seq2seq) model."""
-    if model is None:
-        raise ValueError("Pass `model=`: an encoder-decoder model such as AutoModelForSeq2SeqLM.from_pretrained(...).")
-    config = getattr(model, "config", None)
-    if not getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is False). "
-            "hf-seqrl trains seq2seq models: load one with AutoModelForSeq2SeqLM (T5, BART, Marian, mBART, "
-            "Pegasus) or build an EncoderDecoderModel; for decoder-only models use TRL instead."
-        )
+def check_model_family(family, supported: tuple[str, ...], trainer: str) -> None:
+    """Raises a clear error unless `family` (from `hf_seqrl.families.family_for`) is one that `trainer` supports."""
+    if family.name not in supported:
+        kinds = {"seq2seq": "encoder-decoder (AutoModelForSeq2SeqLM)", "causal": "decoder-only (AutoModelForCausalLM)"}
+        raise ValueError(f"{trainer} supports {' and '.join(kinds[k] for k in supported)} models only; got a "
+                         f"{kinds[family.name]} model.")
 
 
 class BatchText(NamedTuple):
@@ -53,9 +48,9 @@ def load_tokenizer_for(model):
         ) from err
 
 
-def check_dataset_columns(dataset, name: str) -> None:
-    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, or a
-    column named like a reward keyword (`predictions`)."""
+def check_dataset_columns(dataset, name: str, family=None) -> None:
+    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, a
+    column named like a reward keyword (`predictions`), or rows the model family cannot read (`family.check_rows`)."""
     columns = getattr(dataset, "column_names", None)
     if columns is None or isinstance(columns, dict):
         return
@@ -74,3 +69,5 @@ def check_dataset_columns(dataset, name: str) -> None:
             f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
             "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
         )
+    if family is not None:
+        family.check_rows(dataset, name)

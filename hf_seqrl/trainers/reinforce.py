@@ -15,3 +15,4 @@ class ReinforceTrainer(SeqRLTrainer):
 
     default_baseline = "moving_average"
     algorithm = "REINFORCE"
+    model_families = ("seq2seq", "causal")

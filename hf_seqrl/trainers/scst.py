@@ -16,3 +16,4 @@ class SCSTTrainer(SeqRLTrainer):
 
     default_baseline = "greedy"
     algorithm = "SCST"
+    model_families = ("seq2seq", "causal")

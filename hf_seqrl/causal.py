@@ -1,0 +1,294 @@
+"""Decoder-only (causal LM) rollouts: prompts split from a batch, one decode loop for the samples and the greedy row
+(a long prompt's KV cache computed once per source), and teacher-forced log-probs of completion tokens.
+
+A batch row holds `prompt + completion` in `input_ids` with `labels` = -100 on the prompt (the usual causal-LM
+layout), or the prompt alone (a dataset with `references` and no `labels`). The prompt of a row is its attended
+tokens before its first label; rollouts read it left-padded, so that every row's next token sits in the last column.
+Only completion positions count: log-probs, masks and cross-entropy cover the completion tokens up to and including
+their EOS, nothing before or after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from . import losses
+from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id, sampling_warpers
+
+
+# Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
+# its KV cache. Measured on CPU, 2-layer width-64 Llama, 4 prompts x 4 samples, 12 new tokens: sharing took 8.8 ms
+# against 8.2 at 15 prompt tokens, 8.4 against 9.6 at 31, 9.7 against 14.6 at 63.
+PROMPT_CACHE_MIN_TOKENS = 24
+
+
+@dataclass
+class CausalRollout(Rollout):
+    """A `Rollout` of a decoder-only model, with the left-padded prompts it continued.
+
+    Attributes (besides `Rollout`'s, whose ids are completion tokens only):
+        prompt_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts, pad id where `prompt_mask` is false.
+        prompt_mask (`torch.BoolTensor` of shape `(B, P)`).
+    """
+
+    prompt_ids: torch.Tensor | None = None
+    prompt_mask: torch.Tensor | None = None
+
+
+def _first_completion_position(labels: torch.Tensor) -> torch.Tensor:
+    """Returns, per row of `labels` `(B, L)`, the index of its first label other than -100 (`L` when none)."""
+    is_completion = labels != -100
+    first = is_completion.int().argmax(dim=1)
+    return torch.where(is_completion.any(dim=1), first, torch.full_like(first, labels.shape[1]))
+
+
+def _pack(ids: torch.Tensor, keep: torch.Tensor, pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(ids, mask)`: the kept tokens of each row, in order, packed to the left or right edge.
+
+    A stable sort on the keep flag moves the kept tokens to one side without reordering them.
+    """
+    key = keep.int() if left else (~keep).int()
+    order = torch.argsort(key, dim=1, stable=True)
+    width = max(int(keep.sum(dim=1).max()), 1)
+    packed, mask = ids.gather(1, order), keep.gather(1, order)
+    packed, mask = (packed[:, -width:], mask[:, -width:]) if left else (packed[:, :width], mask[:, :width])
+    return packed.masked_fill(~mask, pad), mask
+
+
+def split_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
+                  pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns the prompts of a batch, left-padded: ids `(B, P)` (pad where masked) and mask `(B, P)`.
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(B, L)`): prompt + completion (or the prompt alone), padded on
+            either side.
+        attention_mask (`(B, L)`, *optional*), labels (`(B, L)`, -100 on the prompt and padding, *optional*): without
+            labels every attended token is prompt.
+    """
+    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    if labels is not None:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        keep = keep & (positions.unsqueeze(0) < _first_completion_position(labels).unsqueeze(1))
+    return _pack(input_ids, keep, pad, left=True)
+
+
+def completion_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Returns the completion tokens of each row of `labels` `(B, L)`, right-aligned at column 0: `(B, T)`, -100
+    after them."""
+    ids, _ = _pack(labels, labels != -100, -100, left=False)
+    return ids
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Returns the position of each token of left-padded rows `(N, L)` as `generate` numbers them (pads: 1)."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(~mask.bool(), 1)
+
+
+def causal_generation_config(model, max_new_tokens: int | None, temperature: float = 1.0, top_k: int = 0,
+                             top_p: float = 1.0, max_length: int | None = None) -> GenerationConfig:
+    """Returns a generation config that samples completions from the model's own distribution.
+
+    As `rollout.rollout_generation_config` does for seq2seq models: only EOS, pad and BOS are kept from the model's
+    generation config; penalties, beams and minimum lengths are dropped. `max_length` (the Seq2SeqTrainer's
+    `generation_max_length`) counts completion tokens here, since prompts differ in length.
+    """
+    base = model.generation_config
+    budget = max_new_tokens or max_length or base.max_new_tokens or 20
+    return GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=top_k, top_p=top_p,
+                            eos_token_id=base.eos_token_id if base.eos_token_id is not None else model.config.eos_token_id,
+                            pad_token_id=pad_id(model), bos_token_id=base.bos_token_id, max_new_tokens=budget)
+
+
+def _strip_prompt(sequences: torch.Tensor, prompt_width: int, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(completion ids (N, max(T, 1)), mask)` of `generate` output: prompt dropped, pad after EOS."""
+    ids = sequences[:, prompt_width:]
+    if ids.shape[1] == 0:
+        ids = sequences.new_full((sequences.shape[0], 1), pad_id(model))
+    mask = completion_mask(ids, eos_ids(model))
+    return ids.masked_fill(~mask, pad_id(model)), mask
+
+
+def generate_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         **generate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(completion ids (B, T), mask)` of `model.generate` on left-padded prompts (greedy, beams, or whatever
+    `generate_kwargs` ask for: evaluation and diagnostics), pad after each row's first EOS."""
+    sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), **generate_kwargs)
+    return _strip_prompt(sequences, prompt_ids.shape[1], model)
+
+
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, repeats: int):
+    """Returns `(cache, logits (B*repeats, V) of the next token, mask (B*repeats, P))` after reading the prompts.
+
+    Prompts of at least `PROMPT_CACHE_MIN_TOKENS` tokens are read once and their cache expanded to their repeats.
+    """
+    cache = DynamicCache(config=model.config)
+    mask = prompt_mask.bool().repeat_interleave(repeats, dim=0)
+    if repeats > 1 and prompt_ids.shape[1] >= max(PROMPT_CACHE_MIN_TOKENS, 2):
+        model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1].long(),
+              position_ids=position_ids(prompt_mask[:, :-1]), cache=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(repeats)
+        rows = prompt_ids[:, -1:].repeat_interleave(repeats, dim=0)
+        logits = model(input_ids=rows, attention_mask=mask.long(), position_ids=position_ids(mask)[:, -1:],
+                       cache=cache, use_cache=True).logits[:, -1]
+    else:
+        rows = prompt_ids.repeat_interleave(repeats, dim=0)
+        logits = model(input_ids=rows, attention_mask=mask.long(), position_ids=position_ids(mask), cache=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+    return cache, logits, mask
+
+
+def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, warpers) -> torch.Tensor:
+    """Returns the next token of each row: a draw from the warped distribution where `sampled`, the argmax elsewhere.
+
+    The draw is one `torch.multinomial` over the sampled rows' probabilities, as `generate(do_sample=True)` makes it
+    from the global RNG, so a seeded decode samples the tokens `generate` would.
+
+    Args:
+        logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
+        warpers (`LogitsProcessorList`): temperature / top-k / top-p (`rollout.sampling_warpers`).
+    """
+    scores = logits.float()
+    chosen = scores.argmax(dim=-1)
+    if sampled.any():
+        probs = torch.nn.functional.softmax(warpers(None, scores[sampled]), dim=-1)
+        chosen[sampled] = torch.multinomial(probs, num_samples=1).squeeze(1)
+    return chosen
+
+
+@torch.no_grad()
+def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig,
+                  repeats: int = 1, greedy_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(completion ids (B*repeats, T), mask)`: each prompt continued `repeats` times, pad after EOS.
+
+    A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
+    others sample from `generation_config`'s temperature / top-k / top-p; decoding stops when every row has written
+    an EOS or `max_new_tokens` tokens. It does what `generate` does for these rows without its per-step machinery
+    (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models.
+    """
+    pad, eos = pad_id(model), torch.tensor(eos_ids(model), device=prompt_ids.device)
+    warpers = sampling_warpers(generation_config)
+    cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, repeats)
+    rows = logits.shape[0]
+    sampled = torch.ones(rows, dtype=torch.bool, device=logits.device)
+    if greedy_first:
+        sampled = torch.arange(rows, device=logits.device) % repeats != 0
+    if not generation_config.do_sample:
+        sampled = torch.zeros_like(sampled)
+    positions = position_ids(mask)[:, -1:]
+    finished = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    tokens = []
+    for step in range(generation_config.max_new_tokens):
+        chosen = choose_tokens(logits, sampled, warpers).masked_fill(finished, pad)
+        tokens.append(chosen)
+        finished = finished | torch.isin(chosen, eos)
+        if bool(finished.all()) or step + 1 == generation_config.max_new_tokens:
+            break
+        mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+        positions = positions + 1
+        logits = model(input_ids=chosen.unsqueeze(1), attention_mask=mask.long(), position_ids=positions, cache=cache,
+                       use_cache=True).logits[:, -1]
+    ids = torch.stack(tokens, dim=1)
+    done = completion_mask(ids, eos_ids(model))
+    return ids.masked_fill(~done, pad), done
+
+
+@torch.no_grad()
+def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
+                  generation_config: GenerationConfig, num_samples: int = 1,
+                  with_greedy: bool = False) -> CausalRollout:
+    """Returns `num_samples` sampled completions per prompt and, if `with_greedy`, the greedy completion.
+
+    One decode in eval mode (`decode_causal`) over every prompt's group of rows: the argmax on each source's greedy
+    row and a sample elsewhere, as `rollout.sample_rollout` does for seq2seq models.
+
+    Args:
+        model: an unwrapped `PreTrainedModel` for causal LM.
+        input_ids, attention_mask, labels (`(B, L)`): the batch, as `split_prompts` reads it.
+        generation_config: from `causal_generation_config`.
+    """
+    pad = pad_id(model)
+    prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
+    group = num_samples + int(with_greedy)
+    was_training = model.training
+    model.eval()
+    try:
+        ids, mask = decode_causal(model, prompt_ids, prompt_mask, generation_config, group, greedy_first=with_greedy)
+    finally:
+        model.train(was_training)
+    grouped_ids, grouped_mask = ids.view(-1, group, ids.shape[1]), mask.view(-1, group, ids.shape[1])
+    first = int(with_greedy)
+    return CausalRollout(
+        sample_ids=grouped_ids[:, first:].reshape(-1, ids.shape[1]),
+        sample_mask=grouped_mask[:, first:].reshape(-1, ids.shape[1]),
+        greedy_ids=grouped_ids[:, 0] if with_greedy else None,
+        greedy_mask=grouped_mask[:, 0] if with_greedy else None,
+        num_samples=num_samples, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+
+
+def completion_forward(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: torch.Tensor,
+                       repeats: int = 1, output_hidden_states: bool = False):
+    """Returns the model output on `prompt + completion` rows, its logits cut to the completion positions:
+    `logits[:, t]` `(N, T, V)` predicts `completions[:, t]` from the prompt and `completions[:, :t]`.
+
+    With `output_hidden_states`, `hidden_states` holds the last layer's states at the same positions, `(N, T, d)`:
+    position `t` reads `completions[:, t - 1]` (the last prompt token at `t = 0`).
+
+    Args:
+        prompt_ids, prompt_mask (`(B, P)`): left-padded prompts; each is repeated `repeats` times in place.
+        completions (`torch.LongTensor` of shape `(B*repeats, T)`): tokens after the prompt (any id where padded;
+            later positions do not change the logits of earlier ones).
+    """
+    width, length = prompt_ids.shape[1], completions.shape[1]
+    rows = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completions.clamp(min=0)], dim=1)
+    mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0).bool(),
+                      torch.ones_like(completions, dtype=torch.bool)], dim=1)
+    # The last prompt position predicts the first completion token; the completion's last token predicts nothing.
+    out = model(input_ids=rows[:, :-1], attention_mask=mask[:, :-1].long(), position_ids=position_ids(mask[:, :-1]),
+                use_cache=False, logits_to_keep=length, output_hidden_states=output_hidden_states)
+    if output_hidden_states:
+        out.hidden_states = out.hidden_states[-1][:, width - 1:]
+    return out
+
+
+def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
+                 sample_ids: torch.Tensor, num_samples: int, pad: int, gold_labels: torch.Tensor | None = None,
+                 temperature: float = 1.0) -> ScoredRollout:
+    """Returns the token log-probs of sampled completions (with grad) in one teacher-forced forward.
+
+    Args:
+        model: the (possibly DDP-wrapped) causal LM.
+        input_ids, attention_mask, labels (`(B, L)`): the batch the samples continue (`split_prompts`).
+        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled completions, pad after EOS.
+        gold_labels (`torch.LongTensor` of shape `(B, L)`, -100 on prompt and padding) or None: with them the gold
+            completion of each source is scored in the same forward, and `gold_logits` `(B, L, V)` is aligned with
+            `gold_labels` (position `t` predicts `gold_labels[:, t]`; zeros where it is -100).
+    """
+    prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
+    batch, t_sample = prompt_ids.shape[0], sample_ids.shape[1]
+    rows, group = sample_ids.view(batch, num_samples, t_sample), num_samples
+    gold = None
+    if gold_labels is not None:
+        gold = completion_labels(gold_labels)
+        length = max(t_sample, gold.shape[1])
+        rows = torch.nn.functional.pad(rows, (0, length - t_sample), value=pad)
+        rows = torch.cat([rows, torch.nn.functional.pad(gold, (0, length - gold.shape[1]), value=pad).unsqueeze(1)],
+                         dim=1)
+        group += 1
+    logits = completion_forward(model, prompt_ids, prompt_mask, rows.flatten(0, 1).clamp(min=0), group).logits
+    logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
+    sample_logits = logits[:, :num_samples, :t_sample].flatten(0, 1)
+    gold_logits = None
+    if gold is not None:
+        gold_logits = _align_to_labels(logits[:, num_samples, : gold.shape[1]], gold, gold_labels)
+    token_logprobs = losses.token_logprobs_from_logits(sample_logits, sample_ids, temperature)
+    return ScoredRollout(sample_logits, token_logprobs, gold_logits)
+
+
+def _align_to_labels(completion_logits: torch.Tensor, gold: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Returns logits `(B, L, V)` placed at the positions of `labels` `(B, L)` that hold the completion (zeros
+    elsewhere), from the completion-ordered `completion_logits` `(B, T, V)` of `gold` `(B, T)`."""
+    aligned = completion_logits.new_zeros(labels.shape + completion_logits.shape[-1:])
+    return aligned.index_put((labels != -100).nonzero(as_tuple=True), completion_logits[gold != -100])

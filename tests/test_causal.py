@@ -1,0 +1,339 @@
+"""Decoder-only models through `hf_seqrl.families.CausalFamily`: rollouts, the loss on completion tokens only, every
+trainer on a tiny Llama / Qwen2 built from a config (no Hub), and learning on a toy task."""
+
+import copy
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from conftest import byt5_tokenizer, prompt_completion_dataset, tiny_causal_model
+from hf_seqrl import ProfessorForcingTrainer, ReinforceTrainer, SCSTTrainer, ScheduledSamplingTrainer, SeqRLConfig
+from hf_seqrl.causal import causal_generation_config, completion_labels, sample_causal, split_prompts
+from hf_seqrl.configs import ProfessorForcingConfig, ScheduledSamplingConfig
+from hf_seqrl.families import CausalFamily, Seq2SeqFamily, family_for
+from hf_seqrl.rewards import get_reward
+
+
+def config(tmp_path, **kwargs):
+    defaults = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3,
+                    logging_steps=1, report_to=[], save_strategy="no", max_new_tokens=8, disable_tqdm=True,
+                    lr_scheduler_type="constant", seed=0, dataloader_pin_memory=False, use_cpu=True)
+    defaults.update(kwargs)
+    return SeqRLConfig(**defaults)
+
+
+def collate(tokenizer, dataset):
+    from transformers import DataCollatorForSeq2Seq
+
+    rows = [{k: dataset[i][k] for k in ("input_ids", "attention_mask", "labels")} for i in range(len(dataset))]
+    return DataCollatorForSeq2Seq(tokenizer)(rows)
+
+
+def test_family_for_picks_the_family(tokenizer):
+    from conftest import tiny_model
+
+    assert isinstance(family_for(tiny_model("t5")), Seq2SeqFamily)
+    assert isinstance(family_for(tiny_causal_model("llama")), CausalFamily)
+    assert isinstance(family_for(tiny_causal_model("qwen2")), CausalFamily)
+
+
+def test_prompt_completion_rows_and_prompt_split(tokenizer):
+    data = prompt_completion_dataset(tokenizer, n=3, seed=1)
+    row = data[0]
+    prompt = tokenizer(data[0]["sources"], add_special_tokens=False)["input_ids"]
+    # prompt + completion + EOS; -100 on the prompt; the source and reference kept as text
+    assert row["labels"][: len(prompt)] == [-100] * len(prompt)
+    assert row["input_ids"][len(prompt):] == row["labels"][len(prompt):] and row["labels"][-1] == 1
+    assert row["references"] == [row["sources"][:-1][::-1]]
+    batch = collate(tokenizer, data)
+    ids, mask = split_prompts(batch["input_ids"], batch["attention_mask"], batch["labels"], pad=0)
+    for i in range(3):
+        expected = tokenizer(data[i]["sources"], add_special_tokens=False)["input_ids"]
+        assert ids[i][mask[i]].tolist() == expected and bool(mask[i, -1])  # left-padded
+    completions = completion_labels(batch["labels"])
+    assert tokenizer.batch_decode(completions.clamp(min=0), skip_special_tokens=True) == [r[0] for r in
+                                                                                          data["references"]]
+
+
+@pytest.mark.parametrize("shared_prompt_cache", [True, False])
+def test_rollout_masks_and_logprobs_equal_per_sample_recomputation(tokenizer, monkeypatch, shared_prompt_cache):
+    import hf_seqrl.causal
+
+    # 0: every prompt's KV cache is computed once and expanded to its samples; 10**6: generate repeats the prompts
+    monkeypatch.setattr(hf_seqrl.causal, "PROMPT_CACHE_MIN_TOKENS", 0 if shared_prompt_cache else 10**6)
+    model = tiny_causal_model("llama", seed=3).eval()
+    batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=3, seed=2, lengths=(1, 6)))
+    torch.manual_seed(0)
+    rollout = sample_causal(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                            causal_generation_config(model, 6), num_samples=3, with_greedy=True)
+    scored = CausalFamily().score(model, batch, rollout.sample_ids, 3, temperature=1.0)
+    for row in range(rollout.sample_ids.shape[0]):
+        mask = rollout.sample_mask[row]
+        tokens = rollout.sample_ids[row][mask]
+        eos_at = (tokens == 1).nonzero()
+        # the mask ends at the first EOS (included), or covers the whole length budget
+        assert (eos_at.numel() and eos_at[0].item() == len(tokens) - 1) or len(tokens) == 6
+        assert (rollout.sample_ids[row][~mask] == 0).all()
+        prompt = rollout.prompt_ids[row // 3][rollout.prompt_mask[row // 3]]
+        full = torch.cat([prompt, tokens]).unsqueeze(0)  # unpadded, one sample alone
+        with torch.no_grad():
+            logits = model(full).logits[0, len(prompt) - 1: -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(scored.token_logprobs[row][mask], expected, atol=1e-5, rtol=1e-5)
+    for source in range(3):  # the greedy row is plain greedy decoding of the prompt alone
+        prompt = rollout.prompt_ids[source][rollout.prompt_mask[source]].unsqueeze(0)
+        greedy = model.generate(prompt, do_sample=False, max_new_tokens=6)[0, prompt.shape[1]:]
+        mask = rollout.greedy_mask[source]
+        assert rollout.greedy_ids[source][mask].tolist() == greedy[: int(mask.sum())].tolist()
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(temperature=0.7, top_k=5, top_p=0.9)])
+def test_decode_loop_samples_what_generate_samples(tokenizer, settings):
+    from hf_seqrl.causal import decode_causal
+
+    model = tiny_causal_model("qwen2", seed=2).eval()
+    batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=3, seed=6, lengths=(1, 6)))
+    prompt_ids, prompt_mask = split_prompts(batch["input_ids"], batch["attention_mask"], batch["labels"], pad=0)
+    config = causal_generation_config(model, 7, **settings)
+    torch.manual_seed(11)
+    ids, mask = decode_causal(model, prompt_ids, prompt_mask, config, repeats=2)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        expected = model.generate(input_ids=prompt_ids.repeat_interleave(2, 0),
+                                  attention_mask=prompt_mask.long().repeat_interleave(2, 0), generation_config=config)
+    expected = expected[:, prompt_ids.shape[1]:]
+    assert ids.tolist() == torch.nn.functional.pad(expected, (0, ids.shape[1] - expected.shape[1])).tolist()
+
+
+def test_prompt_tokens_never_enter_the_loss(tmp_path, tokenizer):
+    """Gradients reach no logit that predicts a prompt token or padding, in the warm-up and in the RL loss."""
+    model = tiny_causal_model("llama", seed=1)
+    data = prompt_completion_dataset(tokenizer, n=4, seed=4)
+    args = config(tmp_path, warmup_xe_steps=1, num_samples=2, rl_weight=0.5, kl_coef=0.1, entropy_coef=0.1)
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=data, processing_class=tokenizer)
+    batch = collate(tokenizer, data)
+    captured = []
+
+    def keep(module, inputs, output):
+        if output.requires_grad:  # decoding runs without grad
+            output.retain_grad()
+            captured.append(output)
+
+    handle = model.lm_head.register_forward_hook(keep)
+    try:
+        for step in (0, 1):  # 0: teacher-forced warm-up; 1: rollout + policy gradient + cross-entropy
+            trainer.state.global_step = step
+            captured.clear()
+            model.train()
+            trainer.compute_loss(model, dict(batch)).backward()
+            labels = batch["labels"]
+            for logits in captured:
+                if logits.grad is None:
+                    continue
+                if logits.shape[1] == labels.shape[1]:  # full rows: position t predicts token t + 1
+                    predicts_prompt = torch.nn.functional.pad(labels[:, 1:] == -100, (0, 1), value=True)
+                    assert logits.grad[predicts_prompt].abs().max() == 0, step
+                    assert logits.grad[~predicts_prompt].abs().max() > 0, step
+                else:  # completion positions only (logits_to_keep)
+                    assert logits.shape[1] <= max(8, int((labels != -100).sum(1).max())) + 1
+            assert captured
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("trainer_class,arch,baseline", [(SCSTTrainer, "llama", "greedy"), (SCSTTrainer, "qwen2", "mean"),
+                                                         (ReinforceTrainer, "llama", None)])
+def test_policy_gradient_trainers_train_causal_models(tmp_path, tokenizer, trainer_class, arch, baseline):
+    model = tiny_causal_model(arch)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = config(tmp_path, warmup_xe_steps=1, num_samples=2, baseline=baseline, rl_weight=0.7,
+                  predict_with_generate=True, generation_max_length=8, per_device_eval_batch_size=4)
+    trainer = trainer_class(model=model, args=args, reward_funcs=["chrf", "bleu"],
+                            train_dataset=prompt_completion_dataset(tokenizer, n=8),
+                            eval_dataset=prompt_completion_dataset(tokenizer, n=5, seed=9), processing_class=tokenizer,
+                            compute_metrics=lambda pred: {"rows": float(len(pred.predictions))})
+    assert trainer.baseline == (baseline or "moving_average")
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["rl/phase"] for h in logs] == [0.0, 1.0, 1.0]
+    assert all(math.isfinite(logs[-1][k]) for k in ("rl/reward", "rl/pg_loss", "rl/xe_loss", "rl/entropy"))
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    metrics = trainer.evaluate()
+    assert 0.0 <= metrics["eval_rl/reward"] <= 1.0 and metrics["eval_rows"] == 5.0
+    assert math.isfinite(metrics["eval_loss"])
+
+
+def test_references_only_prompts_train_and_extra_columns_reach_the_rewards(tmp_path, tokenizer):
+    from datasets import Dataset
+
+    prompts = ["ab=", "cab=", "dd=", "bca="]
+    enc = tokenizer(prompts, add_special_tokens=False)
+    data = Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                              "references": [p[:-1][::-1] for p in prompts], "hint": [len(p) for p in prompts]})
+    seen = []
+
+    def spy(predictions, references, sources, hint, **columns):
+        seen.extend(zip(hint, (r[0] for r in references)))
+        return [float(len(p) == h - 1) for p, h in zip(predictions, hint)]
+
+    trainer = SCSTTrainer(model=tiny_causal_model(), args=config(tmp_path, max_steps=2, baseline="mean",
+                                                                 num_samples=2), reward_funcs=spy,
+                          train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    assert len([h for h in trainer.state.log_history if "rl/reward" in h]) == 2
+    # each sample's own row: the hint (prompt length) goes with that prompt's reference
+    assert seen and all(hint == len(reference) + 1 for hint, reference in seen)
+
+
+def test_scheduled_sampling_mixes_completion_tokens_only(tmp_path, tokenizer):
+    data = prompt_completion_dataset(tokenizer, n=8)
+    batch = collate(tokenizer, data)
+    model = tiny_causal_model(seed=5)
+    with torch.no_grad():
+        teacher_forced = model(**batch).loss.item()
+    fractions = []
+    for ratio in (1.0, 0.0):
+        args = ScheduledSamplingConfig(output_dir=str(tmp_path / str(ratio)), per_device_train_batch_size=4,
+                                       max_steps=1, schedule="constant", min_teacher_forcing_ratio=ratio, report_to=[],
+                                       save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True)
+        trainer = ScheduledSamplingTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+        with torch.no_grad():
+            loss = trainer.compute_loss(model, dict(batch)).item()
+        if ratio == 1.0:
+            assert loss == pytest.approx(teacher_forced, rel=1e-6)  # ε = 1: plain teacher forcing
+        fractions.append(trainer._metrics["train"]["ss/replaced_fraction"][-1])
+    # ε = 0: every completion token after the first is replaced (the prompt never is)
+    assert fractions[0] == 0.0 and fractions[1] > 0.5
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
+
+
+def test_professor_forcing_names_what_it_supports(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="ProfessorForcingTrainer supports encoder-decoder.*only"):
+        ProfessorForcingTrainer(model=tiny_causal_model(), processing_class=tokenizer,
+                                args=ProfessorForcingConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]),
+                                train_dataset=prompt_completion_dataset(tokenizer, n=4))
+
+
+def test_conversational_prompts_use_the_chat_template(tokenizer):
+    from datasets import Dataset
+
+    from hf_seqrl.data import tokenize_prompt_completion
+
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    raw = Dataset.from_dict({"prompt": [[{"role": "user", "content": "abc"}]],
+                             "completion": [[{"role": "assistant", "content": "cba"}]]})
+    row = raw.map(tokenize_prompt_completion, batched=True, remove_columns=raw.column_names,
+                  fn_kwargs=dict(tokenizer=tokenizer))[0]
+    prompt = [t for t, label in zip(row["input_ids"], row["labels"]) if label == -100]
+    assert tokenizer.decode(prompt) == "<user>abc<assistant>"
+    assert tokenizer.decode([t for t in row["labels"] if t != -100]) == "cba</s>"
+    assert row["sources"] == "abc" and row["references"] == ["cba"]
+
+
+def test_misaligned_labels_are_rejected(tmp_path, tokenizer):
+    from datasets import Dataset
+
+    data = Dataset.from_dict({"input_ids": [[100, 101, 102]], "labels": [[102, 1]]})
+    with pytest.raises(ValueError, match="aligned with 'input_ids'"):
+        SCSTTrainer(model=tiny_causal_model(), args=config(tmp_path), reward_funcs="chrf", train_dataset=data,
+                    processing_class=tokenizer)
+
+
+# ---- learning: SCST raises held-out greedy chrF above the warm-up checkpoint ---------------------------------
+
+def heldout_chrf(model, tokenizer, data) -> float:
+    batch = collate(tokenizer, data)
+    model.eval()
+    with torch.no_grad():
+        ids = family_for(model).generate(model, batch, do_sample=False, max_new_tokens=8)
+    predictions = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return sum(get_reward("chrf")(predictions, data["references"])) / len(predictions)
+
+
+def test_causal_scst_raises_heldout_greedy_chrf_on_reversal(tmp_path):
+    tokenizer = byt5_tokenizer()
+    model = tiny_causal_model("llama", seed=0)
+    train = prompt_completion_dataset(tokenizer, n=400, seed=0)
+    heldout = prompt_completion_dataset(tokenizer, n=64, seed=99)
+    args = config(tmp_path / "warm", per_device_train_batch_size=16, max_steps=WARMUP_STEPS, learning_rate=3e-3,
+                  warmup_xe_steps=10**6, logging_steps=50)
+    SCSTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=train, processing_class=tokenizer).train()
+    warm = copy.deepcopy(model)
+    before = heldout_chrf(warm, tokenizer, heldout)
+    args = config(tmp_path / "rl", per_device_train_batch_size=16, max_steps=RL_STEPS, learning_rate=1e-3,
+                  num_samples=4, logging_steps=50)
+    trainer = SCSTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=train, processing_class=tokenizer)
+    trainer.train()
+    after = heldout_chrf(model, tokenizer, heldout)
+    rewards = [h["rl/reward"] for h in trainer.state.log_history if "rl/reward" in h]
+    assert rewards[-1] > rewards[0]
+    assert after > before + 0.02, (before, after)
+
+
+WARMUP_STEPS, RL_STEPS = 120, 150
+
+
+def test_diagnostics_of_a_causal_model(tmp_path, tokenizer):
+    """The exposure-bias report of a decoder-only model: prefixes are the prompt plus the first k completion tokens."""
+    from datasets import Dataset
+
+    from hf_seqrl.data import tokenize_prompt_completion
+    from hf_seqrl.diagnostics import run_diagnostics, write_report
+
+    model = tiny_causal_model(seed=1)
+    sources = ["ab=", "cad=", "bbca=", "dcab="]
+    references = [s[:-1][::-1] for s in sources]
+    report = run_diagnostics(model, tokenizer, sources, references, max_horizon=4, batch_size=4, progress=False,
+                             max_new_tokens=8, inject_positions=(0, 1))
+    raw = Dataset.from_dict({"prompt": sources, "completion": references})
+    batch = collate(tokenizer, raw.map(tokenize_prompt_completion, batched=True, remove_columns=raw.column_names,
+                                       fn_kwargs=dict(tokenizer=tokenizer)))
+    with torch.no_grad():
+        loss = model(**batch).loss.item()  # mean NLL of the completion tokens (EOS included) after their prompts
+    assert report["gap"]["tf_nll"] == pytest.approx(loss, rel=1e-5)
+    first = report["horizon"][0]  # k = 0: the prompt alone under both prefixes
+    assert first["tf_nll"] == pytest.approx(first["free_nll"]) and first["count"] == 4
+    assert [r["j"] for r in report["recovery"]] == [0, 1] and all(r["count"] == 4 for r in report["recovery"])
+    assert report["jacobian"]["curve"][0]["divergence"] > 0 and report["jacobian"]["growth_factor"] > 0
+    paths = write_report(report, str(tmp_path))
+    assert all(os.path.getsize(path) > 0 for path in paths.values())
+
+
+# ---- the recipe's pipeline on the tiny offline causal config ------------------------------------------------------
+
+def test_causal_translation_recipe_trains_evaluates_and_saves(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_seqrl.pipeline import train_main
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the config names its data files relative to the repository root
+    out = tmp_path / "causal"
+    metrics = train_main(["--config", "recipes/configs/tiny_offline_causal_translation.yaml", "--output_dir",
+                          str(out), "--max_steps", "4", "--warmup_xe_steps", "2", "--num_samples", "2",
+                          "--tiny_d_model", "32", "--eval_strategy", "no", "--max_eval_samples", "8",
+                          "--max_test_samples", "8", "--max_new_tokens", "16", "--generation_max_length", "16"])
+    for prefix in ("eval", "test"):  # corpus scores of the completions, every reference
+        assert 0.0 <= metrics[f"{prefix}_chrf"] <= 100.0 and 0.0 <= metrics[f"{prefix}_rl/reward"] <= 1.0
+        assert 0 < metrics[f"{prefix}_gen_len"] <= 16  # completion tokens only, not the prompt
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    card = (out / "README.md").read_text()
+    assert "AutoModelForCausalLM.from_pretrained" in card and "pipeline_tag: text-generation" in card
+    # `hf-seqrl evaluate` and `hf-seqrl diagnose` load the checkpoint as a causal LM and read sources as prompts
+    from hf_seqrl.diagnostics import diagnose_main
+    from hf_seqrl.evaluation import evaluate_main
+
+    data = ["--model", str(out), "--data", "recipes/data/toy_de_en.test.txt", "--max_examples", "4",
+            "--max_new_tokens", "8"]
+    assert evaluate_main([*data, "--output", str(tmp_path / "scores.json")]) == 0
+    assert 0.0 <= json.loads((tmp_path / "scores.json").read_text())["scores"]["chrf"] <= 100.0
+    assert diagnose_main([*data, "--output_dir", str(tmp_path / "diag"), "--max_horizon", "4"]) == 0
+    assert (tmp_path / "diag" / "diagnostics.json").exists()
