@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from . import losses
-from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id, sampling_warpers
+from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
 
 
 # Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
@@ -36,6 +36,20 @@ class CausalRollout(Rollout):
 
     prompt_ids: torch.Tensor | None = None
     prompt_mask: torch.Tensor | None = None
+
+
+def sampling_warpers(generation_config: GenerationConfig):
+    """Returns the temperature / top-k / top-p warpers that `generate` would add for `generation_config`."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if generation_config.temperature is not None and generation_config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(generation_config.temperature))
+    if generation_config.top_k is not None and generation_config.top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=generation_config.top_k, min_tokens_to_keep=1))
+    if generation_config.top_p is not None and generation_config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=generation_config.top_p, min_tokens_to_keep=1))
+    return warpers
 
 
 def _first_completion_position(labels: torch.Tensor) -> torch.Tensor:
@@ -148,7 +162,7 @@ def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, warpers) -> torch
 
     Args:
         logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
-        warpers (`LogitsProcessorList`): temperature / top-k / top-p (`rollout.sampling_warpers`).
+        warpers (`LogitsProcessorList`): temperature / top-k / top-p (`sampling_warpers`).
     """
     scores = logits.float()
     chosen = scores.argmax(dim=-1)

@@ -34,14 +34,16 @@ def params(model):
 
 
 def count_rollouts(monkeypatch):
+    from hf_seqrl.families import Seq2SeqFamily
+
     calls = []
+    sample = Seq2SeqFamily.sample
 
-    def counting(*args, **kwargs):
-        calls.append(args[1].clone())  # input_ids
-        return sample_rollout(*args, **kwargs)
+    def counting(self, model, batch, *args, **kwargs):
+        calls.append(batch["input_ids"].clone())
+        return sample(self, model, batch, *args, **kwargs)
 
-    sample_rollout = base.sample_rollout
-    monkeypatch.setattr(base, "sample_rollout", counting)
+    monkeypatch.setattr(Seq2SeqFamily, "sample", counting)
     return calls
 
 
