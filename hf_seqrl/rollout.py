@@ -191,6 +191,13 @@ def sample_rollout(
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         generation_config: from `rollout_generation_config`.
     """
+    return _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy)
+
+
+def _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy,
+                     prefix_ids: torch.Tensor | None = None) -> Rollout:
+    """Returns the `Rollout` of one decode of every row in eval mode; with `prefix_ids` `(B, P)`, each row holds
+    the forced prefix then its continuation (mask true on the prefix)."""
     settings = DecodeSettings.from_generation_config(generation_config)
     group = num_samples + int(with_greedy)
     if attention_mask is None:
@@ -199,11 +206,15 @@ def sample_rollout(
     was_training = model.training
     model.eval()
     try:
-        ids = decode(model, input_ids, attention_mask, settings, group, with_greedy, uniforms)
+        ids = decode(model, input_ids, attention_mask, settings, group, with_greedy, uniforms, prefix_ids)
     finally:
         model.train(was_training)
     mask = completion_mask(ids, list(settings.eos_ids))
     ids = ids.masked_fill(~mask, settings.pad_id)
+    if prefix_ids is not None:
+        prefix = prefix_ids.repeat_interleave(group, dim=0)
+        ids = torch.cat([prefix, ids], dim=1)
+        mask = torch.cat([torch.ones_like(prefix, dtype=torch.bool), mask], dim=1)
     sample_ids, greedy_ids = _split_rows(ids, group, with_greedy)
     sample_mask, greedy_mask = _split_rows(mask, group, with_greedy)
     return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
@@ -231,24 +242,7 @@ def sample_from_prefix(
         prefix_ids (`torch.LongTensor` of shape `(B, P)`): the forced tokens after the start token, `P >= 1`.
         generation_config: from `rollout_generation_config`.
     """
-    settings = DecodeSettings.from_generation_config(generation_config)
-    group = num_samples + int(with_greedy)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    uniforms = draw_uniforms(settings.max_new_tokens, input_ids.shape[0] * num_samples, input_ids.device)
-    was_training = model.training
-    model.eval()
-    try:
-        new = decode(model, input_ids, attention_mask, settings, group, with_greedy, uniforms, prefix_ids)
-    finally:
-        model.train(was_training)
-    mask = completion_mask(new, list(settings.eos_ids))
-    prefix = prefix_ids.repeat_interleave(group, dim=0)
-    ids = torch.cat([prefix, new.masked_fill(~mask, settings.pad_id)], dim=1)
-    mask = torch.cat([torch.ones_like(prefix, dtype=torch.bool), mask], dim=1)
-    sample_ids, greedy_ids = _split_rows(ids, group, with_greedy)
-    sample_mask, greedy_mask = _split_rows(mask, group, with_greedy)
-    return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
+    return _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy, prefix_ids)
 
 
 @contextlib.contextmanager

@@ -77,15 +77,20 @@ def build_tiny_model(arch: str, vocab_size: int | None = None, tokenizer=None, *
                       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
                       decoder_ffn_dim=ffn, dropout=dropout, attention_dropout=dropout, activation_dropout=dropout,
                       max_position_embeddings=max_positions, bos_token_id=bos, forced_eos_token_id=None, **ids)
-    config = config_class(**{**fields, **config_overrides})
+    model = _instantiate(model_class, config_class(**{**fields, **config_overrides}), ids, seed)
+    # Marian's pretrained generation configs ban the pad id through `bad_words_ids`; nothing is banned here.
+    model.generation_config.bad_words_ids = None
+    return model
+
+
+def _instantiate(model_class, config, ids: dict, seed: int | None):
+    """Returns `model_class(config)`, its weights drawn after `torch.manual_seed(seed)` (when given), with the special
+    `ids` copied into its generation config (transformers 5 reads them there, not from the model config)."""
     if seed is not None:
         torch.manual_seed(seed)
     model = model_class(config)
-    # transformers 5 reads the special ids from the generation config, not from the model config.
     for key in ids:
         setattr(model.generation_config, key, getattr(model.config, key))
-    # Marian's pretrained generation configs ban the pad id through `bad_words_ids`; nothing is banned here.
-    model.generation_config.bad_words_ids = None
     return model
 
 
@@ -99,10 +104,4 @@ def _build_causal(arch, vocab_size, d_model, layers, heads, ffn, dropout, max_po
     fields = dict(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=ffn, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=heads, attention_dropout=dropout,
                   max_position_embeddings=max_positions, tie_word_embeddings=True, **ids)
-    config = config_class(**{**fields, **config_overrides})
-    if seed is not None:
-        torch.manual_seed(seed)
-    model = model_class(config)
-    for key in ids:
-        setattr(model.generation_config, key, getattr(model.config, key))
-    return model
+    return _instantiate(model_class, config_class(**{**fields, **config_overrides}), ids, seed)
