@@ -59,7 +59,7 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
     from transformers import AutoModelForSeq2SeqLM, ByT5Tokenizer
     from transformers.trainer_utils import EvalPrediction
 
-    from hf_seqrl.pipeline import build_compute_metrics, load_splits, parse_args
+    from hf_seqrl.pipeline import build_compute_metrics, load_splits, parse_args, task_metrics
 
     script_args, args = parse_args(["--config", str(REPO / "recipes/configs/tiny_offline_translation.yaml"),
                                     "--output_dir", str(out / "unused"), "--max_test_samples", "12",
@@ -72,7 +72,7 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
     batch = tokenizer.pad({"input_ids": test["input_ids"]}, return_tensors="pt")
     with torch.no_grad():
         ids = model.generate(**batch, max_length=args.generation_max_length, num_beams=1, do_sample=False)
-    compute = build_compute_metrics(tokenizer, "translation", test["references"])
+    compute = build_compute_metrics(tokenizer, task_metrics("translation"), test["references"])
     return compute(EvalPrediction(predictions=ids.numpy(), label_ids=None))
 
 
