@@ -2,12 +2,18 @@
 
 Models are built locally from configs of realistic shape (t5-small-sized, Marian-base-sized) with a synthetic
 word-level tokenizer, so decoded samples are real strings of 20-60 words and rewards cost what they cost in
-practice. One process per (shape, task) builds the model; on CPU every arm runs in a child forked from it
-(peak memory: the child's high-water RSS above its RSS at the start), on GPU the arms run in turn
-(`torch.cuda.max_memory_allocated` above the memory in use at the start). Times are medians over repeats; compare
-ratios within one run.
+practice. One process per (shape, task) builds the model. The arms take turns step by step (step i of every arm,
+then step i + 1), so that load from elsewhere on the machine falls on all of them alike. On CPU every arm lives in
+its own child forked from the builder (peak memory: the child's high-water RSS above its RSS at the start); on GPU
+the arms take turns in one process (`torch.cuda.max_memory_allocated` above the memory in use before a step).
+Times are medians over repeats; compare ratios within one run.
 
-    python benchmarks/speed.py --quick              # < 3 minutes on 2 CPU cores
+Columns: `vs ref` is an hf-seqrl arm's step time over the reference arm's with as many samples per source;
+`decode vs` its decode time over the reference's, whose decode is `generate(do_sample=True,
+num_return_sequences=n)` (plus a greedy `generate` for SCST) on the same inputs; `mem vs XE` its peak memory over
+that of the cross-entropy step on as many target sequences as the 4-sample step.
+
+    python benchmarks/speed.py --quick              # under 2 minutes on 2 CPU cores
     python benchmarks/speed.py                      # full table
     python benchmarks/speed.py --device cuda        # on a GPU
 
@@ -17,6 +23,7 @@ Writes benchmarks/results/speed.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -35,7 +42,7 @@ SHAPES = {  # name: (config kwargs, batch, source length, target length / max ne
     "marian-base": dict(arch="marian", d_model=512, layers=6, heads=8, ffn=2048, vocab=58101),
 }
 TASKS = {"translation": dict(src_len=32, tgt_len=32), "summarization": dict(src_len=256, tgt_len=48)}
-# --quick: the same sources, half the new tokens, so that the whole table takes under 3 minutes.
+# --quick: the same sources, half the new tokens, so that the whole table takes under 2 minutes.
 QUICK_TASKS = {"translation": dict(src_len=32, tgt_len=16), "summarization": dict(src_len=256, tgt_len=24)}
 ARMS = ("xe", "seqrl_scst", "seqrl_loo4", "reference_scst", "reference_loo4")
 
@@ -99,24 +106,20 @@ def reference_reward(task: str, predictions, references):
 
 
 class Timer:
+    """Sums the wall time of named spans of a step (`with timer("decode"): ...`), synchronizing CUDA around them."""
+
     def __init__(self, device):
         self.device, self.parts = device, {}
 
+    @contextlib.contextmanager
     def __call__(self, name):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                if timer.device == "cuda":
-                    torch.cuda.synchronize()
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                if timer.device == "cuda":
-                    torch.cuda.synchronize()
-                timer.parts[name] = timer.parts.get(name, 0.0) + time.perf_counter() - self.t
-
-        return _Span()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - start
 
 
 def step_xe(model, tok, src, attn, labels, refs, task, n, timer):
@@ -214,78 +217,120 @@ def _reset_peak_rss() -> int | None:
     return _rss_kib("VmRSS")
 
 
-def run_arm(arm, model, tok, shape, task, batch, repeats, device):
-    """Runs one arm on `model` in this process; returns its timings (medians) and peak memory (MiB above the
-    memory in use when the arm starts)."""
-    src, attn, labels, refs = batch_for(task, batch, SHAPES[shape]["vocab"], device)
-    # A random model almost never samples EOS (p ~ 1/vocab), so every arm decodes ~max_new_tokens tokens.
-    fn, n = STEPS[arm]
-    if arm == "xe":
-        # Same number of target sequences as the 4-sample RL step, for the memory comparison.
-        src, attn, labels = (t.repeat_interleave(4, 0) for t in (src, attn, labels))
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = _reset_peak_rss()
-        if base is None:  # no clear_refs: the high-water mark of this (freshly forked) process
-            base = _peak_rss_kib()
-    totals, parts, step_losses = [], [], []
-    for i in range(repeats + 1):
+class Arm:
+    """One arm on a built model: its inputs, and its step times and peak memory as its steps run."""
+
+    def __init__(self, arm, model, tok, shape, task, batch, device):
+        self.arm, self.model, self.tok, self.task, self.device = arm, model, tok, task, device
+        self.src, self.attn, self.labels, self.refs = batch_for(task, batch, SHAPES[shape]["vocab"], device)
+        # A random model almost never samples EOS (p ~ 1/vocab), so every arm decodes ~max_new_tokens tokens.
+        self.fn, self.n = STEPS[arm]
+        if arm == "xe":
+            # Same number of target sequences as the 4-sample RL step, for the memory comparison.
+            self.src, self.attn, self.labels = (t.repeat_interleave(4, 0) for t in (self.src, self.attn, self.labels))
+        self.totals, self.parts, self.losses, self.peak = [], [], [], 0.0
+        if device == "cpu":
+            self.base = _reset_peak_rss()
+            if self.base is None:  # no clear_refs: the high-water mark of this (freshly forked) process
+                self.base = _peak_rss_kib()
+
+    def step(self, i: int) -> None:
+        """Runs step `i` (step 0 warms up allocators and caches and is not timed)."""
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
         torch.manual_seed(i)
-        timer = Timer(device)
-        model.zero_grad(set_to_none=True)
+        timer = Timer(self.device)
+        self.model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        step_losses.append(fn(model, tok, src, attn, labels, refs, task, n, timer))
-        if device == "cuda":
+        self.losses.append(self.fn(self.model, self.tok, self.src, self.attn, self.labels, self.refs, self.task, self.n,
+                                   timer))
+        if self.device == "cuda":
             torch.cuda.synchronize()
         total = time.perf_counter() - start
-        if i:  # the first step warms up allocators and caches
-            totals.append(total)
-            parts.append(dict(timer.parts, other=total - sum(timer.parts.values())))
-    model.zero_grad(set_to_none=True)
-    if device == "cuda":
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    else:
-        peak = (_peak_rss_kib() - base) / 1024
-    keys = sorted({k for p in parts for k in p})
-    return {"step_s": statistics.median(totals),
-            "parts_s": {k: statistics.median(p.get(k, 0.0) for p in parts) for k in keys},
-            "peak_mem_mib": peak, "losses": step_losses}
+        self.model.zero_grad(set_to_none=True)
+        if self.device == "cuda":
+            self.peak = max(self.peak, (torch.cuda.max_memory_allocated() - base) / 2**20)
+        if i:
+            self.totals.append(total)
+            self.parts.append(dict(timer.parts, other=total - sum(timer.parts.values())))
+
+    def result(self) -> dict:
+        """Returns the arm's median step time and parts, peak memory (MiB above the memory in use at its start)."""
+        peak = self.peak if self.device == "cuda" else (_peak_rss_kib() - self.base) / 1024
+        keys = sorted({k for p in self.parts for k in p})
+        return {"step_s": statistics.median(self.totals),
+                "parts_s": {k: statistics.median(p.get(k, 0.0) for p in self.parts) for k in keys},
+                "steps_s": self.totals, "peak_mem_mib": peak, "losses": self.losses}
+
+
+def _arm_child(arm, model, tok, shape, task, batch, device, commands, replies):
+    """The loop of an arm's child process: one step per line read, then its result as one JSON line."""
+    runner = Arm(arm, model, tok, shape, task, batch, device)
+    with os.fdopen(commands) as inp, os.fdopen(replies, "w") as out:
+        for line in inp:
+            if line.strip() == "result":
+                break
+            runner.step(int(line))
+            out.write("ok\n")
+            out.flush()
+        json.dump(runner.result(), out)
+        out.write("\n")
 
 
 def run_group(shape, task, batch, repeats, device, threads, arms=ARMS):
-    """Builds the model once and runs every arm on it; yields one result per arm.
+    """Builds the model once and runs the arms' steps interleaved (step i of every arm, then step i + 1, ...);
+    returns one result per arm.
 
-    On CPU each arm runs in a child forked from this process (`os.fork`: the model's memory is shared, the
-    arm's own allocations are its peak, and no arm sees another's allocator state). On CUDA, where a fork
-    cannot use the device, the arms run one after another here with the allocator's peak reset between them.
+    On CPU each arm lives in a child forked from this process (`os.fork`: the model's memory is shared, the arm's
+    own allocations are its peak, and no arm sees another's allocator state); the children take turns, so load
+    from elsewhere on the machine falls on every arm alike. On CUDA, where a fork cannot use the device, the arms
+    take turns in this process, with the allocator's peak reset before each step.
     """
     torch.set_num_threads(threads)
     model, tok = build(shape, device)
+    if device == "cuda" or not hasattr(os, "fork"):
+        runners = [Arm(arm, model, tok, shape, task, batch, device) for arm in arms]
+        for i in range(repeats + 1):
+            for runner in runners:
+                runner.step(i)
+        return [runner.result() for runner in runners]
+    children = []
     for arm in arms:
-        if device == "cuda" or not hasattr(os, "fork"):
-            yield run_arm(arm, model, tok, shape, task, batch, repeats, device)
-            continue
-        read, write = os.pipe()
+        to_child, from_parent = os.pipe()
+        to_parent, from_child = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
-            os.close(read)
+            os.close(from_parent)
+            os.close(to_parent)
             status = 1
             try:
-                with os.fdopen(write, "w") as out:
-                    json.dump(run_arm(arm, model, tok, shape, task, batch, repeats, device), out)
+                _arm_child(arm, model, tok, shape, task, batch, device, to_child, from_child)
                 status = 0
             finally:
                 os._exit(status)
-        os.close(write)
-        with os.fdopen(read) as inp:
-            text = inp.read()
-        _, status = os.waitpid(pid, 0)
-        if status != 0 or not text:
-            raise RuntimeError(f"arm {arm} ({shape}, {task}) failed in its child process (status {status}).")
-        yield json.loads(text)
+        os.close(to_child)
+        os.close(from_child)
+        children.append((arm, pid, os.fdopen(from_parent, "w"), os.fdopen(to_parent)))
+    try:
+        for i in range(repeats + 1):
+            for arm, pid, send, receive in children:
+                send.write(f"{i}\n")
+                send.flush()
+                if receive.readline().strip() != "ok":
+                    raise RuntimeError(f"arm {arm} ({shape}, {task}) failed at step {i} in its child process.")
+        results = []
+        for arm, pid, send, receive in children:
+            send.write("result\n")
+            send.flush()
+            results.append(json.loads(receive.readline()))
+    finally:
+        for arm, pid, send, receive in children:
+            send.close()
+            receive.close()
+            os.waitpid(pid, 0)
+    return results
 
 
 def main():
@@ -298,6 +343,7 @@ def main():
     parser.add_argument("--translation-batch", type=int, default=None, help="override the plan's batch size")
     parser.add_argument("--summarization-batch", type=int, default=None, help="override the plan's batch size")
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--_group", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -313,8 +359,8 @@ def main():
         plan = [(s, t, 8 if t == "translation" else 4, 5) for s in SHAPES for t in TASKS]
     override = {"translation": args.translation_batch, "summarization": args.summarization_batch}
     plan = [(shape, task, override[task] or batch, repeats) for shape, task, batch, repeats in plan
-            if task in args.tasks]
-    results = []
+            if task in args.tasks and shape in args.shapes]
+    results, started = [], time.perf_counter()
     for shape, task, batch, repeats in plan:
         # One process per (shape, task): imports and the model build are paid once, not per arm.
         cmd = [sys.executable, __file__, "--device", args.device, "--threads", str(args.threads), "--_group",
@@ -326,34 +372,44 @@ def main():
                 print(f"  {shape:12s} {task:13s} {arm:15s} {row['step_s']:.3f} s", file=sys.stderr, flush=True)
         if proc.returncode:
             raise SystemExit(f"speed.py: the {shape} {task} group failed (exit {proc.returncode}).")
+        write_results(args, results, time.perf_counter() - started)  # after every group: a long run keeps its part
     print_table(results)
+    print(f"\nwrote {args.output} ({time.perf_counter() - started:.0f} s)")
+
+
+def write_results(args, results: list[dict], seconds: float) -> None:
+    """Writes the results so far, with the settings that produced them, to `args.output`."""
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump({"device": args.device, "quick": args.quick, "tasks": TASKS, "torch": torch.__version__,
-                   "threads": args.threads, "results": results}, f, indent=1)
-    print(f"\nwrote {args.output}")
+                   "threads": args.threads, "wall_s": round(seconds, 1), "results": results}, f, indent=1)
+
+
+def ratios(row: dict, results: list[dict]) -> dict[str, float]:
+    """Returns an hf-seqrl arm's step time and decode time over the reference arm's with the same samples per
+    source (the reference decodes with `generate`), and its peak memory over the cross-entropy step's."""
+    nan = float("nan")
+    same = {r["arm"]: r for r in results if r["shape"] == row["shape"] and r["task"] == row["task"]}
+    ref = same.get(row["arm"].replace("seqrl", "reference"))
+    if not row["arm"].startswith("seqrl") or ref is None:
+        return {"step": nan, "decode": nan, "memory": nan}
+    xe_peak = same["xe"]["peak_mem_mib"] if "xe" in same else nan
+    return {"step": row["step_s"] / ref["step_s"],
+            "decode": row["parts_s"]["decode"] / ref["parts_s"]["decode"],
+            "memory": row["peak_mem_mib"] / max(xe_peak, 1e-9)}
 
 
 def print_table(results):
     header = (f"{'shape':12s} {'task':13s} {'arm':15s} {'step s':>8s} {'decode':>7s} {'reward':>7s} "
-              f"{'fwd/bwd':>7s} {'other':>7s} {'peak MiB':>9s} {'vs ref':>7s} {'vs XE mem':>9s} {'rel diff':>9s}")
+              f"{'fwd/bwd':>7s} {'other':>7s} {'peak MiB':>9s} {'vs ref':>7s} {'decode vs':>9s} {'mem vs XE':>9s}")
     print(header)
     print("-" * len(header))
     for row in results:
-        same = {r["arm"]: r for r in results if r["shape"] == row["shape"] and r["task"] == row["task"]}
-        ref = same.get(row["arm"].replace("seqrl", "reference"))
-        ratio = row["step_s"] / ref["step_s"] if ref and row["arm"].startswith("seqrl") else float("nan")
-        mem = row["peak_mem_mib"] / max(same["xe"]["peak_mem_mib"], 1e-9) if row["arm"] == "seqrl_loo4" else float(
-            "nan")
-        # Same seeds, same samples: the loss and the samples' total log-prob of every step must equal the
-        # reference implementation's (relative difference; float rounding differs with batch shapes).
-        diff = (max(abs(a - b) / max(abs(b), 1.0) for mine, theirs in zip(row["losses"], ref["losses"])
-                    for a, b in zip(mine, theirs))
-                if ref and row["arm"].startswith("seqrl") else float("nan"))
+        ratio = ratios(row, results)
         p = row["parts_s"]
         print(f"{row['shape']:12s} {row['task']:13s} {row['arm']:15s} {row['step_s']:8.3f} {p.get('decode', 0):7.3f} "
               f"{p.get('reward', 0):7.3f} {p.get('forward_backward', 0):7.3f} {p.get('other', 0):7.3f} "
-              f"{row['peak_mem_mib']:9.0f} {ratio:7.2f} {mem:9.2f} {diff:9.1e}")
+              f"{row['peak_mem_mib']:9.0f} {ratio['step']:7.2f} {ratio['decode']:9.2f} {ratio['memory']:9.2f}")
 
 
 if __name__ == "__main__":
