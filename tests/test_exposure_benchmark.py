@@ -6,6 +6,8 @@ import math
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(__file__)
 
 
@@ -17,6 +19,7 @@ def load(name):
     return module
 
 
+@pytest.mark.slow
 def test_exposure_quick_runs_every_remedy_from_one_checkpoint(tmp_path):
     exposure = load("exposure")
     out = tmp_path / "exposure.json"
