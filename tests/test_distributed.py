@@ -54,6 +54,17 @@ def launch(args: list[str], tmp_path: Path, timeout: int = 300) -> tuple[subproc
     return result, seconds
 
 
+def run_worker(tmp_path: Path, runs: tuple[str, ...], suite: str | None = None) -> tuple[dict, Path]:
+    """Returns (`{run}{rank}` -> what tests/distributed_worker.py dumped, the output folder) after launching it on 2
+    processes, with its default runs or a suite of `SUITES`."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), *([suite] if suite else [])], tmp_path)
+    print(f"{suite or 'default'} worker on 2 processes: {seconds:.1f} s")
+    return {f"{run}{rank}": torch.load(out / f"{run}_rank{rank}.pt", weights_only=False)
+            for run in runs for rank in (0, 1)}, out
+
+
 def single_process_test_metrics(out: Path) -> dict[str, float]:
     """Returns corpus BLEU/chrF of the saved model's greedy outputs on the same 12 test rows, in one process."""
     from transformers import AutoModelForSeq2SeqLM, ByT5Tokenizer
@@ -103,13 +114,8 @@ def test_translation_recipe_on_two_processes(tmp_path):
 
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("dist")
-    out = tmp_path / "out"
-    out.mkdir()
-    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO)], tmp_path)
-    print(f"worker on 2 processes: {seconds:.1f} s")
-    return {f"{phase}{rank}": torch.load(out / f"{phase}_rank{rank}.pt", weights_only=False)
-            for phase in ("one_step", "pipeline", "causal_one_step", "causal_pipeline") for rank in (0, 1)}
+    runs = ("one_step", "pipeline", "causal_one_step", "causal_pipeline")
+    return run_worker(tmp_path_factory.mktemp("dist"), runs)[0]
 
 
 @pytest.fixture(scope="module")
@@ -172,13 +178,7 @@ def test_logged_rl_metrics_are_averaged_over_ranks(worker_results, single_proces
 
 @pytest.fixture(scope="module")
 def reuse_and_mrt_results(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("dist_reuse_mrt")
-    out = tmp_path / "out"
-    out.mkdir()
-    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), "reuse_and_mrt"], tmp_path)
-    print(f"reuse and MRT worker on 2 processes: {seconds:.1f} s")
-    return {f"{run}{rank}": torch.load(out / f"{run}_rank{rank}.pt", weights_only=False)
-            for run in ("reuse", "mrt") for rank in (0, 1)}
+    return run_worker(tmp_path_factory.mktemp("dist_reuse_mrt"), ("reuse", "mrt"), "reuse_and_mrt")[0]
 
 
 def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_path):
@@ -210,13 +210,7 @@ def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_pat
 
 @pytest.fixture(scope="module")
 def mixer_and_pf_results(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("dist_mixer_pf")
-    out = tmp_path / "out"
-    out.mkdir()
-    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), "mixer_and_pf"], tmp_path)
-    print(f"MIXER and professor forcing worker on 2 processes: {seconds:.1f} s")
-    results = {f"{run}{rank}": torch.load(out / f"{run}_rank{rank}.pt", weights_only=False)
-               for run in ("mixer", "pf") for rank in (0, 1)}
+    results, out = run_worker(tmp_path_factory.mktemp("dist_mixer_pf"), ("mixer", "pf"), "mixer_and_pf")
     for rank in (0, 1):
         results[f"discriminator{rank}"] = torch.load(out / f"pf_discriminator_rank{rank}.pt")
     return results
@@ -249,18 +243,15 @@ def test_input_schedule_trainers_on_two_processes(tmp_path):
     logged; the deterministic rollout equals one process with the same global batch of 8."""
     import distributed_worker as worker
 
-    out = tmp_path / "out"
-    out.mkdir()
-    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), "input_schedules"], tmp_path)
-    print(f"input-schedule worker on 2 processes: {seconds:.1f} s")
+    results, _ = run_worker(tmp_path, ("noise_level", "kstep"), "input_schedules")
     for kind, metric in (("noise_level", "pc/replaced_fraction"), ("kstep", "ks/own_token_accuracy")):
-        rank0, rank1 = (torch.load(out / f"{kind}_rank{rank}.pt", weights_only=False) for rank in (0, 1))
+        rank0, rank1 = results[f"{kind}0"], results[f"{kind}1"]
         assert rank0["world_size"] == rank1["world_size"] == 2
         for name, value in rank0["params"].items():
             assert torch.equal(value, rank1["params"][name]), (kind, name)
         assert any(metric in h for h in rank0["log_history"]), kind
     single = worker.run_input_schedule_step(str(tmp_path / "single"), "kstep", per_device_train_batch_size=8)
-    distributed = torch.load(out / "kstep_rank0.pt", weights_only=False)["params"]
+    distributed = results["kstep0"]["params"]
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
