@@ -13,8 +13,11 @@ Protocol
 2. From C, four arms with the same budget of *decoder token positions* (generated plus teacher-forced,
    padding included, counted by a hook on the decoder; encoder work is not counted): (a) more cross-entropy,
    (b) scheduled sampling (linear ε from 1 to `ss_min_ratio` over the first half), (c) SCST with the greedy
-   baseline, 1 sample, (d) leave-one-out baseline with 4 samples. The RL arms mix in cross-entropy on the gold
-   target: loss = rl_weight * RL + (1 - rl_weight) * XE, as Edunov et al. (2018) and Paulus et al. (2017) do.
+   baseline, 1 sample, (d) leave-one-out baseline with 4 samples; with `--arms`, also (e) `scst_clip`: SCST whose
+   rollouts each serve `clip_iterations` clipped optimizer steps, (f) `mrt`: minimum risk training over
+   `mrt_samples` samples plus the greedy decode, and the input-schedule, MIXER and professor-forcing arms of
+   `benchmarks/exposure.py`. The sequence-level arms mix in cross-entropy on the gold target:
+   loss = rl_weight * RL + (1 - rl_weight) * XE, as Edunov et al. (2018) and Paulus et al. (2017) do.
    All arms share the learning rate, batch size and data order.
 3. Test corpus BLEU and chrF (translation) or mean best-reference ROUGE-1/2/L F1 (summarization, against
    every reference), greedy and beam 4, and the exposure-bias diagnostics of each arm (`run_diagnostics`).
@@ -43,11 +46,15 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "pf": "C + professor forcing", "mixer": "C + MIXER", "pc": "C + prefix corruption (σ 0.15)",
           "noise": "C + noise-level forcing (σ_t ~ U(0, 0.3))", "kstep2": "C + 2-step rollout",
           "kstep4": "C + 4-step rollout",
-          "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)"}
+          "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)",
+          "scst_clip": "C + SCST, clipped multi-update", "mrt": "C + minimum risk training"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
               "rl/pg_loss", "loss")
-RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4}}
+RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
+           "scst_clip": {"baseline": "greedy", "num_samples": 1}}
+# The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
+SEQUENCE_ARMS = (*RL_ARMS, "mrt")
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,10 @@ class Settings:
     center_advantages: bool = False  # RL arms: subtract the batch mean of the advantages
     rl_temperature: float = 1.0  # RL arms: sampling temperature of the rollouts (log-probabilities at the same one)
     ss_min_ratio: float = 0.75
+    clip_iterations: int = 2  # scst_clip: optimizer steps per rollout (the token ratio clipped to 1 ± clip_epsilon)
+    clip_epsilon: float = 0.2  # scst_clip
+    mrt_alpha: float = 0.005  # mrt: Q ∝ p(y|x)^alpha over each source's candidates (summed log-probs)
+    mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them
     eval_batch: int = 64
     beams: tuple[int, ...] = (1, 4)
     diag_examples: int = 200
@@ -495,13 +506,29 @@ def _rl_arm(arm: str):
         from hf_seqrl.trainers.scst import SCSTTrainer
 
         settings = ctx.settings
+        clipped = {"num_iterations": settings.clip_iterations, "epsilon": settings.clip_epsilon} \
+            if arm == "scst_clip" else {}
         args = ctx.args(SeqRLConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
                         max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
-                        temperature=settings.rl_temperature, **RL_ARMS[arm])
+                        temperature=settings.rl_temperature, **RL_ARMS[arm], **clipped)
         return SCSTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
                            processing_class=ctx.tokenizer)
 
     return build
+
+
+def _mrt_arm(ctx: "ArmContext"):
+    from hf_seqrl.configs import MRTConfig
+    from hf_seqrl.trainers.mrt import MRTTrainer
+
+    # The candidates of a source: `mrt_samples` samples and the greedy decode; no baseline, so center_advantages
+    # does not apply. The risk is mixed with cross-entropy as the policy-gradient arms are.
+    settings = ctx.settings
+    args = ctx.args(MRTConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
+                    max_new_tokens=settings.max_new_tokens, temperature=settings.rl_temperature,
+                    num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha, mrt_include_greedy=True)
+    return MRTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
+                      processing_class=ctx.tokenizer)
 
 
 def _mixer_arm(ctx: "ArmContext"):
@@ -560,7 +587,8 @@ class ArmContext:
 
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
 ARM_TRAINERS = {
-    "xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"), "pf": _pf_arm, "mixer": _mixer_arm,
+    "xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"),
+    "scst_clip": _rl_arm("scst_clip"), "mrt": _mrt_arm, "pf": _pf_arm, "mixer": _mixer_arm,
     "pc": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.15),
     "noise": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.3,
                                  per_token_levels=True),
@@ -597,10 +625,11 @@ def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_
               "train_seconds": round(train_seconds), "train_seconds_exact": round(train_seconds, 3),
               "first_logged_reward": curve[0]["rl/reward"] if curve else None,
               "last_logged_reward": curve[-1]["rl/reward"] if curve else None, "curve": curve}
-    if arm in RL_ARMS:  # what the trainer sampled with, as it read it
+    if arm in SEQUENCE_ARMS:  # what the trainer sampled with, as it read it
         record["sampling"] = {"temperature": trainer.args.temperature, "num_samples": trainer.args.num_samples,
                               "baseline": trainer.args.baseline,
-                              "center_advantages": trainer.args.center_advantages}
+                              "center_advantages": trainer.args.center_advantages,
+                              "num_iterations": trainer.args.num_iterations}
     return model, record
 
 
@@ -643,7 +672,7 @@ def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
                                     if all(r["diagnostics"].get(key) is not None for r in mine)}
     target = {}
     metric = settings.metrics[0]
-    rl = [arm for arm in ("scst", "loo4") if arm in arms]
+    rl = [arm for arm in SEQUENCE_ARMS if arm in arms]
     if "xe" in arms and rl:
         for decoding in decodings[1:]:
             best = max(rl, key=lambda a: arms[a][decoding][metric]["mean"])
@@ -716,15 +745,17 @@ def _cached(path: str, compute):
 
 
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
-ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "center_advantages", "rl_temperature"), tuple(RL_ARMS)),
-            "ss_min_ratio": ("ss",)}
+ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), SEQUENCE_ARMS),
+            "center_advantages": tuple(RL_ARMS), "ss_min_ratio": ("ss",),
+            **dict.fromkeys(("clip_iterations", "clip_epsilon"), ("scst_clip",)),
+            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",))}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:
     """Returns the run-name suffix of `arm` under `overrides` (only the fields that arm reads; all with None).
     The RL arms read `arm_lr` only while `rl_lr` is 0."""
     changed = {k: v for k, v in overrides.items() if arm is None or arm in ARM_ONLY.get(k, (arm,))}
-    if arm in RL_ARMS and overrides.get("rl_lr"):
+    if arm in SEQUENCE_ARMS and overrides.get("rl_lr"):
         changed.pop("arm_lr", None)
     return "".join(f"_{key}{value}" for key, value in sorted(changed.items())).replace(",", "-")
 
