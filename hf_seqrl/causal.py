@@ -17,6 +17,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from . import losses
 from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
+from .sampling import draw_uniforms, sample_tokens
 
 
 # Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
@@ -36,20 +37,6 @@ class CausalRollout(Rollout):
 
     prompt_ids: torch.Tensor | None = None
     prompt_mask: torch.Tensor | None = None
-
-
-def sampling_warpers(generation_config: GenerationConfig):
-    """Returns the temperature / top-k / top-p warpers that `generate` would add for `generation_config`."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    warpers = LogitsProcessorList()
-    if generation_config.temperature is not None and generation_config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(generation_config.temperature))
-    if generation_config.top_k is not None and generation_config.top_k != 0:
-        warpers.append(TopKLogitsWarper(top_k=generation_config.top_k, min_tokens_to_keep=1))
-    if generation_config.top_p is not None and generation_config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p=generation_config.top_p, min_tokens_to_keep=1))
-    return warpers
 
 
 def _first_completion_position(labels: torch.Tensor) -> torch.Tensor:
@@ -154,21 +141,22 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, repeats
     return cache, logits, mask
 
 
-def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, warpers) -> torch.Tensor:
+def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, generation_config: GenerationConfig,
+                  uniforms: torch.Tensor | None) -> torch.Tensor:
     """Returns the next token of each row: a draw from the warped distribution where `sampled`, the argmax elsewhere.
 
-    The draw is one `torch.multinomial` over the sampled rows' probabilities, as `generate(do_sample=True)` makes it
-    from the global RNG, so a seeded decode samples the tokens `generate` would.
+    The draw is `sampling.sample_tokens`: the distribution `generate(do_sample=True)` samples from (temperature,
+    top-k, top-p of `generation_config`), by inverse CDF from one uniform per sampled row.
 
     Args:
         logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
-        warpers (`LogitsProcessorList`): temperature / top-k / top-p (`sampling_warpers`).
+        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): this step's uniform of each sampled row, in order.
     """
     scores = logits.float()
     chosen = scores.argmax(dim=-1)
     if sampled.any():
-        probs = torch.nn.functional.softmax(warpers(None, scores[sampled]), dim=-1)
-        chosen[sampled] = torch.multinomial(probs, num_samples=1).squeeze(1)
+        chosen[sampled] = sample_tokens(scores[sampled], uniforms, generation_config.temperature or 1.0,
+                                        generation_config.top_k or 0, generation_config.top_p or 1.0)
     return chosen
 
 
@@ -180,25 +168,28 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
     others sample from `generation_config`'s temperature / top-k / top-p; decoding stops when every row has written
     an EOS or `max_new_tokens` tokens. It does what `generate` does for these rows without its per-step machinery
-    (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models.
+    (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models. The
+    uniforms of the draws are one `torch.rand((max_new_tokens, sampled rows))` call on the global RNG per decode
+    (`sampling.draw_uniforms`), as the seq2seq rollouts draw them.
     """
     pad, eos = pad_id(model), torch.tensor(eos_ids(model), device=prompt_ids.device)
-    warpers = sampling_warpers(generation_config)
     cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, repeats)
-    rows = logits.shape[0]
+    rows, steps = logits.shape[0], generation_config.max_new_tokens
     sampled = torch.ones(rows, dtype=torch.bool, device=logits.device)
     if greedy_first:
         sampled = torch.arange(rows, device=logits.device) % repeats != 0
     if not generation_config.do_sample:
         sampled = torch.zeros_like(sampled)
+    uniforms = draw_uniforms(steps, int(sampled.sum()), logits.device) if sampled.any() else None
     positions = position_ids(mask)[:, -1:]
     finished = torch.zeros(rows, dtype=torch.bool, device=logits.device)
     tokens = []
-    for step in range(generation_config.max_new_tokens):
-        chosen = choose_tokens(logits, sampled, warpers).masked_fill(finished, pad)
+    for step in range(steps):
+        chosen = choose_tokens(logits, sampled, generation_config, None if uniforms is None else uniforms[step])
+        chosen = chosen.masked_fill(finished, pad)
         tokens.append(chosen)
         finished = finished | torch.isin(chosen, eos)
-        if bool(finished.all()) or step + 1 == generation_config.max_new_tokens:
+        if bool(finished.all()) or step + 1 == steps:
             break
         mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
         positions = positions + 1
@@ -211,8 +202,8 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
 
 @torch.no_grad()
 def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
-                  generation_config: GenerationConfig, num_samples: int = 1,
-                  with_greedy: bool = False) -> CausalRollout:
+                  generation_config: GenerationConfig, num_samples: int = 1, with_greedy: bool = False,
+                  prefix_ids: torch.Tensor | None = None) -> CausalRollout:
     """Returns `num_samples` sampled completions per prompt and, if `with_greedy`, the greedy completion.
 
     One decode in eval mode (`decode_causal`) over every prompt's group of rows: the argmax on each source's greedy
@@ -221,17 +212,28 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     Args:
         model: an unwrapped `PreTrainedModel` for causal LM.
         input_ids, attention_mask, labels (`(B, L)`): the batch, as `split_prompts` reads it.
-        generation_config: from `causal_generation_config`.
+        generation_config: from `causal_generation_config`; `max_new_tokens` counts the tokens after any prefix.
+        prefix_ids (`torch.LongTensor` of shape `(B, K)`, *optional*): completion tokens every row of a prompt
+            starts with (MIXER's gold prefix): they are read after the prompt, and the returned completions hold
+            them followed by the decoded continuation.
     """
     pad = pad_id(model)
     prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
+    context_ids, context_mask = prompt_ids, prompt_mask
+    if prefix_ids is not None and prefix_ids.shape[1]:
+        context_ids = torch.cat([prompt_ids, prefix_ids], dim=1)
+        context_mask = torch.cat([prompt_mask, torch.ones_like(prefix_ids, dtype=torch.bool)], dim=1)
     group = num_samples + int(with_greedy)
     was_training = model.training
     model.eval()
     try:
-        ids, mask = decode_causal(model, prompt_ids, prompt_mask, generation_config, group, greedy_first=with_greedy)
+        ids, mask = decode_causal(model, context_ids, context_mask, generation_config, group, greedy_first=with_greedy)
     finally:
         model.train(was_training)
+    if context_ids is not prompt_ids:
+        ids = torch.cat([prefix_ids.repeat_interleave(group, dim=0), ids], dim=1)
+        mask = completion_mask(ids, eos_ids(model))
+        ids = ids.masked_fill(~mask, pad)
     grouped_ids, grouped_mask = ids.view(-1, group, ids.shape[1]), mask.view(-1, group, ids.shape[1])
     first = int(with_greedy)
     return CausalRollout(

@@ -17,7 +17,8 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from . import causal
 from .rollout import (Rollout, ScoredRollout, decoder_start_id, expand_encoder_states, pad_id,
-                      rollout_generation_config, sample_rollout, score_rollout, shift_right, strip_decoded)
+                      rollout_generation_config, sample_from_prefix, sample_rollout, score_rollout, shift_right,
+                      strip_decoded)
 
 SUPPORTED = ("encoder-decoder models (AutoModelForSeq2SeqLM: T5, BART, Marian, mBART, Pegasus, or an "
              "EncoderDecoderModel)", "decoder-only models (AutoModelForCausalLM: Llama, Qwen2, Mistral, GPT-2, ...)")
@@ -64,6 +65,19 @@ class ModelFamily:
 
     def rotate(self, encoded, shifts: int = -1):
         """Returns `encoded` with its sources rolled by `shifts` rows (each target then reads another source)."""
+        raise NotImplementedError
+
+    def select(self, encoded, index: torch.Tensor | None):
+        """Returns `encoded` with its rows gathered by `index` `(N,)` (row i reads source `index[i]`; gradients flow
+        back to the gathered rows); `None` returns it unchanged."""
+        raise NotImplementedError
+
+    def detach(self, encoded):
+        """Returns `encoded` cut from the graph (what no-grad passes over the same sources read)."""
+        raise NotImplementedError
+
+    def target_labels(self, batch: dict) -> torch.Tensor:
+        """Returns the gold targets of a batch in target coordinates, `(B, T)`, -100 after each row's last token."""
         raise NotImplementedError
 
     def target_forward(self, model, encoded, targets, repeats: int = 1, output_hidden_states: bool = False):
@@ -132,6 +146,10 @@ class Seq2SeqFamily(ModelFamily):
         return sample_rollout(model, batch["input_ids"], batch.get("attention_mask"), generation_config, num_samples,
                               with_greedy=with_greedy)
 
+    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
+        return sample_from_prefix(model, batch["input_ids"], batch.get("attention_mask"), prefix, generation_config,
+                                  num_samples, with_greedy=with_greedy)
+
     def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
         inner = _unwrap(model)
         return score_rollout(model, batch["input_ids"], batch.get("attention_mask"), sample_ids, num_samples,
@@ -159,6 +177,20 @@ class Seq2SeqFamily(ModelFamily):
         mask = encoded["attention_mask"]
         return {"encoder_outputs": BaseModelOutput(last_hidden_state=states),
                 "attention_mask": None if mask is None else mask.roll(shifts, dims=0)}
+
+    def select(self, encoded, index):
+        if index is None:
+            return encoded
+        states, mask = encoded["encoder_outputs"].last_hidden_state, encoded["attention_mask"]
+        return {"encoder_outputs": BaseModelOutput(last_hidden_state=states[index]),
+                "attention_mask": None if mask is None else mask[index]}
+
+    def detach(self, encoded):
+        states = encoded["encoder_outputs"].last_hidden_state.detach()
+        return {"encoder_outputs": BaseModelOutput(last_hidden_state=states), "attention_mask": encoded["attention_mask"]}
+
+    def target_labels(self, batch):
+        return batch["labels"]
 
     def target_forward(self, model, encoded, targets, repeats=1, output_hidden_states=False):
         inner = _unwrap(model)
@@ -222,6 +254,10 @@ class CausalFamily(ModelFamily):
     def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False):
         return causal.sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                                     generation_config, num_samples, with_greedy)
+
+    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
+        return causal.sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                                    generation_config, num_samples, with_greedy, prefix_ids=prefix)
 
     def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
         return causal.score_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
@@ -288,6 +324,15 @@ class CausalFamily(ModelFamily):
 
     def rotate(self, encoded, shifts=-1):
         return {key: value.roll(shifts, dims=0) for key, value in encoded.items()}
+
+    def select(self, encoded, index):
+        return encoded if index is None else {key: value[index] for key, value in encoded.items()}
+
+    def detach(self, encoded):
+        return encoded  # token ids: nothing to cut
+
+    def target_labels(self, batch):
+        return causal.completion_labels(batch["labels"])
 
     def target_forward(self, model, encoded, targets, repeats=1, output_hidden_states=False):
         return causal.completion_forward(model, encoded["prompt_ids"], encoded["prompt_mask"],

@@ -10,11 +10,15 @@ import pytest
 import torch
 
 from conftest import byt5_tokenizer, prompt_completion_dataset, tiny_causal_model
-from hf_seqrl import ProfessorForcingTrainer, ReinforceTrainer, SCSTTrainer, ScheduledSamplingTrainer, SeqRLConfig
+from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
+                      PrefixCorruptionConfig,
+                      PrefixCorruptionTrainer, ProfessorForcingTrainer, ReinforceTrainer, SCSTTrainer,
+                      ScheduledSamplingTrainer, SeqRLConfig)
 from hf_seqrl.causal import causal_generation_config, completion_labels, sample_causal, split_prompts
 from hf_seqrl.configs import ProfessorForcingConfig, ScheduledSamplingConfig
 from hf_seqrl.families import CausalFamily, Seq2SeqFamily, family_for
 from hf_seqrl.rewards import get_reward
+from hf_seqrl.trainers.mixer import prefix_lengths
 
 
 def config(tmp_path, **kwargs):
@@ -91,21 +95,56 @@ def test_rollout_masks_and_logprobs_equal_per_sample_recomputation(tokenizer, mo
 
 
 @pytest.mark.parametrize("settings", [dict(), dict(temperature=0.7, top_k=5, top_p=0.9)])
-def test_decode_loop_samples_what_generate_samples(tokenizer, settings):
+def test_decode_loop_draws_each_token_from_one_uniform(tokenizer, settings):
+    """Every sampled token is `sample_tokens` of the logits of its own prefix at that step's uniform (one
+    `torch.rand((steps, rows))` per decode); greedy rows are the argmax."""
     from hf_seqrl.causal import decode_causal
+    from hf_seqrl.sampling import draw_uniforms, sample_tokens
 
     model = tiny_causal_model("qwen2", seed=2).eval()
     batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=3, seed=6, lengths=(1, 6)))
     prompt_ids, prompt_mask = split_prompts(batch["input_ids"], batch["attention_mask"], batch["labels"], pad=0)
     config = causal_generation_config(model, 7, **settings)
     torch.manual_seed(11)
-    ids, mask = decode_causal(model, prompt_ids, prompt_mask, config, repeats=2)
+    ids, mask = decode_causal(model, prompt_ids, prompt_mask, config, repeats=3, greedy_first=True)
     torch.manual_seed(11)
+    uniforms = draw_uniforms(7, 3 * 2, "cpu")  # the sampled rows: 2 of every group of 3
     with torch.no_grad():
-        expected = model.generate(input_ids=prompt_ids.repeat_interleave(2, 0),
-                                  attention_mask=prompt_mask.long().repeat_interleave(2, 0), generation_config=config)
-    expected = expected[:, prompt_ids.shape[1]:]
-    assert ids.tolist() == torch.nn.functional.pad(expected, (0, ids.shape[1] - expected.shape[1])).tolist()
+        for row in range(ids.shape[0]):
+            prompt = prompt_ids[row // 3][prompt_mask[row // 3]]
+            context = prompt.tolist()
+            sample_row = row // 3 * 2 + row % 3 - 1
+            for step in range(int(mask[row].sum())):
+                logits = model(torch.tensor([context])).logits[:, -1].float()
+                if row % 3 == 0:
+                    expected = int(logits.argmax())
+                else:
+                    expected = int(sample_tokens(logits, uniforms[step, sample_row: sample_row + 1],
+                                                 config.temperature, config.top_k, config.top_p))
+                assert int(ids[row, step]) == expected, (row, step)
+                context.append(expected)
+    # the RNG moves on: the next decode draws other tokens
+    again, _ = decode_causal(model, prompt_ids, prompt_mask, config, repeats=3, greedy_first=True)
+    assert not torch.equal(again, ids)
+
+
+def test_decode_loop_samples_the_warped_distribution(tokenizer):
+    """Chi-square over 20000 first tokens of one prompt against softmax(warped logits)."""
+    from hf_seqrl.causal import decode_causal
+    from hf_seqrl.sampling import warp_logits
+    from test_sampling import chi_square_p_value
+
+    model = tiny_causal_model("llama", seed=3).eval()
+    prompt = torch.tensor([tokenizer("abc=", add_special_tokens=False)["input_ids"]])
+    config = causal_generation_config(model, 1, temperature=0.5, top_k=6)
+    torch.manual_seed(0)
+    ids, _ = decode_causal(model, prompt, torch.ones_like(prompt, dtype=torch.bool), config, repeats=20000)
+    with torch.no_grad():
+        logits = model(prompt).logits[:, -1].float()
+    probs = torch.softmax(warp_logits(logits, 0.5, 6), dim=-1)[0].double()
+    counts = torch.bincount(ids[:, 0], minlength=probs.shape[0]).double()
+    assert counts[probs == 0].sum() == 0
+    assert chi_square_p_value(counts, probs) > 1e-3
 
 
 def test_prompt_tokens_never_enter_the_loss(tmp_path, tokenizer):
@@ -188,12 +227,131 @@ def test_references_only_prompts_train_and_extra_columns_reach_the_rewards(tmp_p
     assert seen and all(hint == len(reference) + 1 for hint, reference in seen)
 
 
-def test_input_schedule_trainers_name_what_they_support(tmp_path, tokenizer):
-    # Scheduled sampling and the other input-schedule trainers build decoder inputs of encoder-decoder models.
-    args = ScheduledSamplingConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
-    with pytest.raises(ValueError, match="ScheduledSamplingTrainer supports encoder-decoder.*only"):
-        ScheduledSamplingTrainer(model=tiny_causal_model(), args=args, processing_class=tokenizer,
-                                 train_dataset=prompt_completion_dataset(tokenizer, n=4))
+CAUSAL_TRAINERS = {  # name: (trainer, config, fields)
+    "scheduled_sampling": (ScheduledSamplingTrainer, ScheduledSamplingConfig,
+                           dict(schedule="linear", schedule_k=1.0, min_teacher_forcing_ratio=0.3)),
+    "prefix_corruption": (PrefixCorruptionTrainer, PrefixCorruptionConfig, dict(corruption_rate=0.5)),
+    "noise_level_model": (PrefixCorruptionTrainer, PrefixCorruptionConfig,
+                          dict(corruption_rate=0.8, per_token_levels=True, replacement="model")),
+    "kstep_exact": (KStepRolloutTrainer, KStepRolloutConfig, dict(rollout_steps=3)),
+    "kstep_shared_row": (KStepRolloutTrainer, KStepRolloutConfig, dict(rollout_steps=2, rollout_context="shared_row")),
+    "mrt": (MRTTrainer, MRTConfig, dict(num_samples=2, mrt_include_greedy=True, mrt_include_reference=True,
+                                         rl_weight=0.7, max_new_tokens=8, mrt_alpha=0.5)),
+    "mixer": (MixerTrainer, MixerConfig, dict(mixer_delta=2, mixer_increment_steps=1, num_samples=2, baseline="greedy",
+                                               rl_weight=0.7, max_new_tokens=8)),
+}
+LOGGED = {"scheduled_sampling": "ss/teacher_forcing_ratio", "prefix_corruption": "pc/replaced_fraction",
+          "noise_level_model": "pc/replaced_fraction", "kstep_exact": "ks/own_token_accuracy",
+          "kstep_shared_row": "ks/own_token_accuracy", "mrt": "mrt/risk", "mixer": "mixer/prefix_fraction"}
+
+
+def causal_args(tmp_path, config_class, **fields):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3,
+                logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=0,
+                dataloader_pin_memory=False, use_cpu=True)
+    return config_class(**base, **fields)
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL_TRAINERS))
+def test_every_trainer_trains_causal_models(tmp_path, tokenizer, name):
+    trainer_class, config_class, fields = CAUSAL_TRAINERS[name]
+    model = tiny_causal_model("qwen2" if name == "mrt" else "llama", seed=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    kwargs = {"reward_funcs": "chrf"} if name in ("mrt", "mixer") else {}
+    trainer = trainer_class(model=model, args=causal_args(tmp_path, config_class, **fields),
+                            train_dataset=prompt_completion_dataset(tokenizer, n=8), processing_class=tokenizer, **kwargs)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(math.isfinite(h["loss"]) and math.isfinite(h[LOGGED[name]]) for h in logs)
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    if name == "scheduled_sampling":  # ε falls from 1 to its floor: the second step feeds own tokens
+        assert [h["ss/teacher_forcing_ratio"] for h in logs] == pytest.approx([1.0, 0.3])
+        assert logs[1]["ss/replaced_fraction"] > 0
+    if name == "mrt":  # 2 samples, the greedy decode and the reference
+        assert all(1.0 <= h["mrt/distinct_candidates"] <= 4.0 for h in logs)
+    if name == "mixer":  # Δ = 2, then 4 tokens sampled: a smaller teacher-forced share
+        assert [h["mixer/delta"] for h in logs] == [2.0, 4.0]
+        assert logs[0]["mixer/prefix_fraction"] > logs[1]["mixer/prefix_fraction"]
+
+
+def test_mixer_continues_each_causal_completion_from_its_gold_prefix(tmp_path, tokenizer):
+    model = tiny_causal_model("llama", seed=6)
+    trainer = MixerTrainer(model=model, args=causal_args(tmp_path, MixerConfig, mixer_delta=2, num_samples=3,
+                                                         baseline="greedy", max_new_tokens=8),
+                           reward_funcs="chrf", processing_class=tokenizer)
+    batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=4, seed=8, lengths=(2, 6)))
+    labels = trainer.family.target_labels(batch)
+    prefixes = prefix_lengths(labels, 2)
+    rollout = trainer.sample_continuations(model, batch, labels, prefixes)
+    for row in range(rollout.sample_ids.shape[0]):
+        source, length = row // 3, int(prefixes[row // 3])
+        assert rollout.sample_ids[row, :length].tolist() == labels[source, :length].tolist()
+        assert rollout.sample_mask[row, : length + 1].all()
+    for source in range(4):  # the greedy continuation is greedy decoding of prompt + gold prefix
+        length = int(prefixes[source])
+        prompt = batch["input_ids"][source][(batch["labels"][source] == -100) & batch["attention_mask"][source].bool()]
+        context = torch.cat([prompt, labels[source, :length]])[None]
+        greedy = model.generate(context, do_sample=False, max_new_tokens=8 - length)[0, context.shape[1]:]
+        mask = rollout.greedy_mask[source]
+        expected = labels[source, :length].tolist() + greedy.tolist()
+        assert rollout.greedy_ids[source][mask].tolist() == expected[: int(mask.sum())]
+
+
+@pytest.mark.parametrize("trainer_class,config_class,fields", [
+    (PrefixCorruptionTrainer, PrefixCorruptionConfig, dict(corruption_rate=0.0)),
+    (KStepRolloutTrainer, KStepRolloutConfig, dict(rollout_steps=1)),
+    (ScheduledSamplingTrainer, ScheduledSamplingConfig, dict(schedule="constant", min_teacher_forcing_ratio=1.0)),
+])
+def test_zero_rate_and_one_step_rollout_are_causal_teacher_forcing(tmp_path, tokenizer, trainer_class, config_class,
+                                                                  fields):
+    """σ = 0, k = 1 and ε = 1 give the loss and gradient of the causal LM's own loss on the completion tokens."""
+    data = prompt_completion_dataset(tokenizer, n=4, seed=3, lengths=(1, 6))
+    batch = collate(tokenizer, data)
+    model = tiny_causal_model("llama", seed=4)
+    model.train()
+    expected = model(**batch).loss  # labels -100 on the prompt: the completion tokens' mean cross-entropy
+    expected.backward()
+    expected_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    trainer = trainer_class(model=model, args=causal_args(tmp_path, config_class, **fields), train_dataset=data,
+                            processing_class=tokenizer)
+    loss = trainer.compute_loss(model, dict(batch))
+    loss.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(model.get_parameter(name).grad, grad, atol=1e-6, rtol=1e-4)
+
+
+def test_causal_kstep_rows_equal_a_step_by_step_decode_from_each_anchor(tmp_path, tokenizer):
+    from hf_seqrl.trainers.input_schedules import EncodedBatch
+
+    model, k = tiny_causal_model("llama", seed=5).eval(), 3
+    trainer = KStepRolloutTrainer(model=model, args=causal_args(tmp_path, KStepRolloutConfig, rollout_steps=k),
+                                  processing_class=tokenizer)
+    data = prompt_completion_dataset(tokenizer, n=3, seed=7, lengths=(3, 7))
+    batch = collate(tokenizer, data)
+    family = trainer.family
+    labels = family.target_labels(batch)
+    gold = torch.nn.functional.pad(labels[:, :-1].clamp(min=0), (1, 0))  # position 0: the prompt's own last token
+    rows = trainer.decoder_rows(EncodedBatch(family, model, family.encode(model, batch)), gold, labels)
+    lengths = (labels != -100).sum(dim=1)
+    n_sources = labels.shape[0]
+    anchors = [(b, a) for b in range(n_sources) for a in range(0, labels.shape[1], k) if a + 1 < lengths[b]]
+    assert list(zip(rows.source_index[n_sources:].tolist(),
+                    [int(l.ne(-100).nonzero()[0]) - 1 for l in rows.labels[n_sources:]])) == anchors
+    for row, (b, a) in enumerate(anchors, start=n_sources):
+        prompt = batch["input_ids"][b][(batch["labels"][b] == -100) & batch["attention_mask"][b].bool()]
+        context = labels[b, :a].tolist()  # the gold completion prefix, then the model's own greedy tokens
+        with torch.no_grad():
+            for _ in range(k - 1):
+                if len(context) + 1 >= int(lengths[b]):
+                    break
+                logits = model(input_ids=torch.cat([prompt, torch.tensor(context, dtype=torch.long)])[None]).logits
+                context.append(int(logits[0, -1].argmax()))
+        # the row feeds exactly that context (position t + 1 holds the token at completion position t)
+        assert rows.input_ids[row, 1: len(context) + 1].tolist() == context, (b, a)
+        trained = (rows.labels[row] != -100).nonzero().flatten().tolist()
+        assert trained == list(range(a + 1, min(a + k, int(lengths[b]))))
 
 
 def test_professor_forcing_names_what_it_supports(tmp_path, tokenizer):

@@ -61,7 +61,8 @@ def rollout_rows_of(trainer, model, input_ids, attention_mask, labels):
     gold = shift_right(labels, model.config.decoder_start_token_id, model.config.pad_token_id)
     with torch.no_grad():
         states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return gold, trainer.decoder_rows(EncodedBatch(model, states, attention_mask), gold, labels)
+    encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=states), "attention_mask": attention_mask}
+    return gold, trainer.decoder_rows(EncodedBatch(trainer.family, model, encoded), gold, labels)
 
 
 @torch.no_grad()

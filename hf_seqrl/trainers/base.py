@@ -142,6 +142,13 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self.loss_is_scaled_for_ga = False
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
 
+    def _xe_from_logits(self, logits, labels):
+        """Returns the Trainer's cross-entropy (label smoothing included) of `logits` `(N, T, V)` aligned with
+        `labels` `(N, T)`: the mean over the positions that are not -100."""
+        if self.label_smoother is not None:
+            return self.label_smoother({"logits": logits}, labels)
+        return losses.cross_entropy(logits, labels)
+
     def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         """Returns the loss of a training step after the warm-up (implemented by subclasses)."""
         raise NotImplementedError
@@ -483,11 +490,6 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             self.baseline_ema = losses.moving_average(self.baseline_ema, batch_mean, self.args.baseline_ema_decay)
             return torch.full_like(sample_rewards, current), bad
         return torch.zeros_like(sample_rewards), bad
-
-    def _xe_from_logits(self, logits, labels):
-        if self.label_smoother is not None:
-            return self.label_smoother({"logits": logits}, labels)
-        return losses.cross_entropy(logits, labels)
 
     def _kl(self, inputs, token_ids, group: int, logits, token_mask):
         """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`."""

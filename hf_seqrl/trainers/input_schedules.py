@@ -18,29 +18,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers.modeling_outputs import BaseModelOutput
-
 from .. import decoder_inputs as di
 from ..configs import KStepRolloutConfig, PrefixCorruptionConfig
-from ..rollout import decoder_start_id, eos_ids, pad_id, shift_right
+from ..rollout import eos_ids, pad_id, shift_right
 from ..schedules import corruption_rate
 from .base import SeqRLBaseTrainer
 
 
+def target_context(decoder_inputs: torch.Tensor) -> torch.Tensor:
+    """Returns the target-coordinate rows a family's `target_forward` reads for decoder rows `(N, T)`: the input at
+    position t + 1 is the context token at t (the start token at position 0 is the family's own). The last
+    column is a filler that no trained position reads."""
+    return torch.cat([decoder_inputs[:, 1:], decoder_inputs[:, -1:]], dim=1)
+
+
 @dataclass
 class EncodedBatch:
-    """A batch after its encoder pass: what the no-grad decoder passes read.
+    """A batch after its source pass: what the no-grad passes read.
 
     Attributes:
-        model: the unwrapped encoder-decoder model.
-        encoder_states (`torch.Tensor` of shape `(B, S, H)`): detached: the model's tokens are discrete, so no
-            gradient could flow back through them anyway.
-        attention_mask (`torch.LongTensor` of shape `(B, S)` or None): the sources' mask.
+        family (`ModelFamily`): the model's family (`hf_seqrl.families`).
+        model: the unwrapped model.
+        encoded: the family's `encode` output, detached (seq2seq: the encoder states; causal: the prompts). The
+            model's tokens are discrete, so no gradient could flow back through them anyway.
     """
 
+    family: object
     model: torch.nn.Module
-    encoder_states: torch.Tensor
-    attention_mask: torch.Tensor | None
+    encoded: dict
 
     @torch.no_grad()
     def predict(self, decoder_input_ids: torch.Tensor, sampling: str,
@@ -50,17 +55,14 @@ class EncodedBatch:
         The pass runs in the model's current mode (in training, with dropout, like the gradient pass).
 
         Args:
-            decoder_input_ids (`torch.LongTensor` of shape `(N, T)`): decoder rows.
+            decoder_input_ids (`torch.LongTensor` of shape `(N, T)`): decoder rows (target coordinates: position 0
+                holds the start token, position t the token fed in place of target t − 1).
             sampling (`str`): `"argmax"` or `"sample"` (from the softmax of the logits).
             source_index (`torch.LongTensor` of shape `(N,)`, *optional*): the source of each row; `None` when the
                 rows are the `B` sources in order.
         """
-        states, mask = self.encoder_states, self.attention_mask
-        if source_index is not None:
-            states = states[source_index]
-            mask = None if mask is None else mask[source_index]
-        logits = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=mask,
-                            decoder_input_ids=decoder_input_ids, use_cache=False).logits
+        encoded = self.family.select(self.encoded, source_index)
+        logits = self.family.target_forward(self.model, encoded, target_context(decoder_input_ids)).logits
         if sampling == "sample":
             return torch.distributions.Categorical(logits=logits.float()).sample()
         return logits.argmax(dim=-1)
@@ -94,6 +96,8 @@ def replaced_fraction(replaced: torch.Tensor, labels: torch.Tensor) -> float:
 class InputScheduleTrainer(SeqRLBaseTrainer):
     """Cross-entropy on the gold targets of decoder rows built by `decoder_rows` (implemented by subclasses)."""
 
+    model_families = ("seq2seq", "causal")
+
     def schedule_position(self) -> float:
         """Returns the time of the schedules: optimizer steps after the warm-up, or completed epochs."""
         if getattr(self.args, "schedule_unit", "step") == "epoch":
@@ -111,29 +115,29 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
         raise NotImplementedError
 
     def sequence_loss(self, model, inputs, text, num_items_in_batch):
-        labels = inputs["labels"]
+        if inputs.get("labels") is None:
+            raise ValueError(
+                f"{type(self).__name__} trains on the gold targets: the dataset needs tokenized 'labels' "
+                "(hf_seqrl.data.tokenize_pairs, or tokenize_prompt_completion for a decoder-only model).")
+        self.loss_is_scaled_for_ga = False  # a per-batch mean: the Trainer divides it by the accumulation steps
         unwrapped = self.accelerator.unwrap_model(model)
-        gold_inputs = shift_right(labels, decoder_start_id(unwrapped), pad_id(unwrapped))
-        encoder_states = unwrapped.get_encoder()(
-            input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), return_dict=True
-        ).last_hidden_state
-        batch = EncodedBatch(unwrapped, encoder_states.detach(), inputs.get("attention_mask"))
-        rows = self.decoder_rows(batch, gold_inputs, labels)
-        loss = self.gold_target_loss(model, inputs, encoder_states, rows)
+        labels = self.family.target_labels(inputs)
+        # Position 0 holds the family's start (the decoder start token, or the prompt's last token); it is never
+        # replaced, and the passes read it from the model or the prompt, so pad stands in for it here.
+        gold_inputs = shift_right(labels, pad_id(unwrapped), pad_id(unwrapped))
+        encoded = self.family.encode(unwrapped, inputs)  # with grad: every row's loss reaches its source
+        rows = self.decoder_rows(EncodedBatch(self.family, unwrapped, self.family.detach(encoded)), gold_inputs,
+                                 labels)
+        loss = self.gold_target_loss(model, encoded, rows)
         self._record("train", {"rl/phase": 1.0, **rows.metrics})
         return loss
 
-    def gold_target_loss(self, model, inputs, encoder_states, rows: DecoderRows):
-        """Returns the Trainer's cross-entropy of `rows` (with grad; the mean over the batch's trained tokens), the
-        encoder states gathered to the rows."""
-        pass_inputs = {k: v for k, v in inputs.items() if k not in ("input_ids", "decoder_input_ids", "labels")}
-        if rows.source_index is not None:
-            # Gathering keeps the encoder's gradient: every row's loss flows back to its source's states.
-            encoder_states = encoder_states[rows.source_index]
-            pass_inputs = {k: v[rows.source_index] if torch.is_tensor(v) else v for k, v in pass_inputs.items()}
-        pass_inputs.update(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
-                           decoder_input_ids=rows.input_ids, labels=rows.labels)
-        return self.per_batch_mean_loss(model, pass_inputs)
+    def gold_target_loss(self, model, encoded, rows: DecoderRows):
+        """Returns the Trainer's cross-entropy of `rows` (with grad, label smoothing included; the mean over the
+        batch's trained tokens), each row reading its source's `encoded` part."""
+        out = self.family.target_forward(model, self.family.select(encoded, rows.source_index),
+                                         target_context(rows.input_ids))
+        return self._xe_from_logits(out.logits, rows.labels)
 
 
 class PrefixCorruptionTrainer(InputScheduleTrainer):
@@ -167,8 +171,8 @@ class PrefixCorruptionTrainer(InputScheduleTrainer):
             size = model.get_input_embeddings().num_embeddings
             if hasattr(self.processing_class, "__len__"):
                 size = min(size, len(self.processing_class))
-            special = {pad_id(model), decoder_start_id(model), getattr(model.generation_config, "bos_token_id", None),
-                       *eos_ids(model),
+            special = {pad_id(model), *self.family.structural_ids(model),
+                       getattr(model.generation_config, "bos_token_id", None), *eos_ids(model),
                        *getattr(self.processing_class, "all_special_ids", [])}
             self._vocabulary = di.replacement_vocabulary(size, special).to(model.device)
         return self._vocabulary

@@ -3,8 +3,9 @@
 Each target's first `T - Δ` tokens are teacher-forced (cross-entropy); the model continues that gold prefix on its
 own (`num_samples` samples, and the greedy continuation for the greedy baseline), and the continuation is trained
 with REINFORCE on the reward of prefix + continuation. Δ grows during training (`schedules.mixer_delta`), from the
-end of the target backwards, until whole sequences are sampled. The encoder runs once per source for each group of
-rows that share a prefix length; the continuations are `generate` calls given the gold prefix as decoder input.
+end of the target backwards, until whole sequences are sampled. Rows that share a prefix length are decoded
+together, the gold prefix read once per source (seq2seq: after the decoder start token, the encoder run once;
+decoder-only: after the prompt).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from .. import losses
 from ..configs import MixerConfig
-from ..rollout import Rollout, decoder_start_id, pad_id, sample_from_prefix, sample_rollout, score_rollout
+from ..rollout import Rollout, pad_id
 from ..schedules import mixer_delta
 from .base import SeqRLTrainer
 from .inputs import BatchText
@@ -45,6 +46,7 @@ class MixerTrainer(SeqRLTrainer):
     config_class = MixerConfig
     default_baseline = "moving_average"
     algorithm = "MIXER"
+    model_families = ("seq2seq", "causal")
 
     def delta(self) -> int:
         """Returns Δ at the current optimizer step, counted from the end of the warm-up."""
@@ -54,19 +56,19 @@ class MixerTrainer(SeqRLTrainer):
     def sequence_loss(self, model, inputs, text, num_items_in_batch):
         if inputs.get("labels") is None:
             raise ValueError("MixerTrainer teacher-forces a prefix of each target: the dataset needs tokenized "
-                             "'labels' (tokenizer(text_target=...)).")
+                             "'labels' (tokenizer(text_target=...), or tokenize_prompt_completion for a decoder-only "
+                             "model).")
         return super().sequence_loss(model, inputs, text, num_items_in_batch)
 
     def rl_loss(self, model, inputs, text: BatchText):
         args, n = self.args, self.args.num_samples
         unwrapped = self.accelerator.unwrap_model(model)
-        labels, delta = inputs["labels"], self.delta()
+        labels, delta = self.family.target_labels(inputs), self.delta()  # target coordinates (causal: completions)
         prefixes = prefix_lengths(labels, delta)
         rollout = self.sample_continuations(unwrapped, inputs, labels, prefixes)
         batch = self.rollout_batch(rollout, text, unwrapped)
-        gold = labels if args.rl_weight < 1 else None
-        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), batch.sample_ids, n,
-                               decoder_start_id(unwrapped), pad_id(unwrapped), gold, args.temperature)
+        gold = inputs["labels"] if args.rl_weight < 1 else None
+        scored = self.family.score(model, inputs, batch.sample_ids, n, gold, args.temperature)
         positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
         prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
         continuation_mask = batch.sample_mask & ~prefix_mask
@@ -90,24 +92,27 @@ class MixerTrainer(SeqRLTrainer):
 
     def sample_continuations(self, unwrapped, inputs, labels: torch.Tensor, prefixes: torch.Tensor) -> Rollout:
         """Returns the samples (and greedy rows) of every source, each holding its gold prefix then its own
-        continuation; rows sharing a prefix length are decoded together, in one `generate` call."""
-        n, with_greedy = self.args.num_samples, self.baseline == "greedy"
-        input_ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        continuation; rows sharing a prefix length are decoded together, in one decode.
+
+        Args:
+            labels (`torch.LongTensor` of shape `(B, T)`): the gold targets in target coordinates.
+        """
+        n, with_greedy, family = self.args.num_samples, self.baseline == "greedy", self.family
         if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
-            return sample_rollout(unwrapped, input_ids, mask, self.rollout_config, n, with_greedy=with_greedy)
+            return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy)
         config = self.rollout_config
         budget = config.max_new_tokens or max(1, config.max_length - 1)  # the whole output's length limit
         pad, parts = pad_id(unwrapped), []
         for length in prefixes.unique().tolist():
             rows = (prefixes == length).nonzero().squeeze(1)
-            sub_mask = None if mask is None else mask[rows]
+            sub_batch = {k: v[rows] for k, v in inputs.items() if torch.is_tensor(v)}
             if length == 0:
-                part = sample_rollout(unwrapped, input_ids[rows], sub_mask, config, n, with_greedy=with_greedy)
+                part = family.sample(unwrapped, sub_batch, config, n, with_greedy=with_greedy)
             else:
                 continuation = copy.deepcopy(config)
                 continuation.max_new_tokens = max(1, budget - length)
-                part = sample_from_prefix(unwrapped, input_ids[rows], sub_mask, labels[rows, :length], continuation,
-                                          n, with_greedy=with_greedy)
+                part = family.sample_from_prefix(unwrapped, sub_batch, labels[rows, :length], continuation, n,
+                                                 with_greedy=with_greedy)
             parts.append((rows, part))
         width = max(part.sample_ids.shape[1] for _, part in parts)
         sample_ids = labels.new_full((labels.shape[0] * n, width), pad)

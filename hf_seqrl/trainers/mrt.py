@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .. import losses
 from ..configs import MRTConfig
-from ..rollout import decoder_start_id, pad_id, sample_rollout, score_rollout
+from ..rollout import pad_id
 from .base import BatchText, SeqRLTrainer, repeat_rows
 
 
@@ -58,6 +58,7 @@ class MRTTrainer(SeqRLTrainer):
 
     config_class = MRTConfig
     algorithm = "MRT"
+    model_families = ("seq2seq", "causal")
     default_baseline = "none"
 
     def rl_loss(self, model, inputs, text: BatchText):
@@ -69,11 +70,11 @@ class MRTTrainer(SeqRLTrainer):
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
-        rollout = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"), self.rollout_config,
-                                 n, with_greedy=args.mrt_include_greedy)
+        rollout = self.family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=args.mrt_include_greedy)
         extra = [(rollout.greedy_ids, rollout.greedy_mask)] if args.mrt_include_greedy else []
         if args.mrt_include_reference:
-            extra.append((labels, labels != -100))
+            targets = self.family.target_labels(inputs)  # the label in target coordinates (a causal completion)
+            extra.append((targets, targets != -100))
         pad = pad_id(unwrapped)
         token_ids, token_mask, is_sample = candidate_set(rollout.sample_ids, rollout.sample_mask, n, extra, pad)
         k = n + len(extra)
@@ -81,17 +82,17 @@ class MRTTrainer(SeqRLTrainer):
         keep = losses.first_occurrence_mask(token_ids, k) & ~bad
         xe_labels = labels if args.rl_weight < 1 else None
         # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at.
-        scored = score_rollout(model, inputs["input_ids"], inputs.get("attention_mask"), token_ids, k,
-                               decoder_start_id(unwrapped), pad, None if args.mrt_include_reference else xe_labels)
+        scored = self.family.score(model, inputs, token_ids, k, None if args.mrt_include_reference else xe_labels)
         seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, token_mask, args.length_normalize)
         risk = losses.minimum_risk_loss(seq_logprobs, rewards, k, args.mrt_alpha, keep)
         xe_loss = None
         if xe_labels is not None:
             gold_logits = scored.gold_logits
+            gold = labels
             if args.mrt_include_reference:  # the reference is the last candidate: its logits are the gold ones
-                logits = scored.sample_logits
-                gold_logits = logits.view(-1, k, *logits.shape[1:])[:, -1, : labels.shape[1]]
-            xe_loss = self._xe_from_logits(gold_logits, labels)
+                logits, gold = scored.sample_logits, targets
+                gold_logits = logits.view(-1, k, *logits.shape[1:])[:, -1, : gold.shape[1]]
+            xe_loss = self._xe_from_logits(gold_logits, gold)
         loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
         metrics = self.sample_metrics(rewards[is_sample], bad[is_sample], rollout.sample_ids, rollout.sample_mask,
                                       unwrapped)

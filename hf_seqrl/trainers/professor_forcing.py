@@ -146,10 +146,7 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
         gold_mask = _pad_to(labels, length) != -100
         own_mask = _pad_to(own_labels, length) != -100
         logits = outputs.logits[0::2]
-        if self.label_smoother is not None:
-            xe_loss = self.label_smoother({"logits": logits}, _pad_to(labels, length))
-        else:
-            xe_loss = losses.cross_entropy(logits, _pad_to(labels, length))
+        xe_loss = self._xe_from_logits(logits, _pad_to(labels, length))
         d_loss, d_accuracy = self.discriminator_step(gold_hidden.detach(), gold_mask, own_hidden.detach(), own_mask)
         self.discriminator.requires_grad_(False)
         try:
