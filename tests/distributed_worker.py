@@ -16,7 +16,7 @@ With the mode `reuse_and_mrt` it runs instead:
 - `mrt`: 2 steps of `MRTTrainer` (samples, greedy decode and reference as candidates, mixed with cross-entropy).
 
 With the mode `input_schedules`: one step each of noise-level forcing and of an exact k-step rollout
-(`run_input_schedule_step`).
+(`run_input_schedule_step`). With `causal_trainers`: MRT and the exact k-step rollout on the tiny Llama.
 
 Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT [SUITE]   (SUITE: a key of `SUITES`)
 """
@@ -87,8 +87,14 @@ def run_reuse(output_dir: str, **overrides):
     return run_one_step(output_dir, **{"max_steps": 2, "num_iterations": 2, "epsilon": 0.05, **overrides})
 
 
-def run_mrt(output_dir: str):
-    """Returns the trainer after 2 steps of MRT on the `one_step` data (sampled candidates: ranks differ)."""
+def causal_one_step_data(tokenizer):
+    """Returns 8 prompt + completion rows of equal length (the decoder-only `one_step` data)."""
+    return prompt_completion_dataset(tokenizer, n=8, seed=5, task="copy", lengths=(4, 4))
+
+
+def run_mrt(output_dir: str, causal: bool = False):
+    """Returns the trainer after 2 steps of MRT on the `one_step` data (sampled candidates: ranks differ), on a tiny
+    T5 or, with `causal`, a tiny Llama."""
     from hf_seqrl import MRTConfig, MRTTrainer
 
     args = MRTConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
@@ -96,8 +102,10 @@ def run_mrt(output_dir: str):
                      learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
                      seed=0, dataloader_pin_memory=False, use_cpu=True)
     tokenizer = byt5_tokenizer()
-    trainer = MRTTrainer(model=tiny_model("t5", seed=1), args=args, reward_funcs=overlap_reward,
-                         train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
+    model = tiny_causal_model("llama", seed=1) if causal else tiny_model("t5", seed=1)
+    data = causal_one_step_data(tokenizer) if causal else one_step_data(tokenizer)
+    trainer = MRTTrainer(model=model, args=args, reward_funcs=overlap_reward, train_dataset=data,
+                         processing_class=tokenizer)
     trainer.train()
     return trainer
 
@@ -107,9 +115,9 @@ def run_one_step_causal(output_dir: str, **overrides):
     from hf_seqrl import SCSTTrainer
 
     tokenizer = byt5_tokenizer()
-    data = prompt_completion_dataset(tokenizer, n=8, seed=5, task="copy", lengths=(4, 4))
     trainer = SCSTTrainer(model=tiny_causal_model("llama", seed=1), args=one_step_args(output_dir, **overrides),
-                          reward_funcs=overlap_reward, train_dataset=data, processing_class=tokenizer)
+                          reward_funcs=overlap_reward, train_dataset=causal_one_step_data(tokenizer),
+                          processing_class=tokenizer)
     trainer.train()
     return trainer
 
@@ -195,9 +203,10 @@ def run_mixer(output_dir: str):
     return trainer
 
 
-def run_input_schedule_step(output_dir: str, kind: str, **overrides):
+def run_input_schedule_step(output_dir: str, kind: str, causal: bool = False, **overrides):
     """Returns the trainer after one SGD step of noise-level forcing (`noise_level`: random replacements) or of an
-    exact 3-step greedy rollout (`kstep`, deterministic) on the 8 equal-length rows of `one_step_data`."""
+    exact 3-step greedy rollout (`kstep`, deterministic) on the 8 equal-length rows of `one_step_data` (a tiny T5),
+    or with `causal` of `causal_one_step_data` (a tiny Llama)."""
     from hf_seqrl import KStepRolloutConfig, KStepRolloutTrainer, PrefixCorruptionConfig, PrefixCorruptionTrainer
 
     settings = dict(output_dir=output_dir, per_device_train_batch_size=4, max_steps=1, optim="sgd", learning_rate=0.5,
@@ -210,8 +219,9 @@ def run_input_schedule_step(output_dir: str, kind: str, **overrides):
     else:
         trainer_cls, args = KStepRolloutTrainer, KStepRolloutConfig(**settings, rollout_steps=3)
     tokenizer = byt5_tokenizer()
-    trainer = trainer_cls(model=tiny_model("t5", seed=1), args=args, train_dataset=one_step_data(tokenizer),
-                          processing_class=tokenizer)
+    model = tiny_causal_model("llama", seed=1) if causal else tiny_model("t5", seed=1)
+    data = causal_one_step_data(tokenizer) if causal else one_step_data(tokenizer)
+    trainer = trainer_cls(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     trainer.train()
     return trainer
 
@@ -220,7 +230,9 @@ def run_input_schedule_step(output_dir: str, kind: str, **overrides):
 SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
           "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing)),
           "input_schedules": (("noise_level", lambda out: run_input_schedule_step(out, "noise_level")),
-                              ("kstep", lambda out: run_input_schedule_step(out, "kstep")))}
+                              ("kstep", lambda out: run_input_schedule_step(out, "kstep"))),
+          "causal_trainers": (("causal_mrt", lambda out: run_mrt(out, causal=True)),
+                              ("causal_kstep", lambda out: run_input_schedule_step(out, "kstep", causal=True)))}
 
 
 def main_suite(out: str, suite: str) -> None:

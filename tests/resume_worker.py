@@ -4,7 +4,7 @@ usage: python resume_worker.py OUTPUT_DIR KILL_AT_STEP(-1 = never) RESUME(0|1) [
 TRAINER: `reinforce` (default), or one of `OTHER_TRAINERS` (8 steps, checkpoints every 3, the trainer's own state
 saved with them).
 With RESUME_WORKER_MODEL=causal in the environment, a tiny decoder-only Llama trains on prompt + completion rows
-instead of a tiny T5 (the REINFORCE run).
+instead of a tiny T5 (every trainer but professor forcing).
 With kl_coef > 0 the KL reference is rebuilt from the initial weights on resume, not from the checkpoint.
 With NUM_ITERATIONS > 1: a short run of 8 steps (warm-up 2, checkpoints every 3, 2 accumulation steps) whose
 checkpoint-3 falls inside the cycle of steps 2-3, each rollout serving NUM_ITERATIONS clipped steps.
@@ -45,8 +45,14 @@ def other_trainer(name: str, out: str, dataset, tok, callbacks):
                                           report_to=[], disable_tqdm=True, seed=0, dataloader_pin_memory=False,
                                           **extra)
     rewards = {"reward_funcs": "chrf"} if "num_samples" in extra else {}
-    return getattr(hf_seqrl, trainer_name)(model=tiny_model("t5", seed=0), args=args, train_dataset=dataset,
-                                           processing_class=tok, callbacks=callbacks, **rewards)
+    model = tiny_causal_model("llama", seed=0) if causal() else tiny_model("t5", seed=0)
+    return getattr(hf_seqrl, trainer_name)(model=model, args=args, train_dataset=dataset, processing_class=tok,
+                                           callbacks=callbacks, **rewards)
+
+
+def causal() -> bool:
+    """Returns whether RESUME_WORKER_MODEL asks for the tiny decoder-only model."""
+    return os.environ.get("RESUME_WORKER_MODEL", "seq2seq") == "causal"
 
 
 # name -> (config class, trainer class, their own settings)
@@ -63,6 +69,8 @@ OTHER_TRAINERS = {
         schedule_k=4, warmup_xe_steps=2)),
     "kstep": ("KStepRolloutConfig", "KStepRolloutTrainer", dict(rollout_steps=2, rollout_sampling="sample",
                                                                 warmup_xe_steps=2)),
+    "mrt": ("MRTConfig", "MRTTrainer", dict(num_samples=2, mrt_include_greedy=True, rl_weight=0.7, max_new_tokens=6,
+                                            mrt_alpha=0.5, warmup_xe_steps=2)),
 }
 
 
@@ -73,8 +81,9 @@ def main():
     tok = byt5_tokenizer()
     src, tgt = toy_pairs(48, seed=0, alphabet="abcd", lengths=(2, 5))
     callbacks = [KillAt(kill_at)] if kill_at >= 0 else None
+    data = prompt_completion_dataset(tok, n=48, seed=0, task="copy") if causal() else toy_dataset(tok, src, tgt)
     if name != "reinforce":
-        trainer = other_trainer(name, out, toy_dataset(tok, src, tgt), tok, callbacks)
+        trainer = other_trainer(name, out, data, tok, callbacks)
         trainer.train(resume_from_checkpoint=True if resume else None)
         torch.save(trainer.model.state_dict(), os.path.join(out, "final.pt"))
         history = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
@@ -85,10 +94,7 @@ def main():
     if num_iterations > 1:
         settings = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8, warmup_xe_steps=2,
                         save_steps=3, num_iterations=num_iterations)
-    if os.environ.get("RESUME_WORKER_MODEL", "seq2seq") == "causal":
-        model, data = tiny_causal_model("llama", seed=0), prompt_completion_dataset(tok, n=48, seed=0, task="copy")
-    else:
-        model, data = tiny_model("t5", seed=0), toy_dataset(tok, src, tgt)
+    model = tiny_causal_model("llama", seed=0) if causal() else tiny_model("t5", seed=0)
     args = SeqRLConfig(output_dir=out, learning_rate=1e-3,
                        num_samples=2, max_new_tokens=6, logging_steps=1,
                        kl_coef=0.05,

@@ -14,6 +14,7 @@ process: without MPI the simple launcher ignores --num_processes.)
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -184,7 +185,6 @@ def reuse_and_mrt_results(tmp_path_factory):
 def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_path):
     """Each rank's rollout serves 2 clipped steps, the two ranks stay identical and together equal one process
     with the global batch of 8; MRT trains on both ranks and logs its metrics averaged over them."""
-    import math
 
     import distributed_worker as worker
     from conftest import tiny_model
@@ -219,7 +219,6 @@ def mixer_and_pf_results(tmp_path_factory):
 def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
     """Both train on 2 processes: the ranks end with identical models (and, for professor forcing, identical
     discriminators, whose gradients are averaged over the ranks), and log finite metrics averaged over them."""
-    import math
 
     from conftest import tiny_model
 
@@ -255,6 +254,25 @@ def test_input_schedule_trainers_on_two_processes(tmp_path):
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
+
+def test_causal_mrt_and_kstep_rollout_on_two_processes(tmp_path):
+    """A decoder-only model in MRT (2 steps) and an exact k-step rollout (one step): identical ranks, metrics
+    logged; the deterministic rollout equals one process with the same global batch of 8."""
+    import distributed_worker as worker
+
+    results, _ = run_worker(tmp_path, ("causal_mrt", "causal_kstep"), "causal_trainers")
+    for run, metric in (("causal_mrt", "mrt/risk"), ("causal_kstep", "ks/own_token_accuracy")):
+        rank0, rank1 = results[f"{run}0"], results[f"{run}1"]
+        assert rank0["world_size"] == rank1["world_size"] == 2
+        for name, value in rank0["params"].items():
+            assert torch.equal(value, rank1["params"][name]), (run, name)
+        logged = [h[metric] for h in rank0["log_history"] if metric in h]
+        assert logged and all(math.isfinite(v) for v in logged), run
+    single = worker.run_input_schedule_step(str(tmp_path / "single"), "kstep", causal=True,
+                                            per_device_train_batch_size=8)
+    distributed = results["causal_kstep0"]["params"]
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
 
 def test_causal_model_on_two_processes(worker_results):

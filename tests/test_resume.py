@@ -70,16 +70,18 @@ def test_sigkill_inside_a_reuse_cycle_then_resume_matches_uninterrupted_run(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["mixer", "pf", "noise_level", "kstep"])
-def test_sigkill_then_resume_other_trainers(tmp_path, trainer):
+@pytest.mark.parametrize("trainer,model", [("mixer", "seq2seq"), ("pf", "seq2seq"), ("noise_level", "seq2seq"),
+                                           ("kstep", "seq2seq"), ("mrt", "causal"), ("noise_level", "causal"),
+                                           ("mixer", "causal")])
+def test_sigkill_then_resume_other_trainers(tmp_path, trainer, model):
     """MIXER (Δ schedule, moving-average baseline), professor forcing (its discriminator and optimizer), noise-level
-    forcing and k-step rollout (RNG draws every step) killed after checkpoint-3 resume from it and end where an
-    uninterrupted run ends."""
-    full = worker(tmp_path / "full", trainer=trainer)
+    forcing and k-step rollout (RNG draws every step), and MRT, killed after checkpoint-3 resume from it and end
+    where an uninterrupted run ends; on a tiny T5 or a tiny decoder-only Llama."""
+    full = worker(tmp_path / "full", trainer=trainer, model=model)
     assert full.returncode == 0, full.stderr[-2000:]
-    killed = worker(tmp_path / "cut", kill_at=5, trainer=trainer)
+    killed = worker(tmp_path / "cut", kill_at=5, trainer=trainer, model=model)
     assert killed.returncode == -signal.SIGKILL
-    resumed = worker(tmp_path / "cut", resume=True, trainer=trainer)
+    resumed = worker(tmp_path / "cut", resume=True, trainer=trainer, model=model)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     full_params, params = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
     for key in full_params:
