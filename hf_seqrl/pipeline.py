@@ -19,21 +19,33 @@ import torch
 import transformers
 from transformers import HfArgumentParser
 
-from .configs import ScheduledSamplingConfig, SeqRLConfig
+from . import configs
 from .data import drop_empty_pairs, load_text_files, select_pair_columns
 from .evaluation import build_compute_metrics
 from .families import Seq2SeqFamily, family_for
 from .tiny_models import ARCHITECTURES
 
-ALGORITHMS = ("scst", "reinforce", "scheduled_sampling")
+# algorithm -> (trainer class in hf_seqrl.trainers, its config class in hf_seqrl.configs)
+TRAINERS = {
+    "scst": ("SCSTTrainer", "SeqRLConfig"),
+    "reinforce": ("ReinforceTrainer", "SeqRLConfig"),
+    "mrt": ("MRTTrainer", "MRTConfig"),
+    "mixer": ("MixerTrainer", "MixerConfig"),
+    "scheduled_sampling": ("ScheduledSamplingTrainer", "ScheduledSamplingConfig"),
+    "prefix_corruption": ("PrefixCorruptionTrainer", "PrefixCorruptionConfig"),
+    "kstep_rollout": ("KStepRolloutTrainer", "KStepRolloutConfig"),
+    "professor_forcing": ("ProfessorForcingTrainer", "ProfessorForcingConfig"),
+}
+ALGORITHMS = tuple(TRAINERS)
 SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
 
 
 @dataclass
 class ScriptArguments:
     r"""
-    What to train, on what data, with which algorithm; the training settings are the fields of `SeqRLConfig` /
-    `ScheduledSamplingConfig`. Each field has its `--help`. Notes:
+    What to train, on what data, with which algorithm; the training settings are the fields of the algorithm's
+    config (`SeqRLConfig`, `MRTConfig`, `MixerConfig`, `ScheduledSamplingConfig`, `PrefixCorruptionConfig`,
+    `KStepRolloutConfig`, `ProfessorForcingConfig`). Each field has its `--help`. Notes:
 
     - The model: `model_name_or_path` (Hub id or folder; encoder-decoder models load with AutoModelForSeq2SeqLM,
       decoder-only ones with AutoModelForCausalLM), or `tiny_model` (`"t5"`, `"bart"`, `"marian"`, or the decoder-only
@@ -50,7 +62,10 @@ class ScriptArguments:
     """
 
     config: str | None = field(default=None, metadata={"help": "YAML file of settings; CLI flags override it."})
-    algorithm: Literal["scst", "reinforce", "scheduled_sampling"] = field(default="scst")
+    algorithm: Literal["scst", "reinforce", "mrt", "mixer", "scheduled_sampling", "prefix_corruption",
+                       "kstep_rollout", "professor_forcing"] = field(default="scst", metadata={
+        "help": "The trainer: scst | reinforce | mrt | mixer (rewarded), scheduled_sampling | prefix_corruption | "
+                "kstep_rollout | professor_forcing (cross-entropy on changed inputs)."})
     task: Literal["translation", "summarization"] = field(default="translation")
     reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
@@ -101,15 +116,24 @@ class ScriptArguments:
 
 def config_class(algorithm: str) -> type:
     """Returns the training-arguments dataclass of `algorithm`."""
-    return ScheduledSamplingConfig if algorithm == "scheduled_sampling" else SeqRLConfig
+    if algorithm not in TRAINERS:
+        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}.")
+    return getattr(configs, TRAINERS[algorithm][1])
 
 
 def trainer_class(algorithm: str) -> type:
     """Returns the trainer class of `algorithm`."""
-    from .trainers import ReinforceTrainer, ScheduledSamplingTrainer, SCSTTrainer
+    from . import trainers
 
-    classes = {"scst": SCSTTrainer, "reinforce": ReinforceTrainer, "scheduled_sampling": ScheduledSamplingTrainer}
-    return classes[algorithm]
+    config_class(algorithm)  # a clear error for an unknown name
+    return getattr(trainers, TRAINERS[algorithm][0])
+
+
+def takes_rewards(algorithm: str) -> bool:
+    """Returns whether `algorithm`'s trainer is rewarded (takes `reward_funcs`)."""
+    from .trainers import SeqRLTrainer
+
+    return issubclass(trainer_class(algorithm), SeqRLTrainer)
 
 
 def _no_accelerator() -> bool:
@@ -139,8 +163,7 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
     algorithm = known.algorithm or values.get("algorithm", "scst")
     parser = HfArgumentParser((ScriptArguments, config_class(algorithm)))
     dests = {action.dest: action for action in parser._actions}
-    other = config_class("scst" if algorithm == "scheduled_sampling" else "scheduled_sampling")
-    other_fields = {f.name for f in dataclasses.fields(other)}
+    other_fields = {f.name for name in ALGORITHMS for f in dataclasses.fields(config_class(name))}
     ignored = sorted(k for k in values if k not in dests and k in other_fields)
     if ignored:  # e.g. a scheduled-sampling run from a config written for SCST
         warnings.warn(f"{known.config}: {ignored} do not apply to algorithm={algorithm!r}; ignored.", stacklevel=2)
@@ -234,7 +257,7 @@ def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer,
     if training_args.generation_max_length is None:
         training_args.generation_max_length = script_args.max_target_length
     validation = splits.get("validation")
-    rewards = {} if script_args.algorithm == "scheduled_sampling" else {"reward_funcs": task_rewards(script_args)}
+    rewards = {"reward_funcs": task_rewards(script_args)} if takes_rewards(script_args.algorithm) else {}
     trainer = trainer_class(script_args.algorithm)(
         model=model, args=training_args, train_dataset=splits["train"], eval_dataset=validation,
         processing_class=tokenizer, **rewards,

@@ -1,10 +1,10 @@
-"""Summarization recipe: SCST / REINFORCE / scheduled sampling on a seq2seq model, scored by ROUGE-1/2/L.
+"""Summarization recipe: any hf-seqrl trainer (`--algorithm`) on a seq2seq or decoder-only model, scored by ROUGE-1/2/L.
 
     accelerate launch --config_file recipes/accelerate_configs/multi_gpu.yaml recipes/summarization.py \
         --config recipes/configs/bart_base_cnn_dailymail.yaml [--any_setting value ...]
 
-Every field of `hf_seqrl.pipeline.ScriptArguments` and of the algorithm's config (`SeqRLConfig` or
-`ScheduledSamplingConfig`, i.e. all `Seq2SeqTrainingArguments`) can be set in the YAML file or on the command
+Every field of `hf_seqrl.pipeline.ScriptArguments` and of the algorithm's config (`SeqRLConfig`, `MRTConfig`,
+`ScheduledSamplingConfig`, ...: all `Seq2SeqTrainingArguments` included) can be set in the YAML file or on the command
 line; the command line wins. Also runs as `python recipes/summarization.py --config ...` (one process).
 """
 
