@@ -17,6 +17,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from . import losses
 from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
+from .decoding import any_rank_running, lockstep_group
 from .sampling import draw_uniforms, sample_tokens
 
 
@@ -183,19 +184,25 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     uniforms = draw_uniforms(steps, int(sampled.sum()), logits.device) if sampled.any() else None
     positions = position_ids(mask)[:, -1:]
     finished = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    lockstep = lockstep_group()
     tokens = []
     for step in range(steps):
         chosen = choose_tokens(logits, sampled, generation_config, None if uniforms is None else uniforms[step])
         chosen = chosen.masked_fill(finished, pad)
         tokens.append(chosen)
         finished = finished | torch.isin(chosen, eos)
-        if bool(finished.all()) or step + 1 == steps:
+        done = bool(finished.all()) or step + 1 == steps
+        # Sharded weights (FSDP2, ZeRO-3) are gathered inside every forward, which every rank must join: a rank whose
+        # rows have all ended keeps calling the model (its outputs unused) while another still decodes.
+        if not (any_rank_running(not done, logits.device) if lockstep else not done):
             break
         mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
         positions = positions + 1
         logits = model(input_ids=chosen.unsqueeze(1), attention_mask=mask.long(), position_ids=positions, cache=cache,
                        use_cache=True).logits[:, -1]
     ids = torch.stack(tokens, dim=1)
+    if bool(finished.all()):  # steps taken only to keep pace with other ranks add nothing
+        ids = ids[:, : int(completion_mask(ids, eos_ids(model)).sum(dim=1).max())]
     done = completion_mask(ids, eos_ids(model))
     return ids.masked_fill(~done, pad), done
 

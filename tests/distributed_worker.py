@@ -16,7 +16,9 @@ With the mode `reuse_and_mrt` it runs instead:
 - `mrt`: 2 steps of `MRTTrainer` (samples, greedy decode and reference as candidates, mixed with cross-entropy).
 
 With the mode `input_schedules`: one step each of noise-level forcing and of an exact k-step rollout
-(`run_input_schedule_step`). With `causal_trainers`: MRT and the exact k-step rollout on the tiny Llama.
+(`run_input_schedule_step`). With `causal_trainers`: MRT and the exact k-step rollout on the tiny Llama. With
+`zero3` (launched with recipes/accelerate_configs/deepspeed_zero3.yaml): `one_step` and `causal_one_step` on
+parameters sharded by DeepSpeed ZeRO-3, dumped gathered.
 
 Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT [SUITE]   (SUITE: a key of `SUITES`)
 """
@@ -144,12 +146,22 @@ def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_transla
     return trainer
 
 
+def whole_state_dict(model) -> dict:
+    """Returns the model's state dict with whole tensors (under DeepSpeed ZeRO-3 the parameters are gathered)."""
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
 def dump(trainer, path: str) -> None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     torch.save({
         "world_size": trainer.args.world_size,
         "process_index": trainer.args.process_index,
-        "params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "params": whole_state_dict(model),
         "log_history": trainer.state.log_history,
         "rewards_seen": list(REWARDS_SEEN),
     }, path)
@@ -231,6 +243,9 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
           "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing)),
           "input_schedules": (("noise_level", lambda out: run_input_schedule_step(out, "noise_level")),
                               ("kstep", lambda out: run_input_schedule_step(out, "kstep"))),
+          # The accelerate config's gradient_clipping (1.0) must equal the Trainer's max_grad_norm under DeepSpeed.
+          "zero3": (("one_step", lambda out: run_one_step(out, max_grad_norm=1.0)),
+                    ("causal_one_step", lambda out: run_one_step_causal(out, max_grad_norm=1.0))),
           "causal_trainers": (("causal_mrt", lambda out: run_mrt(out, causal=True)),
                               ("causal_kstep", lambda out: run_input_schedule_step(out, "kstep", causal=True)))}
 

@@ -1,7 +1,9 @@
-"""Run by tests/test_fsdp.py under `torchrun --nproc_per_node 2` (CPU, gloo): RL steps on an FSDP2-sharded model.
+"""Run by tests/test_fsdp.py under `torchrun --nproc_per_node 2` (CPU, gloo): RL steps on a sharded model.
 
-A tiny T5 is sharded with torch's `fully_shard` (each block, then the root), as accelerate's TRANSFORMER_BASED_WRAP
-does; an unsharded copy with the same initial weights is the reference. Each step, on each model: seed, rollout
+SHARDING `fsdp2`: a tiny T5 is sharded with torch's `fully_shard` (each block, then the root), as accelerate's
+TRANSFORMER_BASED_WRAP does. `zero3`: the same model in a DeepSpeed ZeRO stage-3 engine (every parameter
+partitioned, `stage3_param_persistence_threshold` 0), stepped with `engine.backward` / `engine.step`. An unsharded
+copy with the same initial weights is the reference. Each step, on each model: seed, rollout
 (`sample_rollout`, greedy row + 2 samples), rewards, greedy baseline, `score_rollout` with the gold rows, the mixed
 loss, backward, SGD. The reference averages its gradients over the ranks by hand, which is what FSDP2's
 reduce-scatter does, so both runs follow the same trajectory. The ranks decode different lengths (their sources
@@ -9,7 +11,7 @@ and length limits differ), so a rank whose rows have ended must keep stepping wh
 
 Each rank writes OUT/rank<i>.pt: per step the losses and sample lengths of both runs, and the final parameters.
 
-Usage: torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT_DIR
+Usage: torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT_DIR [fsdp2|zero3]
 """
 
 from __future__ import annotations
@@ -37,15 +39,21 @@ def toy_reward(sample_ids: torch.Tensor) -> torch.Tensor:
     return (sample_ids % 2 == 0).float().mean(dim=1)
 
 
-def rl_step(model, optimizer, batch, config, seed: int, average_gradients: bool) -> dict:
-    """Returns the loss and sample length of one SCST step (rl_weight 0.5) on `model`, after its SGD update."""
+def rl_step(model, optimizer, batch, config, seed: int, average_gradients: bool, engine=None) -> dict:
+    """Returns the loss and sample length of one SCST step (rl_weight 0.5) on `model`, after its SGD update (through
+    the DeepSpeed `engine` when given: its backward and step reduce the gradients)."""
     ids, attn, labels = batch
     torch.manual_seed(seed)
     rollout = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
     advantages = toy_reward(rollout.sample_ids) - toy_reward(rollout.greedy_ids).repeat_interleave(2)
-    scored = score_rollout(model, ids, attn, rollout.sample_ids, 2, decoder_start_id(model), pad_id(model), labels)
+    scored = score_rollout(engine or model, ids, attn, rollout.sample_ids, 2, decoder_start_id(model), pad_id(model),
+                           labels)
     pg_loss = losses.policy_gradient_loss(scored.token_logprobs, rollout.sample_mask, advantages)
     loss = losses.mix_losses(pg_loss, losses.cross_entropy(scored.gold_logits, labels), 0.5)
+    if engine is not None:
+        engine.backward(loss)
+        engine.step()
+        return {"loss": loss.item(), "length": rollout.sample_ids.shape[1]}
     loss.backward()
     if average_gradients:
         for parameter in model.parameters():
@@ -56,7 +64,29 @@ def rl_step(model, optimizer, batch, config, seed: int, average_gradients: bool)
     return {"loss": loss.item(), "length": rollout.sample_ids.shape[1]}
 
 
-def main(out: str) -> None:
+def zero3_engine(model, lr: float):
+    """Returns a DeepSpeed ZeRO-3 engine of `model` (every parameter partitioned) with an SGD optimizer."""
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr),
+                                      config=config)
+    return engine
+
+
+def full_parameters(model, engine) -> dict:
+    """Returns every parameter of the sharded `model`, whole."""
+    if engine is None:
+        return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                for name, p in model.named_parameters()}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def main(out: str, sharding: str = "fsdp2") -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
@@ -66,24 +96,28 @@ def main(out: str) -> None:
     batch = (enc["input_ids"], enc["attention_mask"], labels.masked_fill(labels == 0, -100))
     sharded = tiny_model("t5", seed=0, layers=2)
     reference = copy.deepcopy(sharded)
-    for block in [*sharded.encoder.block, *sharded.decoder.block]:
-        fully_shard(block)
-    fully_shard(sharded)
+    engine, optimizer = None, None
+    if sharding == "zero3":
+        engine = zero3_engine(sharded, lr=0.5)
+    else:
+        for block in [*sharded.encoder.block, *sharded.decoder.block]:
+            fully_shard(block)
+        fully_shard(sharded)
+        optimizer = torch.optim.SGD(sharded.parameters(), lr=0.5)
     config = rollout_generation_config(reference, max_new_tokens=MAX_NEW_TOKENS[rank])
-    runs = {"sharded": (sharded, torch.optim.SGD(sharded.parameters(), lr=0.5), False),
-            "reference": (reference, torch.optim.SGD(reference.parameters(), lr=0.5), True)}
+    runs = {"sharded": (sharded, optimizer, False, engine),
+            "reference": (reference, torch.optim.SGD(reference.parameters(), lr=0.5), True, None)}
     history = {name: [] for name in runs}
     for step in range(STEPS):
-        for name, (model, optimizer, average) in runs.items():
-            history[name].append(rl_step(model, optimizer, batch, config, 100 * step + rank, average))
-    params = {}
-    for name, parameter in sharded.named_parameters():
-        full = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
-        params[name] = (full.detach().clone(), dict(reference.named_parameters())[name].detach().clone())
+        for name, (model, opt, average, eng) in runs.items():
+            history[name].append(rl_step(model, opt, batch, config, 100 * step + rank, average, eng))
+    whole = full_parameters(sharded, engine)
+    params = {name: (value, dict(reference.named_parameters())[name].detach().clone()) for name, value in whole.items()}
     torch.save({"rank": rank, "history": history, "params": params}, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
+    del engine
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

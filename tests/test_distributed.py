@@ -37,15 +37,18 @@ REPO = Path(__file__).resolve().parents[1]
 ATOL, RTOL = 1e-6, 1e-5
 
 
-def launch(args: list[str], tmp_path: Path, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
-    """Returns (result, seconds) of `accelerate launch --multi_gpu --num_processes 2 ARGS` from the repository root."""
+def launch(args: list[str], tmp_path: Path, timeout: int = 300,
+           launcher: tuple[str, ...] = ("--multi_gpu",)) -> tuple[subprocess.CompletedProcess, float]:
+    """Returns (result, seconds) of `accelerate launch --multi_gpu --num_processes 2 ARGS` from the repository root
+    (`launcher` replaces `--multi_gpu`, e.g. with `--config_file FILE`)."""
     with socket.socket() as s:  # a free port, so that concurrent runs do not collide on 29500
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                WANDB_DISABLED="true", HF_HOME=str(tmp_path / "hf_home"),  # no user accelerate config, own caches
+               DS_ACCELERATOR="cpu",  # DeepSpeed on CPU processes over gloo
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(port), *args]
     start = time.perf_counter()
@@ -55,12 +58,14 @@ def launch(args: list[str], tmp_path: Path, timeout: int = 300) -> tuple[subproc
     return result, seconds
 
 
-def run_worker(tmp_path: Path, runs: tuple[str, ...], suite: str | None = None) -> tuple[dict, Path]:
+def run_worker(tmp_path: Path, runs: tuple[str, ...], suite: str | None = None,
+               launcher: tuple[str, ...] = ("--multi_gpu",)) -> tuple[dict, Path]:
     """Returns (`{run}{rank}` -> what tests/distributed_worker.py dumped, the output folder) after launching it on 2
     processes, with its default runs or a suite of `SUITES`."""
     out = tmp_path / "out"
     out.mkdir()
-    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), *([suite] if suite else [])], tmp_path)
+    _, seconds = launch(["tests/distributed_worker.py", str(out), str(REPO), *([suite] if suite else [])], tmp_path,
+                        launcher=launcher)
     print(f"{suite or 'default'} worker on 2 processes: {seconds:.1f} s")
     return {f"{run}{rank}": torch.load(out / f"{run}_rank{rank}.pt", weights_only=False)
             for run in runs for rank in (0, 1)}, out
@@ -253,6 +258,24 @@ def test_input_schedule_trainers_on_two_processes(tmp_path):
     distributed = results["kstep0"]["params"]
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
+
+
+def test_deepspeed_zero3_trains_as_one_process(tmp_path):
+    """recipes/accelerate_configs/deepspeed_zero3.yaml on 2 CPU processes: the Trainer with every parameter
+    partitioned (rollouts, the scoring pass and the step) ends one step of the `one_step` setup, encoder-decoder and
+    decoder-only, where one process with the global batch of 8 ends."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed)")
+    import distributed_worker as worker
+
+    config = REPO / "recipes" / "accelerate_configs" / "deepspeed_zero3.yaml"
+    results, _ = run_worker(tmp_path, ("one_step", "causal_one_step"), "zero3", launcher=("--config_file", str(config)))
+    for run, single_run in (("one_step", worker.run_one_step), ("causal_one_step", worker.run_one_step_causal)):
+        assert results[f"{run}0"]["world_size"] == 2
+        single = single_run(str(tmp_path / f"single_{run}"), per_device_train_batch_size=8, max_grad_norm=1.0)
+        worker.REWARDS_SEEN.clear()
+        for name, value in single.model.state_dict().items():
+            for rank in (0, 1):
+                torch.testing.assert_close(results[f"{run}{rank}"]["params"][name], value, atol=ATOL, rtol=RTOL)
 
 
 def test_causal_mrt_and_kstep_rollout_on_two_processes(tmp_path):
