@@ -71,14 +71,20 @@ def test_quality_quick_translation(tmp_path, capsys):
     assert (tmp_path / "w" / "runs" / "xe_seed1.json").exists()
     # --dev-only (choosing a variant on dev): dev scores only, under their own run names and results file
     dev_out = tmp_path / "dev.json"
-    dev = quality.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "scst", "--set", "rl_lr=1e-4",
-                                    "rl_temperature=0.7"])
-    assert set(dev["arms"]) == {"scst"} and "greedy" not in dev["runs"][0] and dev_out.exists()
+    dev = quality.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "scst", "scst_clip", "mrt", "--set",
+                                    "rl_lr=1e-4", "rl_temperature=0.7", "clip_iterations=3", "mrt_alpha=0.5"])
+    assert set(dev["arms"]) == {"scst", "scst_clip", "mrt"} and "greedy" not in dev["runs"][0] and dev_out.exists()
     assert 0 <= dev["arms"]["scst"]["dev"]["bleu"]["mean"] <= 100 and dev["C"]["dev"]["bleu"] >= 0
     assert (tmp_path / "w" / "runs" / "scst_seed0_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
     # the trainer sampled at the overridden temperature (the default runs above at 1.0)
     assert dev["runs"][0]["sampling"] == {"temperature": 0.7, "num_samples": 1, "baseline": "greedy",
-                                          "center_advantages": False}
+                                          "center_advantages": False, "num_iterations": 1}
+    # each new arm under the overrides it reads (its run name says which), with what its trainer read
+    runs = {r["arm"]: r for r in dev["runs"]}
+    assert (tmp_path / "w" / "runs" / "scst_clip_seed0_clip_iterations3_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
+    assert (tmp_path / "w" / "runs" / "mrt_seed0_mrt_alpha0.5_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
+    assert runs["scst_clip"]["sampling"]["num_iterations"] == 3
+    assert runs["mrt"]["sampling"]["num_samples"] == 4 and runs["mrt"]["sampling"]["baseline"] is None
     assert [r["sampling"]["temperature"] for r in results["runs"] if r["arm"] in ("scst", "loo4")] == [1.0, 1.0]
 
 
