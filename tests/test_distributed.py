@@ -242,20 +242,27 @@ def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
     assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
 
 
-def test_input_schedule_trainers_on_two_processes(tmp_path):
-    """Noise-level forcing and an exact k-step rollout, one step on 2 processes x batch 4: identical ranks, metrics
-    logged; the deterministic rollout equals one process with the same global batch of 8."""
+@pytest.mark.parametrize("suite,runs", [
+    ("input_schedules", (("noise_level", "pc/replaced_fraction"), ("kstep", "ks/own_token_accuracy"))),
+    ("causal_trainers", (("causal_mrt", "mrt/risk"), ("causal_kstep", "ks/own_token_accuracy"))),
+])
+def test_trainers_of_a_suite_on_two_processes(tmp_path, suite, runs):
+    """Noise-level forcing and an exact k-step rollout on a tiny T5, or MRT (2 steps) and the k-step rollout on a
+    decoder-only Llama, on 2 processes x batch 4: identical ranks, metrics logged; the deterministic rollout (the
+    suite's last run, one step) equals one process with the same global batch of 8."""
     import distributed_worker as worker
 
-    results, _ = run_worker(tmp_path, ("noise_level", "kstep"), "input_schedules")
-    for kind, metric in (("noise_level", "pc/replaced_fraction"), ("kstep", "ks/own_token_accuracy")):
-        rank0, rank1 = results[f"{kind}0"], results[f"{kind}1"]
+    results, _ = run_worker(tmp_path, tuple(run for run, _ in runs), suite)
+    for run, metric in runs:
+        rank0, rank1 = results[f"{run}0"], results[f"{run}1"]
         assert rank0["world_size"] == rank1["world_size"] == 2
         for name, value in rank0["params"].items():
-            assert torch.equal(value, rank1["params"][name]), (kind, name)
-        assert any(metric in h for h in rank0["log_history"]), kind
-    single = worker.run_input_schedule_step(str(tmp_path / "single"), "kstep", per_device_train_batch_size=8)
-    distributed = results["kstep0"]["params"]
+            assert torch.equal(value, rank1["params"][name]), (run, name)
+        logged = [h[metric] for h in rank0["log_history"] if metric in h]
+        assert logged and all(math.isfinite(v) for v in logged), run
+    single = worker.run_input_schedule_step(str(tmp_path / "single"), "kstep", causal=suite == "causal_trainers",
+                                            per_device_train_batch_size=8)
+    distributed = results[f"{runs[-1][0]}0"]["params"]
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
@@ -276,26 +283,6 @@ def test_deepspeed_zero3_trains_as_one_process(tmp_path):
         for name, value in single.model.state_dict().items():
             for rank in (0, 1):
                 torch.testing.assert_close(results[f"{run}{rank}"]["params"][name], value, atol=ATOL, rtol=RTOL)
-
-
-def test_causal_mrt_and_kstep_rollout_on_two_processes(tmp_path):
-    """A decoder-only model in MRT (2 steps) and an exact k-step rollout (one step): identical ranks, metrics
-    logged; the deterministic rollout equals one process with the same global batch of 8."""
-    import distributed_worker as worker
-
-    results, _ = run_worker(tmp_path, ("causal_mrt", "causal_kstep"), "causal_trainers")
-    for run, metric in (("causal_mrt", "mrt/risk"), ("causal_kstep", "ks/own_token_accuracy")):
-        rank0, rank1 = results[f"{run}0"], results[f"{run}1"]
-        assert rank0["world_size"] == rank1["world_size"] == 2
-        for name, value in rank0["params"].items():
-            assert torch.equal(value, rank1["params"][name]), (run, name)
-        logged = [h[metric] for h in rank0["log_history"] if metric in h]
-        assert logged and all(math.isfinite(v) for v in logged), run
-    single = worker.run_input_schedule_step(str(tmp_path / "single"), "kstep", causal=True,
-                                            per_device_train_batch_size=8)
-    distributed = results["causal_kstep0"]["params"]
-    for name, value in single.model.state_dict().items():
-        torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
 
 def test_causal_model_on_two_processes(worker_results):

@@ -9,6 +9,7 @@ different lengths.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import subprocess
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _has_deepspeed() -> bool:
     try:
-        import deepspeed  # noqa: F401
+        importlib.import_module("deepspeed")
     except Exception:  # not installed, or no usable accelerator for it
         return False
     return True
