@@ -211,8 +211,9 @@ class MRTConfig(SeqRLConfig):
     asked, each distinct token sequence counted once. The loss is the risk `sum_{y in S} Q(y) (1 - r(y))`,
     `Q ∝ p(y|x)^mrt_alpha` over `S`, mixed with cross-entropy by `rl_weight`. `Q` uses the model's own
     probabilities (temperature 1), whatever `temperature` the candidates were sampled at; with `length_normalize`
-    it uses the mean token log-prob instead of the sum. MRT has no baseline and no advantages: `baseline`,
-    `center_advantages`, `scale_rewards`, `loss_normalization="token"` and `num_iterations > 1` are refused.
+    it uses the mean token log-prob instead of the sum. MRT has no baseline and no advantages: a `baseline` other
+    than `None` / `"none"`, `center_advantages`, `scale_rewards`, `loss_normalization="token"` and
+    `num_iterations > 1` are refused.
 
     num_samples (`int`, *optional*, defaults to `4`):
         Sampled candidates per source.
@@ -234,7 +235,7 @@ class MRTConfig(SeqRLConfig):
         super().__post_init__()
         if not self.mrt_alpha > 0:
             raise ValueError(f"MRTConfig.mrt_alpha must be > 0, got {self.mrt_alpha}.")
-        ignored = {"baseline": self.baseline is not None, "center_advantages": self.center_advantages,
+        ignored = {"baseline": self.baseline not in (None, "none"), "center_advantages": self.center_advantages,
                    "scale_rewards": self.scale_rewards}
         for name, is_set in ignored.items():
             if is_set:

@@ -130,6 +130,7 @@ def test_mrt_settings_are_checked(tmp_path, tokenizer):
     for name, value in (("baseline", "greedy"), ("center_advantages", True), ("scale_rewards", True)):
         with pytest.raises(ValueError, match=f"MRTConfig.{name}=.*no baseline or advantages"):
             config(tmp_path, **{name: value})
+    assert config(tmp_path, baseline="none").baseline == "none"  # what a command line passes over a config's
     with pytest.raises(ValueError, match="MRTConfig.num_iterations=2: .*no importance ratio"):
         config(tmp_path, num_iterations=2)
     with pytest.raises(ValueError, match="MRTConfig.loss_normalization='token'"):
