@@ -1,8 +1,10 @@
 """Input-schedule trainers: cross-entropy on the gold targets, with decoder inputs other than the gold prefix.
 
-`InputScheduleTrainer` holds the one code path they share: the encoder runs once (with grad); no-grad decoder
-passes over its detached states produce the model's own tokens where a trainer needs them; `decoder_rows` builds
-the rows the decoder is fed; one gradient pass trains every row on its gold targets with the Trainer's own
+`InputScheduleTrainer` holds the one code path they share, through the model's family (`hf_seqrl.families`):
+the source pass runs once (an encoder-decoder's encoder, with grad; a decoder-only model's prompt is the fixed
+context of every pass); no-grad passes over its detached output produce the model's own tokens where a trainer
+needs them; `decoder_rows` builds the rows fed in place of the gold targets (target coordinates: a decoder-only
+model's completion); one gradient pass trains every row on its gold targets with the Trainer's own
 cross-entropy (label smoothing included), the mean over the batch's target tokens. The trainers differ only in
 `decoder_rows`; the tensor math is in `hf_seqrl.decoder_inputs`.
 

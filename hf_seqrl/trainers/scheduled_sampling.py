@@ -3,7 +3,8 @@
 Mihaylova & Martins (2019): pass 1 runs the decoder on the gold prefix and takes its prediction at every
 position; pass 2 trains with cross-entropy against the gold targets on decoder inputs where each token is
 the gold one with probability ε (the teacher-forcing ratio of Bengio et al., 2015) and the pass-1
-prediction otherwise. The encoder runs once; both passes read its output (`InputScheduleTrainer`).
+prediction otherwise. The encoder runs once and both passes read its output (a decoder-only model: both read the
+prompt, and only completion tokens are mixed); see `InputScheduleTrainer`.
 """
 
 from __future__ import annotations
