@@ -16,8 +16,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from . import losses
-from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
 from .decoding import any_rank_running, lockstep_group
+from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
 from .sampling import draw_uniforms, sample_tokens
 
 
