@@ -273,7 +273,8 @@ class CausalFamily(ModelFamily):
         if generate_kwargs.get("max_length") is not None and generate_kwargs.get("max_new_tokens") is None:
             generate_kwargs["max_new_tokens"] = generate_kwargs.pop("max_length")
         generate_kwargs.pop("max_length", None)
-        generate_kwargs.pop("synced_gpus", None)
+        # `synced_gpus` (set by Seq2SeqTrainer under ZeRO-3 and FSDP) reaches `generate`, which then keeps every rank
+        # stepping until all ranks' rows have ended.
         prompt_ids, prompt_mask = self.prompts(model, batch)
         ids, _ = causal.generate_completions(_unwrap(model), prompt_ids, prompt_mask, **generate_kwargs)
         return ids

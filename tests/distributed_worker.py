@@ -18,7 +18,7 @@ With the mode `reuse_and_mrt` it runs instead:
 With the mode `input_schedules`: one step each of noise-level forcing and of an exact k-step rollout
 (`run_input_schedule_step`). With `causal_trainers`: MRT and the exact k-step rollout on the tiny Llama. With
 `zero3` (launched with recipes/accelerate_configs/deepspeed_zero3.yaml): `one_step` and `causal_one_step` on
-parameters sharded by DeepSpeed ZeRO-3, dumped gathered.
+parameters sharded by DeepSpeed ZeRO-3, dumped gathered, and `causal_eval`: an evaluation with generation after it.
 
 Usage: python tests/distributed_worker.py OUT_DIR REPO_ROOT [SUITE]   (SUITE: a key of `SUITES`)
 """
@@ -238,6 +238,15 @@ def run_input_schedule_step(output_dir: str, kind: str, causal: bool = False, **
     return trainer
 
 
+def run_causal_evaluation(output_dir: str):
+    """Returns the `causal_one_step` trainer after an evaluation with generation on prompts of 1 to 6 characters
+    (its metrics in the log history)."""
+    trainer = run_one_step_causal(output_dir, max_grad_norm=1.0, predict_with_generate=True, generation_max_length=8,
+                                  per_device_eval_batch_size=4)
+    trainer.evaluate(eval_dataset=prompt_completion_dataset(byt5_tokenizer(), n=8, seed=3, lengths=(1, 6)))
+    return trainer
+
+
 # Groups of runs a test launches on 2 processes at once: name -> (run name, function of the output folder).
 SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
           "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing)),
@@ -245,7 +254,8 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
                               ("kstep", lambda out: run_input_schedule_step(out, "kstep"))),
           # The accelerate config's gradient_clipping (1.0) must equal the Trainer's max_grad_norm under DeepSpeed.
           "zero3": (("one_step", lambda out: run_one_step(out, max_grad_norm=1.0)),
-                    ("causal_one_step", lambda out: run_one_step_causal(out, max_grad_norm=1.0))),
+                    ("causal_one_step", lambda out: run_one_step_causal(out, max_grad_norm=1.0)),
+                    ("causal_eval", run_causal_evaluation)),
           "causal_trainers": (("causal_mrt", lambda out: run_mrt(out, causal=True)),
                               ("causal_kstep", lambda out: run_input_schedule_step(out, "kstep", causal=True)))}
 

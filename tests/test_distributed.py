@@ -270,12 +270,18 @@ def test_trainers_of_a_suite_on_two_processes(tmp_path, suite, runs):
 def test_deepspeed_zero3_trains_as_one_process(tmp_path):
     """recipes/accelerate_configs/deepspeed_zero3.yaml on 2 CPU processes: the Trainer with every parameter
     partitioned (rollouts, the scoring pass and the step) ends one step of the `one_step` setup, encoder-decoder and
-    decoder-only, where one process with the global batch of 8 ends."""
+    decoder-only, where one process with the global batch of 8 ends; a decoder-only evaluation with generation
+    finishes on both ranks."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed)")
     import distributed_worker as worker
 
     config = REPO / "recipes" / "accelerate_configs" / "deepspeed_zero3.yaml"
-    results, _ = run_worker(tmp_path, ("one_step", "causal_one_step"), "zero3", launcher=("--config_file", str(config)))
+    results, _ = run_worker(tmp_path, ("one_step", "causal_one_step", "causal_eval"), "zero3",
+                            launcher=("--config_file", str(config)))
+    # evaluation generates under sharded weights (Seq2SeqTrainer's synced_gpus): both ranks finish, same metrics
+    evaluated = [[h["eval_loss"] for h in results[f"causal_eval{rank}"]["log_history"] if "eval_loss" in h]
+                 for rank in (0, 1)]
+    assert len(evaluated[0]) == 1 and evaluated[0] == evaluated[1] and math.isfinite(evaluated[0][0])
     for run, single_run in (("one_step", worker.run_one_step), ("causal_one_step", worker.run_one_step_causal)):
         assert results[f"{run}0"]["world_size"] == 2
         single = single_run(str(tmp_path / f"single_{run}"), per_device_train_batch_size=8, max_grad_norm=1.0)
