@@ -62,6 +62,23 @@ def tokenizer():
     return byt5_tokenizer()
 
 
+def whole_state_dict(model) -> dict:
+    """Returns the model's state dict with whole tensors on CPU: parameters partitioned by DeepSpeed ZeRO-3 are
+    gathered, FSDP2's DTensors made full (both collective: every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    def whole():
+        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().clone()
+                for name, value in model.state_dict().items()}
+
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            return whole()
+    return whole()
+
+
 def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2):
     """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
     from hf_seqrl.tiny_models import build_tiny_model

@@ -33,7 +33,7 @@ import torch
 torch.set_num_threads(1)
 
 from conftest import (byt5_tokenizer, prompt_completion_dataset, tiny_causal_model, tiny_model,  # noqa: E402
-                      toy_dataset, toy_pairs)  # (tests/ is sys.path[0])
+                      toy_dataset, toy_pairs, whole_state_dict)  # (tests/ is sys.path[0])
 
 
 REWARDS_SEEN: list[float] = []  # what this process's reward calls returned (its own samples only)
@@ -144,16 +144,6 @@ def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_transla
     trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
     trainer.train()
     return trainer
-
-
-def whole_state_dict(model) -> dict:
-    """Returns the model's state dict with whole tensors (under DeepSpeed ZeRO-3 the parameters are gathered)."""
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def dump(trainer, path: str) -> None:

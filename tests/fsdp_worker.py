@@ -23,9 +23,8 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
-from conftest import byt5_tokenizer, tiny_model  # tests/ is sys.path[0]
+from conftest import byt5_tokenizer, tiny_model, whole_state_dict  # tests/ is sys.path[0]
 from hf_seqrl import losses
 from hf_seqrl.rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
 
@@ -75,17 +74,6 @@ def zero3_engine(model, lr: float):
     return engine
 
 
-def full_parameters(model, engine) -> dict:
-    """Returns every parameter of the sharded `model`, whole."""
-    if engine is None:
-        return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-                for name, p in model.named_parameters()}
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(list(model.parameters())):
-        return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
 def main(out: str, sharding: str = "fsdp2") -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -111,8 +99,8 @@ def main(out: str, sharding: str = "fsdp2") -> None:
     for step in range(STEPS):
         for name, (model, opt, average, eng) in runs.items():
             history[name].append(rl_step(model, opt, batch, config, 100 * step + rank, average, eng))
-    whole = full_parameters(sharded, engine)
-    params = {name: (value, dict(reference.named_parameters())[name].detach().clone()) for name, value in whole.items()}
+    unsharded = reference.state_dict()
+    params = {name: (value, unsharded[name].detach().clone()) for name, value in whole_state_dict(sharded).items()}
     torch.save({"rank": rank, "history": history, "params": params}, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     del engine
