@@ -207,6 +207,16 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     return ids.masked_fill(~done, pad), done
 
 
+def append_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  prefix_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(ids, mask)` of left-padded prompts `(B, P)` followed by completion tokens `prefix_ids` `(B, K)`
+    that every row continues from (unchanged when there are none)."""
+    if prefix_ids is None or not prefix_ids.shape[1]:
+        return prompt_ids, prompt_mask
+    return (torch.cat([prompt_ids, prefix_ids], dim=1),
+            torch.cat([prompt_mask.bool(), torch.ones_like(prefix_ids, dtype=torch.bool)], dim=1))
+
+
 @torch.no_grad()
 def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
                   generation_config: GenerationConfig, num_samples: int = 1, with_greedy: bool = False,
@@ -226,10 +236,7 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     """
     pad = pad_id(model)
     prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
-    context_ids, context_mask = prompt_ids, prompt_mask
-    if prefix_ids is not None and prefix_ids.shape[1]:
-        context_ids = torch.cat([prompt_ids, prefix_ids], dim=1)
-        context_mask = torch.cat([prompt_mask, torch.ones_like(prefix_ids, dtype=torch.bool)], dim=1)
+    context_ids, context_mask = append_prefix(prompt_ids, prompt_mask, prefix_ids)
     group = num_samples + int(with_greedy)
     was_training = model.training
     model.eval()

@@ -310,10 +310,7 @@ class CausalFamily(ModelFamily):
             offset += len(batch["labels"])
 
     def continue_from(self, model, batch, prefix, generation_config):
-        prompt_ids, prompt_mask = self.prompts(model, batch)
-        if prefix is not None and prefix.shape[1]:
-            prompt_ids = torch.cat([prompt_ids, prefix], dim=1)
-            prompt_mask = torch.cat([prompt_mask, torch.ones_like(prefix, dtype=torch.bool)], dim=1)
+        prompt_ids, prompt_mask = causal.append_prefix(*self.prompts(model, batch), prefix)
         ids, _ = causal.generate_completions(model, prompt_ids, prompt_mask, generation_config=generation_config)
         ids = ids if prefix is None else torch.cat([prefix, ids], dim=1)
         mask = causal.completion_mask(ids, causal.eos_ids(model))
