@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from . import losses
-from .decoding import any_rank_running, lockstep_group
+from .decoding import any_rank_running, lockstep_group, rows_to_keep
 from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
 from .sampling import draw_uniforms, sample_tokens
 
@@ -163,7 +163,8 @@ def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, generation_config
 
 @torch.no_grad()
 def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig,
-                  repeats: int = 1, greedy_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  repeats: int = 1, greedy_first: bool = False,
+                  compact_below: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns `(completion ids (B*repeats, T), mask)`: each prompt continued `repeats` times, pad after EOS.
 
     A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
@@ -171,35 +172,45 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     an EOS or `max_new_tokens` tokens. It does what `generate` does for these rows without its per-step machinery
     (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models. The
     uniforms of the draws are one `torch.rand((max_new_tokens, sampled rows))` call on the global RNG per decode
-    (`sampling.draw_uniforms`), as the seq2seq rollouts draw them.
+    (`sampling.draw_uniforms`), as the seq2seq rollouts draw them. Ended rows leave the forward once the running
+    rows are at most `compact_below` of those in it (0: never), as in `decoding.decode`.
     """
     pad, eos = pad_id(model), torch.tensor(eos_ids(model), device=prompt_ids.device)
     cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, repeats)
-    rows, steps = logits.shape[0], generation_config.max_new_tokens
-    sampled = torch.ones(rows, dtype=torch.bool, device=logits.device)
+    rows, steps, device = logits.shape[0], generation_config.max_new_tokens, logits.device
+    sampled = torch.ones(rows, dtype=torch.bool, device=device)
     if greedy_first:
-        sampled = torch.arange(rows, device=logits.device) % repeats != 0
+        sampled = torch.arange(rows, device=device) % repeats != 0
     if not generation_config.do_sample:
         sampled = torch.zeros_like(sampled)
-    uniforms = draw_uniforms(steps, int(sampled.sum()), logits.device) if sampled.any() else None
+    # Each row's uniform per step (the sampled rows' in order; greedy rows read none).
+    row_uniforms = torch.ones((steps, rows), device=device)
+    if sampled.any():
+        row_uniforms[:, sampled] = draw_uniforms(steps, int(sampled.sum()), device)
     positions = position_ids(mask)[:, -1:]
-    finished = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    active = torch.arange(rows, device=device)  # the rows in the forward (ended rows leave it, as in `decode`)
     lockstep = lockstep_group()
     tokens = []
     for step in range(steps):
-        chosen = choose_tokens(logits, sampled, generation_config, None if uniforms is None else uniforms[step])
+        chosen = choose_tokens(logits, sampled[active], generation_config, row_uniforms[step, active][sampled[active]])
+        chosen = torch.full((rows,), pad, dtype=torch.long, device=device).index_copy_(0, active, chosen)
         chosen = chosen.masked_fill(finished, pad)
         tokens.append(chosen)
         finished = finished | torch.isin(chosen, eos)
         done = bool(finished.all()) or step + 1 == steps
         # Sharded weights (FSDP2, ZeRO-3) are gathered inside every forward, which every rank must join: a rank whose
         # rows have all ended keeps calling the model (its outputs unused) while another still decodes.
-        if not (any_rank_running(not done, logits.device) if lockstep else not done):
+        if not (any_rank_running(not done, device) if lockstep else not done):
             break
-        mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+        keep = None if done else rows_to_keep(~finished[active], compact_below)
+        if keep is not None:
+            cache.batch_select_indices(keep)
+            mask, positions, active = mask[keep], positions[keep], active[keep]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         positions = positions + 1
-        logits = model(input_ids=chosen.unsqueeze(1), attention_mask=mask.long(), position_ids=positions, cache=cache,
-                       use_cache=True).logits[:, -1]
+        logits = model(input_ids=chosen[active, None], attention_mask=mask.long(), position_ids=positions,
+                       cache=cache, use_cache=True).logits[:, -1]
     ids = torch.stack(tokens, dim=1)
     if bool(finished.all()):  # steps taken only to keep pace with other ranks add nothing
         ids = ids[:, : int(completion_mask(ids, eos_ids(model)).sum(dim=1).max())]

@@ -90,40 +90,50 @@ def any_rank_running(running: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, group: int, greedy_first: bool,
+def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, greedy: torch.Tensor,
                   uniforms: torch.Tensor) -> torch.Tensor:
     """Returns the next token of every row: a forced token where one is due, else the argmax on greedy rows and a
     sample elsewhere.
 
     Args:
-        logits (`torch.Tensor` of shape `(B*group, V)`): next-token logits, the rows of a source contiguous.
+        logits (`torch.Tensor` of shape `(N, V)`): next-token logits of the rows being decoded.
         step (`int`): index of the token being chosen (0 = the first after the start token).
-        uniforms (`torch.Tensor` of shape `(B*n,)`): this step's uniform of each sample row.
+        greedy (`torch.BoolTensor` of shape `(N,)`): the rows that take the argmax.
+        uniforms (`torch.Tensor` of shape `(N,)`): this step's uniform of each row (read on sampled rows only).
     """
-    rows, vocab = logits.shape
+    rows = logits.shape[0]
     forced = settings.forced_bos_id if step == 0 else None
     if step == settings.max_new_tokens - 1 and settings.forced_eos_id is not None:
         forced = settings.forced_eos_id  # `generate` applies the EOS processor after the BOS one
     if forced is not None:
         return torch.full((rows,), int(forced), dtype=torch.long, device=logits.device)
     logits = logits.float()
-    if not greedy_first:
-        if not settings.do_sample:
-            return logits.argmax(dim=-1)
+    if not settings.do_sample:
+        return logits.argmax(dim=-1)
+    if not bool(greedy.any()):
         return sample_tokens(logits, uniforms, settings.temperature, settings.top_k, settings.top_p)
-    grouped = logits.view(-1, group, vocab)
-    tokens = torch.empty(grouped.shape[:2], dtype=torch.long, device=logits.device)
-    tokens[:, 0] = grouped[:, 0].argmax(dim=-1)
-    if group > 1:
-        others = grouped[:, 1:].reshape(-1, vocab)
-        tokens[:, 1:] = (others.argmax(dim=-1) if not settings.do_sample else sample_tokens(
-            others, uniforms, settings.temperature, settings.top_k, settings.top_p)).view(-1, group - 1)
-    return tokens.view(-1)
+    tokens = logits.argmax(dim=-1)
+    sampled = ~greedy
+    if bool(sampled.any()):
+        tokens[sampled] = sample_tokens(logits[sampled], uniforms[sampled], settings.temperature, settings.top_k,
+                                        settings.top_p)
+    return tokens
+
+
+def rows_to_keep(running: torch.Tensor, compact_below: float) -> torch.Tensor | None:
+    """Returns the positions of the running rows among the rows being decoded when they are at most
+    `compact_below` of them (and at least one), else None: the decode then drops the ended rows from every
+    further forward (their KV cache, encoder states and mask rows)."""
+    kept = int(running.sum())
+    if kept == 0 or kept > compact_below * running.numel():
+        return None
+    return running.nonzero().squeeze(1)
 
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: DecodeSettings, group: int,
-           greedy_first: bool, uniforms: torch.Tensor, prefix_ids: torch.Tensor | None = None) -> torch.Tensor:
+           greedy_first: bool, uniforms: torch.Tensor, prefix_ids: torch.Tensor | None = None,
+           compact_below: float = 0.5) -> torch.Tensor:
     """Returns the decoded tokens of `group` rows per source (start token excluded, `pad_id` after a row's EOS).
 
     Args:
@@ -134,13 +144,18 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
             (`n = group - greedy_first`).
         prefix_ids (`torch.LongTensor` of shape `(B, P)`, *optional*): tokens forced after the start token (read in
             the first forward); the returned tokens are the continuation only.
+        compact_below (`float`): once the rows still running are at most this fraction of the rows in the forward,
+            the ended rows leave it (their cache, encoder states and mask rows are dropped), so that a few long
+            rows do not carry the whole batch; 0 turns this off. A row's tokens do not depend on which other rows
+            share its forward.
 
     Returns: `torch.LongTensor` of shape `(B*group, T)`, `1 <= T <= max_new_tokens` (T = 1 when
     `max_new_tokens` is 0: a single pad column).
     """
     batch = input_ids.shape[0]
     rows = batch * group
-    eos = torch.tensor(settings.eos_ids, dtype=torch.long, device=input_ids.device)
+    device = input_ids.device
+    eos = torch.tensor(settings.eos_ids, dtype=torch.long, device=device)
     lockstep = lockstep_group()
     start = input_ids.new_full((batch, 1), settings.start_id)
     if prefix_ids is not None:
@@ -149,27 +164,39 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
                 return_dict=True)
     cache = out.cache
     cache.batch_repeat_interleave(group)
-    encoder_outputs = BaseModelOutput(last_hidden_state=out.encoder_last_hidden_state.repeat_interleave(group, dim=0))
+    encoder_states = out.encoder_last_hidden_state.repeat_interleave(group, dim=0)
     attention_mask = attention_mask.repeat_interleave(group, dim=0)
     logits = out.logits[:, -1].repeat_interleave(group, dim=0)
     del out
+    greedy = torch.zeros(rows, dtype=torch.bool, device=device)
+    if greedy_first:
+        greedy = torch.arange(rows, device=device) % group == 0
+    # Each row's uniform per step (the sample rows' in order; greedy rows read none).
+    row_uniforms = torch.ones((uniforms.shape[0], rows), dtype=uniforms.dtype, device=device)
+    row_uniforms[:, ~greedy] = uniforms
+    active = torch.arange(rows, device=device)  # the rows in the forward
     tokens: list[torch.Tensor] = []
-    running = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
+    running = torch.ones(rows, dtype=torch.bool, device=device)
     last = input_ids.new_full((rows,), settings.pad_id)
     done = settings.max_new_tokens == 0
     while True:
         if not done:
-            chosen = choose_tokens(logits, len(tokens), settings, group, greedy_first, uniforms[len(tokens)])
-            last = chosen.masked_fill(~running, settings.pad_id)
+            chosen = choose_tokens(logits, len(tokens), settings, greedy[active], row_uniforms[len(tokens), active])
+            last = input_ids.new_full((rows,), settings.pad_id).index_copy_(0, active, chosen)
+            last.masked_fill_(~running, settings.pad_id)
             tokens.append(last)
             if eos.numel():
                 running &= ~torch.isin(last, eos)
             done = len(tokens) == settings.max_new_tokens or not bool(running.any())
         # A rank whose rows have all ended keeps calling the model (its outputs unused) while others still decode.
-        if not (any_rank_running(not done, input_ids.device) if lockstep else not done):
+        if not (any_rank_running(not done, device) if lockstep else not done):
             break
-        out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=last[:, None],
-                    cache=cache, use_cache=True, return_dict=True)
+        keep = None if done else rows_to_keep(running[active], compact_below)
+        if keep is not None:
+            cache.batch_select_indices(keep)
+            encoder_states, attention_mask, active = encoder_states[keep], attention_mask[keep], active[keep]
+        out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states), attention_mask=attention_mask,
+                    decoder_input_ids=last[active, None], cache=cache, use_cache=True, return_dict=True)
         cache, logits = out.cache, out.logits[:, -1]
         del out
     if not tokens:

@@ -513,3 +513,37 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
         handle.remove()
     assert len(forwards) == 12  # the prompt, then one forward per step the other rank still runs
     assert ids.tolist() == alone.tolist() and mask.sum() == (alone != 0).sum()
+
+
+def test_ended_rows_leave_the_causal_forward_without_changing_any_row(tokenizer):
+    # As in the seq2seq decode: once at most half of the rows in the forward still run, the ended ones leave it;
+    # every row's tokens equal those of the decode that keeps all rows (same uniforms: the same RNG state).
+    import hf_seqrl.causal as causal
+
+    model = tiny_causal_model("qwen2", seed=1).eval()
+    eos = causal.eos_ids(model)[0]
+
+    def eos_often(module, args, output):  # a sample row ends with probability about 1/4 per step
+        output = output.clone()
+        output[..., eos] = output.logsumexp(dim=-1) - 1.0
+        return output
+
+    model.get_output_embeddings().register_forward_hook(eos_often)
+    enc = tokenizer(["ab=", "hello=", "xyz uvw="], add_special_tokens=False, padding=True, padding_side="left",
+                    return_tensors="pt")
+    config = causal_generation_config(model, 12)
+    rows_per_step = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, output: rows_per_step.append(
+        kwargs["input_ids"].shape[0]), with_kwargs=True)
+    torch.manual_seed(0)
+    compact = causal.decode_causal(model, enc["input_ids"], enc["attention_mask"].bool(), config, repeats=4,
+                                   greedy_first=True)
+    hook.remove()
+    torch.manual_seed(0)
+    full = causal.decode_causal(model, enc["input_ids"], enc["attention_mask"].bool(), config, repeats=4,
+                                greedy_first=True, compact_below=0)
+    assert torch.equal(compact[0], full[0]) and torch.equal(compact[1], full[1])
+    lengths = full[1].sum(1)
+    assert lengths.min() < lengths.max()
+    assert min(rows_per_step[1:]) < 12 <= rows_per_step[1]  # ended rows left the forward
+    assert all(a >= b for a, b in zip(rows_per_step[1:], rows_per_step[2:]))

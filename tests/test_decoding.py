@@ -181,3 +181,34 @@ def test_max_length_counts_the_start_token_as_generate_does():
     model = tiny_model("t5")
     config = rollout_generation_config(model, max_new_tokens=None, max_length=8)
     assert DecodeSettings.from_generation_config(config).max_new_tokens == 7
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ended_rows_leave_the_forward_without_changing_any_row(arch):
+    # Rows end at different steps; once at most half of the rows in the forward still run, the ended ones are
+    # dropped from it. Every row's tokens equal those of the decode that keeps all rows (same uniforms).
+    from hf_seqrl.decoding import decode
+
+    model = varied_model(arch)
+
+    def eos_near_the_top(module, args, output):  # a sample row ends often, a greedy row never
+        output = output.clone()
+        output[..., 1] = output.max(dim=-1).values - 0.5
+        return output
+
+    model.get_output_embeddings().register_forward_hook(eos_near_the_top)
+    ids, attn = sources()
+    settings = DecodeSettings.from_generation_config(rollout_generation_config(model, max_new_tokens=12))
+    uniforms = torch.rand((12, ids.shape[0] * 3), generator=torch.Generator().manual_seed(0))
+    rows_per_step = []
+    hook = model.get_decoder().register_forward_hook(
+        lambda module, args, kwargs, output: rows_per_step.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    compact = decode(model, ids, attn, settings, 4, True, uniforms)
+    hook.remove()
+    full = decode(model, ids, attn, settings, 4, True, uniforms, compact_below=0)
+    assert torch.equal(compact, full)
+    lengths = completion_mask(full, list(settings.eos_ids)).sum(1)
+    assert lengths.min() < lengths.max()
+    assert rows_per_step[0] == ids.shape[0] and rows_per_step[1] == 4 * ids.shape[0]  # first forward: the sources
+    assert min(rows_per_step[1:]) < 4 * ids.shape[0]  # ended rows left the forward
+    assert all(a >= b for a, b in zip(rows_per_step[1:], rows_per_step[2:]))

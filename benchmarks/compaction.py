@@ -1,0 +1,121 @@
+#!/usr/bin/env python
+"""Rollout decode time with and without dropping ended rows from the forward, on a trained model and real sources.
+
+    python benchmarks/compaction.py --task translation     # Multi30k de->en, the quality benchmark's C
+    python benchmarks/compaction.py --task summarization   # SciTLDR-A, the quality benchmark's C
+
+The random-weight models of `speed.py` never write EOS, so their rows all run to the length limit; trained models
+end rows at very different steps (captions, TL;DRs). This decodes the quality benchmark's cached checkpoint C
+(`python benchmarks/quality.py --task ...` trains it) on the dev sources in the quality benchmark's batches, as an
+SCST step does (greedy row + 1 sample per source) and as leave-one-out does (4 samples), with
+`hf_seqrl.decoding.decode` at `compact_below=0.5` (the default: ended rows leave the forward once at most half of
+the rows in it still run) and at `compact_below=0` (every row stays until all have ended). The two settings take
+turns batch by batch on the same uniforms, so they decode the same tokens (checked) and outside load falls on both;
+times are medians over batches. Writes benchmarks/results/compaction_<task>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+# The rollouts timed: name -> (rows per source, first row greedy).
+ROLLOUTS = {"SCST (greedy + 1 sample)": (2, True), "leave-one-out (4 samples)": (4, False)}
+
+
+def load_quality():
+    """Returns the quality benchmark module (benchmarks/quality.py): its data, tokenizer and checkpoint C."""
+    spec = importlib.util.spec_from_file_location("quality", os.path.join(HERE, "quality.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quality"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def time_rollout(model, batches, settings, group: int, greedy_first: bool) -> dict:
+    """Returns the per-batch decode seconds with and without compaction, and the rows' lengths."""
+    import torch
+
+    from hf_seqrl.decoding import decode
+    from hf_seqrl.rollout import completion_mask
+
+    seconds = {"compacted": [], "all rows": []}
+    lengths = []
+    for index, (ids, mask) in enumerate(batches):
+        samples = ids.shape[0] * (group - int(greedy_first))
+        uniforms = torch.rand((settings.max_new_tokens, samples), generator=torch.Generator().manual_seed(index))
+        outputs = {}
+        order = ("compacted", "all rows") if index % 2 == 0 else ("all rows", "compacted")
+        for name in order:
+            start = time.perf_counter()
+            outputs[name] = decode(model, ids, mask, settings, group, greedy_first, uniforms,
+                                   compact_below=0.5 if name == "compacted" else 0.0)
+            seconds[name].append(time.perf_counter() - start)
+        if not torch.equal(outputs["compacted"], outputs["all rows"]):
+            raise AssertionError(f"batch {index}: the compacted decode wrote other tokens")
+        lengths += completion_mask(outputs["all rows"], list(settings.eos_ids)).sum(1).tolist()
+    compacted, full = statistics.median(seconds["compacted"]), statistics.median(seconds["all rows"])
+    return {"seconds": seconds, "median_compacted_s": round(compacted, 4), "median_all_rows_s": round(full, 4),
+            "ratio": round(compacted / full, 3), "mean_tokens": round(statistics.mean(lengths), 2),
+            "max_tokens": max(lengths), "max_new_tokens": settings.max_new_tokens}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=("translation", "summarization"), required=True)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--batches", type=int, default=20, help="dev batches decoded per rollout")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from hf_seqrl.decoding import DecodeSettings
+    from hf_seqrl.rollout import rollout_generation_config
+
+    quality = load_quality()
+    torch.set_num_threads(args.threads)
+    settings = quality.SETTINGS[(args.task, False)]
+    data_dir = args.data_dir or quality.DEFAULT_DATA
+    work_dir = os.path.join(HERE, "cache", f"quality_{args.task}")
+    c_folder = os.path.join(work_dir, "C")
+    if not os.path.isdir(c_folder):
+        sys.exit(f"No checkpoint C in {c_folder}: run `python benchmarks/quality.py --task {args.task}` first.")
+    splits = quality.load_task(settings, data_dir)
+    tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
+    model = quality.load_model(settings, c_folder).eval()
+    decode_settings = DecodeSettings.from_generation_config(
+        rollout_generation_config(model, max_new_tokens=settings.max_new_tokens))
+    rows = splits["dev"]
+    batches = []
+    for start in range(0, min(len(rows), args.batches * settings.batch_size), settings.batch_size):
+        enc = tokenizer([r["source"] for r in rows[start:start + settings.batch_size]], truncation=True,
+                        max_length=settings.max_source_tokens, padding=True, return_tensors="pt")
+        batches.append((enc["input_ids"], enc["attention_mask"]))
+    results = {name: time_rollout(model, batches, decode_settings, group, greedy_first)
+               for name, (group, greedy_first) in ROLLOUTS.items()}
+    print(f"| rollout ({args.task}, batch {settings.batch_size}) | tokens per row (mean / max / limit) | "
+          f"decode s, all rows | decode s, compacted | compacted / all rows |")
+    print("|---|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {r['mean_tokens']} / {r['max_tokens']} / {r['max_new_tokens']} | "
+              f"{r['median_all_rows_s']:.3f} | {r['median_compacted_s']:.3f} | {r['ratio']:.2f}× |")
+    record = {"task": args.task, "command": "python benchmarks/compaction.py " + " ".join(argv or sys.argv[1:]),
+              "checkpoint": c_folder, "batch_size": settings.batch_size, "batches": len(batches),
+              "threads": args.threads, "torch": torch.__version__, "rollouts": results}
+    output = args.output or os.path.join(HERE, "results", f"compaction_{args.task}.json")
+    with open(output, "w") as f:
+        json.dump(record, f, indent=2)
+    return record
+
+
+if __name__ == "__main__":
+    main()
