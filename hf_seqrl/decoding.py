@@ -9,6 +9,7 @@ What `generate(do_sample=True)` does for a rollout, without what a rollout does 
   `torch.multinomial` (one exponential variate per vocabulary entry); greedy rows take the argmax.
 - Only the processors a rollout config can ask for: temperature / top-k / top-p, and forced BOS / EOS tokens.
 - The loop stops when every row has ended (EOS) or at the length limit.
+- Once at most half of the rows in the forward still run, the ended rows leave it (`compact_below`).
 
 Every step calls the model itself (its root module), never a submodule, so that FSDP2's root hooks gather the
 root's parameters (shared embedding, LM head) before the encoder and the decoder use them. Under
