@@ -9,9 +9,11 @@ end rows at very different steps (captions, TL;DRs). This decodes the quality be
 (`python benchmarks/quality.py --task ...` trains it) on the dev sources in the quality benchmark's batches, as an
 SCST step does (greedy row + 1 sample per source) and as leave-one-out does (4 samples), with
 `hf_seqrl.decoding.decode` at `compact_below=0.5` (the default: ended rows leave the forward once at most half of
-the rows in it still run) and at `compact_below=0` (every row stays until all have ended). The two settings take
-turns batch by batch on the same uniforms, so they decode the same tokens (checked) and outside load falls on both;
-times are medians over batches. Writes benchmarks/results/compaction_<task>.json and prints a table.
+the rows in it still run) and at `compact_below=0` (every row stays until all have ended), and with `speed.py`'s
+reference decode: `generate(do_sample=True, num_return_sequences=n)`, plus a greedy `generate` for SCST. The two
+settings of `decode` use the same uniforms, so they decode the same tokens (checked); the three arms take turns
+leading batch by batch, so outside load falls on all of them; times are medians over batches. Writes
+benchmarks/results/compaction_<task>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 # The rollouts timed: name -> (rows per source, first row greedy).
 ROLLOUTS = {"SCST (greedy + 1 sample)": (2, True), "leave-one-out (4 samples)": (4, False)}
+ARMS = ("compacted", "all rows", "generate")
 
 
 def load_quality():
@@ -39,32 +42,50 @@ def load_quality():
     return module
 
 
+def generate_reference(model, ids, mask, max_new_tokens: int, group: int, greedy_first: bool):
+    """The reference decode of `speed.py`: `generate(do_sample=True, num_return_sequences=n)` for the samples and,
+    for SCST, a separate greedy `generate`."""
+    samples = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, num_beams=1,
+                             num_return_sequences=group - int(greedy_first), max_new_tokens=max_new_tokens)
+    if greedy_first:
+        model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1,
+                       max_new_tokens=max_new_tokens)
+    return samples
+
+
 def time_rollout(model, batches, settings, group: int, greedy_first: bool) -> dict:
-    """Returns the per-batch decode seconds with and without compaction, and the rows' lengths."""
+    """Returns the per-batch decode seconds with and without compaction and of `generate`, and the rows'
+    lengths."""
     import torch
 
     from hf_seqrl.decoding import decode
     from hf_seqrl.rollout import completion_mask
 
-    seconds = {"compacted": [], "all rows": []}
+    seconds = {name: [] for name in ARMS}
     lengths = []
     for index, (ids, mask) in enumerate(batches):
         samples = ids.shape[0] * (group - int(greedy_first))
         uniforms = torch.rand((settings.max_new_tokens, samples), generator=torch.Generator().manual_seed(index))
         outputs = {}
-        order = ("compacted", "all rows") if index % 2 == 0 else ("all rows", "compacted")
-        for name in order:
+        for name in ARMS[index % len(ARMS):] + ARMS[:index % len(ARMS)]:  # each arm first in turn
             start = time.perf_counter()
-            outputs[name] = decode(model, ids, mask, settings, group, greedy_first, uniforms,
-                                   compact_below=0.5 if name == "compacted" else 0.0)
+            with torch.no_grad():
+                if name == "generate":
+                    generate_reference(model, ids, mask, settings.max_new_tokens, group, greedy_first)
+                else:
+                    outputs[name] = decode(model, ids, mask, settings, group, greedy_first, uniforms,
+                                           compact_below=0.5 if name == "compacted" else 0.0)
             seconds[name].append(time.perf_counter() - start)
         if not torch.equal(outputs["compacted"], outputs["all rows"]):
             raise AssertionError(f"batch {index}: the compacted decode wrote other tokens")
         lengths += completion_mask(outputs["all rows"], list(settings.eos_ids)).sum(1).tolist()
-    compacted, full = statistics.median(seconds["compacted"]), statistics.median(seconds["all rows"])
-    return {"seconds": seconds, "median_compacted_s": round(compacted, 4), "median_all_rows_s": round(full, 4),
-            "ratio": round(compacted / full, 3), "mean_tokens": round(statistics.mean(lengths), 2),
-            "max_tokens": max(lengths), "max_new_tokens": settings.max_new_tokens}
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+    return {"seconds": seconds, **{f"median_{name.replace(' ', '_')}_s": round(value, 4)
+                                   for name, value in median.items()},
+            "compacted_vs_all_rows": round(median["compacted"] / median["all rows"], 3),
+            "compacted_vs_generate": round(median["compacted"] / median["generate"], 3),
+            "mean_tokens": round(statistics.mean(lengths), 2), "max_tokens": max(lengths),
+            "max_new_tokens": settings.max_new_tokens}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -103,11 +124,12 @@ def main(argv: list[str] | None = None) -> dict:
     results = {name: time_rollout(model, batches, decode_settings, group, greedy_first)
                for name, (group, greedy_first) in ROLLOUTS.items()}
     print(f"| rollout ({args.task}, batch {settings.batch_size}) | tokens per row (mean / max / limit) | "
-          f"decode s, all rows | decode s, compacted | compacted / all rows |")
-    print("|---|---|---|---|---|")
+          "decode s, all rows | decode s, compacted | `generate` s | compacted / all rows | compacted / `generate` |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['mean_tokens']} / {r['max_tokens']} / {r['max_new_tokens']} | "
-              f"{r['median_all_rows_s']:.3f} | {r['median_compacted_s']:.3f} | {r['ratio']:.2f}× |")
+              f"{r['median_all_rows_s']:.3f} | {r['median_compacted_s']:.3f} | {r['median_generate_s']:.3f} | "
+              f"{r['compacted_vs_all_rows']:.2f}× | {r['compacted_vs_generate']:.2f}× |")
     record = {"task": args.task, "command": "python benchmarks/compaction.py " + " ".join(argv or sys.argv[1:]),
               "checkpoint": os.path.relpath(c_folder, os.path.dirname(HERE)), "batch_size": settings.batch_size, "batches": len(batches),
               "threads": args.threads, "torch": torch.__version__, "rollouts": results}
