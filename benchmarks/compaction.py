@@ -19,7 +19,6 @@ benchmarks/results/compaction_<task>.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -28,18 +27,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from exposure import load_quality  # noqa: E402  (the quality benchmark's data, tokenizer and checkpoint C)
 # The rollouts timed: name -> (rows per source, first row greedy).
 ROLLOUTS = {"SCST (greedy + 1 sample)": (2, True), "leave-one-out (4 samples)": (4, False)}
 ARMS = ("compacted", "all rows", "generate")
-
-
-def load_quality():
-    """Returns the quality benchmark module (benchmarks/quality.py): its data, tokenizer and checkpoint C."""
-    spec = importlib.util.spec_from_file_location("quality", os.path.join(HERE, "quality.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quality"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def generate_reference(model, ids, mask, max_new_tokens: int, group: int, greedy_first: bool):
