@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['median_all_rows_s']:.3f} | {r['median_compacted_s']:.3f} | {r['median_generate_s']:.3f} | "
               f"{r['compacted_vs_all_rows']:.2f}× | {r['compacted_vs_generate']:.2f}× |")
     record = {"task": args.task, "command": "python benchmarks/compaction.py " + " ".join(argv or sys.argv[1:]),
-              "checkpoint": os.path.relpath(c_folder, os.path.dirname(HERE)), "batch_size": settings.batch_size, "batches": len(batches),
+              "checkpoint": os.path.relpath(c_folder, os.path.dirname(HERE)), "batch_size": settings.batch_size,
+              "batches": len(batches),
               "threads": args.threads, "torch": torch.__version__, "rollouts": results}
     output = args.output or os.path.join(HERE, "results", f"compaction_{args.task}.json")
     with open(output, "w") as f:

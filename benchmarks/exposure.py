@@ -70,27 +70,27 @@ def exposure_table(results: dict, metric: str) -> dict:
             "seeds": row["seeds"], "steps": row["steps"]["mean"], "seconds_per_step": cost[arm],
             "cost_vs_teacher_forcing": round(cost[arm] / xe_cost, 2) if xe_cost else None,
             "greedy": row["greedy"][metric], "beam4": row.get("beam4", {}).get(metric),
-            **{key: row["diagnostics"].get(key) for key in DIAGNOSTICS}})
+            "dev": row.get("dev", {}).get(metric), **{key: row["diagnostics"].get(key) for key in DIAGNOSTICS}})
     c = results["C"]
-    return {"metric": metric, "C": {"greedy": c["greedy"][metric], "beam4": c.get("beam4", {}).get(metric),
-                                    **{key: c["diagnostics"].get(key) for key in DIAGNOSTICS}},
-            "rows": rows}
+    c_row = {"greedy": c["greedy"][metric], "beam4": c.get("beam4", {}).get(metric),
+             "dev": c.get("dev", {}).get(metric), **{key: c["diagnostics"].get(key) for key in DIAGNOSTICS}}
+    return {"metric": metric, "C": c_row, "rows": rows}
 
 
 def format_markdown(table: dict) -> str:
     """Returns the table in markdown: cost per step vs teacher forcing, test metric (mean, min–max), diagnostics."""
     metric = table["metric"]
     head = ["remedy (from C)", "cost / step (measured)", "cost (background)", "steps", f"greedy {metric}",
-            f"beam 4 {metric}", "horizon gap", "Jacobian growth", "recovery rate"]
+            f"beam 4 {metric}", f"dev {metric}", "horizon gap", "Jacobian growth", "recovery rate"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     c = table["C"]
     lines.append("| C (cross-entropy to plateau) | – | – | – | " + " | ".join(
-        [f"{c['greedy']:.2f}", "–" if c["beam4"] is None else f"{c['beam4']:.2f}"]
+        [f"{c['greedy']:.2f}"] + ["–" if c.get(k) is None else f"{c[k]:.2f}" for k in ("beam4", "dev")]
         + ["–" if c[k] is None else f"{c[k]:.3f}" for k in DIAGNOSTICS]) + " |")
     for row in table["rows"]:
         cost = "–" if row["cost_vs_teacher_forcing"] is None else f"{row['cost_vs_teacher_forcing']:.2f}×"
         lines.append("| " + " | ".join([row["title"], cost, row["background_cost"], f"{row['steps']:.0f}",
-                                        _cell(row["greedy"]), _cell(row["beam4"])]
+                                        _cell(row["greedy"]), _cell(row["beam4"]), _cell(row.get("dev"))]
                                        + [_cell(row[k], 3) for k in DIAGNOSTICS]) + " |")
     return "\n".join(lines)
 
