@@ -96,6 +96,7 @@ class Settings:
     clip_epsilon: float = 0.2  # scst_clip
     mrt_alpha: float = 0.005  # mrt: Q ∝ p(y|x)^alpha over each source's candidates (summed log-probs)
     mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them
+    pf_adversarial_weight: float = 1.0  # pf: weight of the adversarial loss beside cross-entropy
     eval_batch: int = 64
     beams: tuple[int, ...] = (1, 4)
     diag_examples: int = 200
@@ -562,7 +563,8 @@ def _pf_arm(ctx: "ArmContext"):
     from hf_seqrl.configs import ProfessorForcingConfig
     from hf_seqrl.trainers.professor_forcing import ProfessorForcingTrainer
 
-    args = ctx.args(ProfessorForcingConfig, max_new_tokens=ctx.settings.max_new_tokens)
+    args = ctx.args(ProfessorForcingConfig, max_new_tokens=ctx.settings.max_new_tokens,
+                    adversarial_weight=ctx.settings.pf_adversarial_weight)
     return ProfessorForcingTrainer(model=ctx.model, args=args, train_dataset=ctx.dataset,
                                    processing_class=ctx.tokenizer)
 
@@ -744,18 +746,20 @@ def _cached(path: str, compute):
     return value
 
 
+# The arms that sample and reward (MIXER's sampled suffix is trained as the SCST arm's samples are).
+REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
-ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), SEQUENCE_ARMS),
-            "center_advantages": tuple(RL_ARMS), "ss_min_ratio": ("ss",),
+ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
+            "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",),
             **dict.fromkeys(("clip_iterations", "clip_epsilon"), ("scst_clip",)),
-            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",))}
+            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",)), "pf_adversarial_weight": ("pf",)}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:
     """Returns the run-name suffix of `arm` under `overrides` (only the fields that arm reads; all with None).
     The RL arms read `arm_lr` only while `rl_lr` is 0."""
     changed = {k: v for k, v in overrides.items() if arm is None or arm in ARM_ONLY.get(k, (arm,))}
-    if arm in SEQUENCE_ARMS and overrides.get("rl_lr"):
+    if arm in REWARDED_ARMS and overrides.get("rl_lr"):
         changed.pop("arm_lr", None)
     return "".join(f"_{key}{value}" for key, value in sorted(changed.items())).replace(",", "-")
 

@@ -38,3 +38,22 @@ def test_exposure_quick_runs_every_remedy_from_one_checkpoint(tmp_path):
     with open(out) as f:
         assert json.load(f)["markdown"] == results["markdown"]
     assert results["markdown"].count("\n") == len(rows) + 2  # header, rule, C, one row per remedy
+
+
+def test_exposure_arms_read_their_settings(tmp_path):
+    # Each remedy's trainer gets the benchmark's settings of that arm (professor forcing's adversarial weight,
+    # MIXER's rate, mixing weight, temperature and centering, which also name its runs).
+    quality = load("quality")
+    settings, _ = quality.apply_overrides(quality.SETTINGS[("demo", True)], [
+        "pf_adversarial_weight=0.1", "rl_lr=3e-4", "rl_weight=0.5", "rl_temperature=0.7", "center_advantages=true"])
+    splits = quality.load_task(settings, str(tmp_path))
+    tokenizer = quality.build_tokenizer(settings, splits["train"], str(tmp_path / "tokenizer"))
+    dataset = quality.to_dataset(splits["train"][:16], tokenizer, settings)
+
+    def trainer(arm):
+        model = quality.build_model(settings, tokenizer)
+        return quality.arm_trainer(arm, model, tokenizer, dataset, settings, str(tmp_path / arm), 0, 8.0)
+
+    assert trainer("pf").args.adversarial_weight == 0.1
+    mixer = trainer("mixer").args
+    assert (mixer.learning_rate, mixer.rl_weight, mixer.temperature, mixer.center_advantages) == (3e-4, 0.5, 0.7, True)

@@ -139,6 +139,12 @@ def test_quality_overrides_name_their_runs():
     changed, overrides = quality.apply_overrides(settings, ["rl_temperature=0.7"])
     assert changed.rl_temperature == 0.7 and quality.run_tag("loo4", overrides) == "_rl_temperature0.7"
     assert quality.run_tag("ss", overrides) == ""
+    # MIXER rewards its sampled suffix as the SCST arm does: it reads the RL arms' fields, professor forcing its own
+    overrides = quality.apply_overrides(settings, ["arm_lr=5e-5", "rl_lr=5e-5", "center_advantages=true",
+                                                   "pf_adversarial_weight=0.1"])[1]
+    assert quality.run_tag("mixer", overrides) == "_center_advantagesTrue_rl_lr5e-05"
+    assert quality.run_tag("pf", overrides) == "_arm_lr5e-05_pf_adversarial_weight0.1"
+    assert quality.run_tag("scst", overrides) == "_center_advantagesTrue_rl_lr5e-05"
     for bad in ("seeds=1", "device=cuda", "nope=1", "d_model", "center_advantages=maybe"):
         with pytest.raises(SystemExit, match="FIELD=VALUE"):
             quality.apply_overrides(settings, [bad])
