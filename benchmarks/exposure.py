@@ -23,7 +23,10 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The remedies, with the per-step cost the background table gives them (teacher forcing = 1).
@@ -95,6 +98,89 @@ def format_markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
+def cost_unit(task: str, quick: bool, arm: str, steps: int, warmup: int, assignments: list[str], work_dir: str,
+              data_dir: str | None) -> dict:
+    """Times `steps` optimizer steps of one arm from the cached C (after `warmup` untimed ones), on the arm's own
+    trainer and data order; returns the seconds of each timed step and the decoder positions per step."""
+    import torch
+    from transformers import TrainerCallback, set_seed
+
+    quality = load_quality()
+    torch.set_num_threads(1)
+    settings, _ = quality.apply_overrides(quality.SETTINGS[(task, quick)], assignments)
+    splits = quality.load_task(settings, data_dir or quality.DEFAULT_DATA)
+    tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
+    dataset = quality.to_dataset(splits["train"], tokenizer, settings)
+    folder = os.path.join(work_dir, "C_annealed" if settings.anneal_lr is not None else "C")
+    if not os.path.isdir(folder):
+        sys.exit(f"No checkpoint in {folder}: run `python benchmarks/exposure.py --task {task}` first.")
+    set_seed(0)
+    model = quality.load_model(settings, folder)
+    lengths = [len(x) for x in dataset["labels"]]
+    trainer = quality.arm_trainer(arm, model, tokenizer, dataset, settings, tempfile.mkdtemp(), 0,
+                                  statistics.mean(lengths))
+    trainer.args.max_steps = warmup + steps
+    trainer.args.disable_tqdm = True
+    counter = quality.DecoderPositions(model)
+    seconds = []
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step > warmup:
+                seconds.append(time.perf_counter() - self.start)
+
+    trainer.add_callback(StepClock())
+    trainer.train()
+    return {"arm": arm, "step_seconds": seconds, "positions_per_step": counter.count / trainer.state.global_step}
+
+
+def cost_main(args) -> dict:
+    """Times every arm's optimizer step side by side: each arm in a fresh process, one at a time, the arms in turn
+    for `--cost-rounds` rounds; the cost of an arm is its median step over teacher forcing's."""
+    work_dir = args.work_dir or os.path.join(HERE, "cache", f"quality_{args.task}" + ("_quick" if args.quick else ""))
+    per_arm = {arm: [] for arm in args.arms}
+    positions = {}
+    for round_index in range(args.cost_rounds):
+        for arm in args.arms:
+            command = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--cost-unit", arm,
+                       "--cost-steps", str(args.cost_steps), "--work-dir", work_dir]
+            command += (["--quick"] if args.quick else []) + (["--set", *args.set] if args.set else [])
+            command += ["--data-dir", args.data_dir] if args.data_dir else []
+            lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()
+            unit = json.loads(lines[-1])
+            per_arm[arm] += unit["step_seconds"]
+            positions[arm] = unit["positions_per_step"]
+            print(f"round {round_index + 1}: {arm} median step {statistics.median(unit['step_seconds']):.3f} s",
+                  flush=True)
+    median = {arm: statistics.median(values) for arm, values in per_arm.items()}
+    xe_per_position = median["xe"] / positions["xe"]
+    rows = [{"arm": arm, "title": ARMS[arm][0], "background_cost": ARMS[arm][1],
+             "median_step_seconds": round(median[arm], 4), "positions_per_step": round(positions[arm]),
+             "cost_vs_teacher_forcing": round(median[arm] / median["xe"], 2),
+             "cost_per_position_vs_teacher_forcing": round(median[arm] / positions[arm] / xe_per_position, 2),
+             "step_seconds": per_arm[arm]} for arm in args.arms]
+    head = ["remedy", "median step s", "cost / step vs teacher forcing", "cost (background)",
+            "decoder positions / step", "cost / position vs teacher forcing"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [f"| {r['title']} | {r['median_step_seconds']:.3f} | {r['cost_vs_teacher_forcing']:.2f}× | "
+              f"{r['background_cost']} | {r['positions_per_step']} | "
+              f"{r['cost_per_position_vs_teacher_forcing']:.2f}× |" for r in rows]
+    markdown = "\n".join(lines)
+    print(markdown)
+    command = "python benchmarks/exposure.py " + " ".join(sys.argv[1:])
+    out = {"task": args.task, "command": command, "rounds": args.cost_rounds, "timed_steps": args.cost_steps,
+           "threads": 1, "overrides": args.set, "rows": rows, "markdown": markdown}
+    output = args.output or (os.path.join(work_dir, "exposure_cost.json") if args.quick
+                             else os.path.join(HERE, "results", f"exposure_cost_{args.task}.json"))
+    with open(output, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"wrote {output}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=("demo", "translation"), required=True)
@@ -109,9 +195,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--cost", action="store_true", help="time every arm's optimizer step from the cached C, "
+                        "each arm in a fresh process, the arms in turn (writes exposure_cost_<task>.json)")
+    parser.add_argument("--cost-steps", type=int, default=10, help="timed steps per arm and round (after 2 more)")
+    parser.add_argument("--cost-rounds", type=int, default=3)
+    parser.add_argument("--cost-unit", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cost_unit:
+        unit = cost_unit(args.task, args.quick, args.cost_unit, args.cost_steps, 2, args.set, args.work_dir,
+                         args.data_dir)
+        print(json.dumps(unit))
+        return unit
     if "xe" not in args.arms:
         sys.exit("--arms must include xe: the cost of a step is measured against teacher forcing.")
+    if args.cost:
+        return cost_main(args)
 
     quality = load_quality()
     name = f"exposure_{args.task}" + ("_quick" if args.quick else "")

@@ -38,6 +38,16 @@ def test_exposure_quick_runs_every_remedy_from_one_checkpoint(tmp_path):
     with open(out) as f:
         assert json.load(f)["markdown"] == results["markdown"]
     assert results["markdown"].count("\n") == len(rows) + 2  # header, rule, C, one row per remedy
+    # The cost of a step, every arm timed in a fresh process from the same C
+    cost = exposure.main(["--task", "demo", "--quick", "--work-dir", str(tmp_path / "work"), "--cost",
+                          "--arms", "xe", "pc", "kstep2", "--cost-steps", "2", "--cost-rounds", "1",
+                          "--output", str(tmp_path / "cost.json")])
+    rows = {row["arm"]: row for row in cost["rows"]}
+    assert set(rows) == {"xe", "pc", "kstep2"} and rows["xe"]["cost_vs_teacher_forcing"] == 1.0
+    for row in rows.values():
+        assert len(row["step_seconds"]) == 2 and min(row["step_seconds"]) > 0
+    assert rows["kstep2"]["positions_per_step"] > rows["xe"]["positions_per_step"]  # a row per anchor
+    assert rows["pc"]["positions_per_step"] == rows["xe"]["positions_per_step"]  # one pass, the same rows
 
 
 def test_exposure_arms_read_their_settings(tmp_path):
