@@ -18,7 +18,7 @@ from transformers import DynamicCache, GenerationConfig
 from . import losses
 from .decoding import any_rank_running, lockstep_group, rows_to_keep
 from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
-from .sampling import draw_uniforms, sample_tokens
+from .sampling import argmax_or_sample, draw_uniforms
 
 
 # Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
@@ -153,12 +153,8 @@ def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, generation_config
         logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
         uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): this step's uniform of each sampled row, in order.
     """
-    scores = logits.float()
-    chosen = scores.argmax(dim=-1)
-    if sampled.any():
-        chosen[sampled] = sample_tokens(scores[sampled], uniforms, generation_config.temperature or 1.0,
-                                        generation_config.top_k or 0, generation_config.top_p or 1.0)
-    return chosen
+    return argmax_or_sample(logits, sampled, uniforms, generation_config.temperature or 1.0,
+                            generation_config.top_k or 0, generation_config.top_p or 1.0)
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput
 
-from .sampling import sample_tokens
+from .sampling import argmax_or_sample
 
 # Generation settings that add logits processors the decode loop does not implement, with their neutral values.
 UNSUPPORTED = {"num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
@@ -91,7 +91,7 @@ def any_rank_running(running: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, greedy: torch.Tensor,
+def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, sampled: torch.Tensor,
                   uniforms: torch.Tensor) -> torch.Tensor:
     """Returns the next token of every row: a forced token where one is due, else the argmax on greedy rows and a
     sample elsewhere.
@@ -99,8 +99,8 @@ def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, gre
     Args:
         logits (`torch.Tensor` of shape `(N, V)`): next-token logits of the rows being decoded.
         step (`int`): index of the token being chosen (0 = the first after the start token).
-        greedy (`torch.BoolTensor` of shape `(N,)`): the rows that take the argmax.
-        uniforms (`torch.Tensor` of shape `(N,)`): this step's uniform of each row (read on sampled rows only).
+        sampled (`torch.BoolTensor` of shape `(N,)`): the sample rows (the others take the argmax).
+        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): this step's uniform of each sample row, in order.
     """
     rows = logits.shape[0]
     forced = settings.forced_bos_id if step == 0 else None
@@ -108,17 +108,9 @@ def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, gre
         forced = settings.forced_eos_id  # `generate` applies the EOS processor after the BOS one
     if forced is not None:
         return torch.full((rows,), int(forced), dtype=torch.long, device=logits.device)
-    logits = logits.float()
     if not settings.do_sample:
-        return logits.argmax(dim=-1)
-    if not bool(greedy.any()):
-        return sample_tokens(logits, uniforms, settings.temperature, settings.top_k, settings.top_p)
-    tokens = logits.argmax(dim=-1)
-    sampled = ~greedy
-    if bool(sampled.any()):
-        tokens[sampled] = sample_tokens(logits[sampled], uniforms[sampled], settings.temperature, settings.top_k,
-                                        settings.top_p)
-    return tokens
+        return logits.float().argmax(dim=-1)
+    return argmax_or_sample(logits, sampled, uniforms, settings.temperature, settings.top_k, settings.top_p)
 
 
 def rows_to_keep(running: torch.Tensor, compact_below: float) -> torch.Tensor | None:
@@ -169,12 +161,12 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
     attention_mask = attention_mask.repeat_interleave(group, dim=0)
     logits = out.logits[:, -1].repeat_interleave(group, dim=0)
     del out
-    greedy = torch.zeros(rows, dtype=torch.bool, device=device)
+    sampled = torch.ones(rows, dtype=torch.bool, device=device)
     if greedy_first:
-        greedy = torch.arange(rows, device=device) % group == 0
+        sampled = torch.arange(rows, device=device) % group != 0
     # Each row's uniform per step (the sample rows' in order; greedy rows read none).
     row_uniforms = torch.ones((uniforms.shape[0], rows), dtype=uniforms.dtype, device=device)
-    row_uniforms[:, ~greedy] = uniforms
+    row_uniforms[:, sampled] = uniforms
     active = torch.arange(rows, device=device)  # the rows in the forward
     tokens: list[torch.Tensor] = []
     running = torch.ones(rows, dtype=torch.bool, device=device)
@@ -182,7 +174,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
     done = settings.max_new_tokens == 0
     while True:
         if not done:
-            chosen = choose_tokens(logits, len(tokens), settings, greedy[active], row_uniforms[len(tokens), active])
+            on = sampled[active]
+            chosen = choose_tokens(logits, len(tokens), settings, on, row_uniforms[len(tokens), active][on])
             last = input_ids.new_full((rows,), settings.pad_id).index_copy_(0, active, chosen)
             last.masked_fill_(~running, settings.pad_id)
             tokens.append(last)

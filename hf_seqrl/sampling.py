@@ -95,6 +95,23 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     return inverse_cdf_sample(warp_logits(logits.float(), temperature, top_k, top_p), uniforms)
 
 
+def argmax_or_sample(logits: torch.Tensor, sampled: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0,
+                     top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Returns the argmax of each row, and on the `sampled` rows a draw of `sample_tokens` instead.
+
+    Args:
+        logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
+        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): the uniform of each sampled row, in order.
+    """
+    logits = logits.float()
+    if bool(sampled.all()):
+        return sample_tokens(logits, uniforms, temperature, top_k, top_p)
+    chosen = logits.argmax(dim=-1)
+    if bool(sampled.any()):
+        chosen[sampled] = sample_tokens(logits[sampled], uniforms, temperature, top_k, top_p)
+    return chosen
+
+
 def draw_uniforms(steps: int, rows: int, device: torch.device | str,
                   generator: torch.Generator | None = None) -> torch.Tensor:
     """Returns uniforms in (0, 1] of shape `(steps, rows)`: one `torch.rand((steps, rows))` call on `device`'s

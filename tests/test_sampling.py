@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from hf_seqrl.sampling import draw_uniforms, inverse_cdf_sample, sample_tokens, warp_logits
+from hf_seqrl.sampling import argmax_or_sample, draw_uniforms, inverse_cdf_sample, sample_tokens, warp_logits
 
 INF = float("inf")
 
@@ -105,3 +105,14 @@ def test_uniforms_lie_in_the_half_open_unit_interval_and_move_the_rng_on():
     torch.manual_seed(3)
     assert torch.equal(uniforms, 1.0 - torch.rand(5, 7)) and torch.equal(torch.get_rng_state(), after)
     assert uniforms.shape == (5, 7) and bool((uniforms > 0).all()) and bool((uniforms <= 1).all())
+
+
+def test_argmax_or_sample_draws_on_the_sampled_rows_only():
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.7], [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]]))
+    sampled = torch.tensor([False, True, True])
+    # row 1 at u = 0.6 falls in the second token's CDF interval (0.5, 0.8]; row 2 at u = 0.1 in the first [0, 0.2]
+    chosen = argmax_or_sample(logits, sampled, torch.tensor([0.6, 0.1]))
+    assert chosen.tolist() == [2, 1, 0]
+    assert argmax_or_sample(logits, torch.zeros(3, dtype=torch.bool), torch.empty(0)).tolist() == [2, 0, 2]
+    every = argmax_or_sample(logits, torch.ones(3, dtype=torch.bool), torch.tensor([0.05, 0.95, 0.5]))
+    assert every.tolist() == [0, 2, 2]
