@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     settings = quality.SETTINGS[(args.task, False)]
     data_dir = args.data_dir or quality.DEFAULT_DATA
     work_dir = os.path.join(HERE, "cache", f"quality_{args.task}")
-    c_folder = os.path.join(work_dir, "C_annealed" if settings.anneal_lr is not None else "C")  # where arms start
+    c_folder = quality.c_folder(settings, work_dir)
     if not os.path.isdir(c_folder):
         sys.exit(f"No checkpoint C in {c_folder}: run `python benchmarks/quality.py --task {args.task}` first.")
     splits = quality.load_task(settings, data_dir)

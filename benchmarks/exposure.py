@@ -111,7 +111,7 @@ def cost_unit(task: str, quick: bool, arm: str, steps: int, warmup: int, assignm
     splits = quality.load_task(settings, data_dir or quality.DEFAULT_DATA)
     tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
     dataset = quality.to_dataset(splits["train"], tokenizer, settings)
-    folder = os.path.join(work_dir, "C_annealed" if settings.anneal_lr is not None else "C")
+    folder = quality.c_folder(settings, work_dir)
     if not os.path.isdir(folder):
         sys.exit(f"No checkpoint in {folder}: run `python benchmarks/exposure.py --task {task}` first.")
     set_seed(0)

@@ -473,13 +473,18 @@ def checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: s
     return record
 
 
+def c_folder(settings: Settings, work_dir: str) -> str:
+    """Returns the folder of checkpoint C, where the arms start: the annealed stage when there is one."""
+    return os.path.join(work_dir, "C" if settings.anneal_lr is None else "C_annealed")
+
+
 def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:
     """Returns the record of checkpoint C (the annealed one, with the first stage under "phase1") and its folder."""
     record = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C")
     if settings.anneal_lr is None:
-        return record, os.path.join(work_dir, "C")
+        return record, c_folder(settings, work_dir)
     annealed = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C_annealed")
-    return {**annealed, "phase1": record}, os.path.join(work_dir, "C_annealed")
+    return {**annealed, "phase1": record}, c_folder(settings, work_dir)
 
 
 def _xe_arm(ctx: "ArmContext"):
