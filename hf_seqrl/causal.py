@@ -316,7 +316,7 @@ def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
         group += 1
     logits = completion_forward(model, prompt_ids, prompt_mask, rows.flatten(0, 1).clamp(min=0), group).logits
     logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
-    sample_logits = logits[:, :num_samples, :t_sample].flatten(0, 1)
+    sample_logits = logits[:, :num_samples, :t_sample]  # a view: the scoring reads the logits in place
     gold_logits = None
     if gold is not None:
         gold_logits = _align_to_labels(logits[:, num_samples, : gold.shape[1]], gold, gold_labels)

@@ -293,14 +293,19 @@ class ScoredRollout:
     """Output of the teacher-forced pass over a rollout.
 
     Attributes:
-        sample_logits (`torch.Tensor` of shape `(B*n, T, V)`): decoder logits at the sampled positions.
+        sample_logits (`torch.Tensor` of shape `(B, n, T, V)`): decoder logits at the sampled positions (a view of
+            the forward's logits; `sample_logits[b, j]` belongs to row `b * n + j` of the samples).
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token (with grad).
         gold_logits (`torch.Tensor` of shape `(B, T_gold, V)` or None): logits of the gold rows.
+        gold_logprobs (`torch.Tensor` of shape `(B, T_gold)` or None): log-prob of each gold token at temperature 1
+            (with grad; any value where the label is -100), from the same pass as `token_logprobs`. None where
+            the family computes only `gold_logits`.
     """
 
     sample_logits: torch.Tensor
     token_logprobs: torch.Tensor
     gold_logits: torch.Tensor | None
+    gold_logprobs: torch.Tensor | None = None
 
 
 def score_rollout(
@@ -317,7 +322,8 @@ def score_rollout(
     """Returns token log-probs of the sampled sequences (with grad) in one teacher-forced forward.
 
     The encoder runs once per source; the decoder scores the `n` samples of each source and, if
-    `gold_labels` is given, the gold target too (for the mixed cross-entropy term).
+    `gold_labels` is given, the gold target too (for the mixed cross-entropy term). The log-probs of the samples
+    (at `temperature`) and of the gold tokens (at temperature 1) come from one pass over the logits.
 
     Args:
         model: the (possibly DDP-wrapped or FSDP2-sharded) encoder-decoder model.
@@ -345,9 +351,14 @@ def score_rollout(
             use_cache=False,
         ).logits
     logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
-    sample_logits = logits[:, :num_samples, :t_sample].flatten(0, 1)
-    gold_logits = None
-    if gold_labels is not None:
-        gold_logits = logits[:, num_samples, : gold_labels.shape[1]]
-    token_logprobs = losses.token_logprobs_from_logits(sample_logits, sample_ids, temperature)
-    return ScoredRollout(sample_logits, token_logprobs, gold_logits)
+    sample_logits = logits[:, :num_samples, :t_sample]  # a view: the scoring reads the logits in place
+    if gold_labels is None:
+        token_logprobs = losses.token_logprobs_from_logits(sample_logits, sample_ids, temperature)
+        return ScoredRollout(sample_logits, token_logprobs, None)
+    # One pass over every row, the gold row of each source at temperature 1.
+    row_temperature = logits.new_full((group, 1), temperature, dtype=torch.float32)
+    row_temperature[num_samples] = 1.0
+    logprobs = losses.token_logprobs_from_logits(logits, rows, row_temperature)
+    t_gold = gold_labels.shape[1]
+    return ScoredRollout(sample_logits, logprobs[:, :num_samples, :t_sample].flatten(0, 1),
+                         logits[:, num_samples, :t_gold], logprobs[:, num_samples, :t_gold])

@@ -106,6 +106,30 @@ def test_cross_entropy_ignores_padding():
     logits = torch.log(torch.tensor([[[0.5, 0.5], [0.9, 0.1]]]))
     labels = torch.tensor([[0, -100]])
     assert losses.cross_entropy(logits, labels).item() == pytest.approx(math.log(2))
+    # From the labels' log-probs: -(log 0.5 + log 0.25) / 2 over the two counted positions; none counted -> 0.
+    logprobs = torch.log(torch.tensor([[0.5, 0.25, 0.125]]))
+    assert losses.cross_entropy_from_logprobs(logprobs, torch.tensor([[3, 4, -100]])).item() == pytest.approx(
+        1.5 * math.log(2))
+    assert losses.cross_entropy_from_logprobs(logprobs, torch.full((1, 3), -100)).item() == 0.0
+
+
+def test_token_logprobs_with_one_temperature_per_row():
+    # Row 0 at temperature 2 (softmax of log p / 2 is proportional to sqrt(p)), row 1 at temperature 1.
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]], [[0.1, 0.1, 0.8]]]))
+    ids = torch.tensor([[0], [2]])
+    s = torch.tensor([0.5, 0.25, 0.25]).sqrt()
+    got = losses.token_logprobs_from_logits(logits, ids, torch.tensor([[2.0], [1.0]]))
+    torch.testing.assert_close(got, torch.stack([torch.log(s[0] / s.sum()), torch.log(torch.tensor(0.8))]).view(2, 1))
+    # Gradient: the same as the whole-tensor formula with the per-row division.
+    x = (torch.randn(2, 3, 11, dtype=torch.float64) * 2).requires_grad_(True)
+    temps = torch.tensor([[0.5], [1.0]], dtype=torch.float64)
+    ids = torch.randint(0, 11, (2, 3))
+    assert torch.autograd.gradcheck(lambda x: losses.token_logprobs_from_logits(x, ids, temps), (x,))
+    whole = torch.log_softmax(x / temps.unsqueeze(-1), dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(losses.token_logprobs_from_logits(x, ids, temps), whole)
+    with pytest.MonkeyPatch.context() as patch:  # the whole-tensor path other devices take
+        patch.setattr(losses, "BLOCKWISE_DEVICES", ())
+        torch.testing.assert_close(losses.token_logprobs_from_logits(x, ids, temps), whole)
 
 
 def test_token_logprobs_equal_full_log_softmax_gather():
@@ -120,6 +144,70 @@ def test_token_logprobs_equal_full_log_softmax_gather():
     torch.testing.assert_close(lean, full, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(g_lean, g_full, atol=1e-6, rtol=1e-6)
 
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("block_elements", [1, 60, 1 << 18, None])
+def test_blockwise_token_logprobs_on_a_strided_view(monkeypatch, temperature, block_elements):
+    # The scoring pass hands a slice of a larger (B, rows per source, T, V) logits tensor: the sample rows of each
+    # source and their first T positions. Values and the gradient reaching the whole tensor equal those of a full
+    # log-softmax of a copy; blocks of 1 row, of a few rows (60 // 25 = 2, not dividing T = 5), of every row, and
+    # (None) the whole-tensor path other devices take.
+    if block_elements is None:
+        monkeypatch.setattr(losses, "BLOCKWISE_DEVICES", ())
+    else:
+        monkeypatch.setattr(losses, "CPU_BLOCK_ELEMENTS", block_elements)
+    gen = torch.Generator().manual_seed(1)
+    whole = (torch.randn(3, 4, 7, 25, generator=gen, dtype=torch.float64) * 3).requires_grad_(True)
+    ids = torch.randint(0, 25, (3 * 3, 5), generator=gen)
+    ids[0, 4] = -100  # masked positions may hold -100: any value is allowed there
+    view = whole[:, :3, :5]
+    assert not view.is_contiguous()
+    lean = losses.token_logprobs_from_logits(view, ids, temperature)
+    assert lean.shape == ids.shape
+    weights = torch.randn(ids.shape, generator=gen, dtype=torch.float64)
+    (g_lean,) = torch.autograd.grad((lean * weights).sum(), whole)
+    copy = view.flatten(0, 1)
+    full = torch.log_softmax(copy / temperature, dim=-1).gather(-1, ids.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    (g_full,) = torch.autograd.grad((full * weights).sum(), whole)
+    torch.testing.assert_close(lean, full)
+    torch.testing.assert_close(g_lean, g_full)
+    assert g_lean[:, 3].abs().max().item() == 0.0 and g_lean[:, :, 5:].abs().max().item() == 0.0
+    probe = whole.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: losses.token_logprobs_from_logits(x[:, :3, :5], ids, temperature),
+                                    (probe,))
+
+
+def test_blockwise_token_logprobs_of_bf16_logits():
+    # bf16 logits: computed in float32 (as the whole-tensor path does), gradient returned in bf16.
+    gen = torch.Generator().manual_seed(2)
+    logits = (torch.randn(4, 6, 30, generator=gen) * 5).to(torch.bfloat16).requires_grad_(True)
+    ids = torch.randint(0, 30, (4, 6), generator=gen)
+    lean = losses.token_logprobs_from_logits(logits, ids, 0.7)
+    assert lean.dtype == torch.float32
+    (g_lean,) = torch.autograd.grad(lean.sum(), logits)
+    assert g_lean.dtype == torch.bfloat16
+    full = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    (g_full,) = torch.autograd.grad(full.sum(), logits)
+    torch.testing.assert_close(lean, full)
+    torch.testing.assert_close(g_lean, g_full)
+
+
+@pytest.mark.parametrize("block_elements", [1, 60, 1 << 18, None])
+def test_blockwise_entropy_equals_whole_tensor(monkeypatch, block_elements):
+    if block_elements is None:  # the whole-tensor path other devices take
+        monkeypatch.setattr(losses, "BLOCKWISE_DEVICES", ())
+    else:
+        monkeypatch.setattr(losses, "CPU_BLOCK_ELEMENTS", block_elements)
+    gen = torch.Generator().manual_seed(3)
+    whole = torch.randn(2, 3, 6, 25, generator=gen) * 3
+    view = whole[:, :2, :5]
+    logp = torch.log_softmax(view, dim=-1)
+    expected = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(losses.token_entropy(view), expected)  # no autograd: the blockwise path
+    # With a gradient wanted it takes the whole-tensor path and gives the same values.
+    grad_view = whole.clone().requires_grad_(True)[:, :2, :5]
+    torch.testing.assert_close(losses.token_entropy(grad_view).detach(), expected)
 
 # ---- loss normalization, clipped updates, minimum risk ----------------------------------------------------------
 

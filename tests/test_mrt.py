@@ -59,7 +59,7 @@ def test_reference_candidate_scores_like_the_gold_labels(tokenizer):
     ids, mask, _ = candidate_set(samples, samples != 0, 1, [(labels, labels != -100)], pad=0)
     scored = score_rollout(model, enc["input_ids"], enc["attention_mask"], ids, 2, 0, 0)
     gold = score_rollout(model, enc["input_ids"], enc["attention_mask"], samples, 1, 0, 0, gold_labels=labels)
-    from_candidates = scored.sample_logits.view(2, 2, *scored.sample_logits.shape[1:])[:, -1, : labels.shape[1]]
+    from_candidates = scored.sample_logits[:, -1, : labels.shape[1]]
     torch.testing.assert_close(from_candidates, gold.gold_logits, atol=1e-5, rtol=1e-5)
 
 

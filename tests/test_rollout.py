@@ -109,11 +109,19 @@ def test_gold_rows_give_the_model_cross_entropy(arch):
     labels = labels.masked_fill(labels == 0, -100)
     ro = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=4), num_samples=2)
     scored = score_rollout(model, ids, attn, ro.sample_ids, 2, decoder_start_id(model), pad_id(model),
-                           gold_labels=labels)
+                           gold_labels=labels, temperature=0.7)
     expected = model(input_ids=ids, attention_mask=attn, labels=labels).loss
     torch.testing.assert_close(losses.cross_entropy(scored.gold_logits, labels), expected, atol=1e-5, rtol=1e-5)
-    ref_lp, _ = naive_token_logprobs(model, ids, attn, ro.sample_ids, 2)
+    # The gold log-probs of the same pass are at temperature 1 while the samples' are at 0.7.
+    from_logprobs = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
+    torch.testing.assert_close(from_logprobs, expected, atol=1e-5, rtol=1e-5)
+    ref_lp, _ = naive_token_logprobs(model, ids, attn, ro.sample_ids, 2, temperature=0.7)
     torch.testing.assert_close(scored.token_logprobs, ref_lp, atol=1e-5, rtol=1e-5)
+    # The same gradient as the model's own loss.
+    (g_pass,) = torch.autograd.grad(from_logprobs, model.lm_head.weight if arch != "t5" else model.shared.weight)
+    expected = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    (g_model,) = torch.autograd.grad(expected, model.lm_head.weight if arch != "t5" else model.shared.weight)
+    torch.testing.assert_close(g_pass, g_model, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -142,11 +142,15 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self.loss_is_scaled_for_ga = False
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
 
-    def _xe_from_logits(self, logits, labels):
+    def _xe_from_logits(self, logits, labels, logprobs=None):
         """Returns the Trainer's cross-entropy (label smoothing included) of `logits` `(N, T, V)` aligned with
-        `labels` `(N, T)`: the mean over the positions that are not -100."""
+        `labels` `(N, T)`: the mean over the positions that are not -100. `logprobs` `(N, T)`, the labels' log-probs
+        at temperature 1 where a pass computed them already, gives it without another pass over the logits
+        (unless label smoothing, which needs the logits, applies)."""
         if self.label_smoother is not None:
             return self.label_smoother({"logits": logits}, labels)
+        if logprobs is not None:
+            return losses.cross_entropy_from_logprobs(logprobs, labels)
         return losses.cross_entropy(logits, labels)
 
     def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
@@ -398,7 +402,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                                                  args.loss_normalization)
             clip_fraction, ratio_mean = losses.clip_statistics(scored.token_logprobs, *clip)
             metrics.update({"rl/clip_fraction": clip_fraction.item(), "rl/ratio_mean": ratio_mean.item()})
-        xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels)
+        xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(pg_loss, xe_loss, args.rl_weight)
         loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, mask, metrics)
         metrics["rl/pg_loss"] = pg_loss.item()

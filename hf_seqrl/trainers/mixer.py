@@ -77,7 +77,7 @@ class MixerTrainer(SeqRLTrainer):
             scored.sample_logits, batch.sample_ids)
         mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
                                        prefix_logprobs)
-        xe_loss = None if gold is None else self._xe_from_logits(scored.gold_logits, gold)
+        xe_loss = None if gold is None else self._xe_from_logits(scored.gold_logits, gold, scored.gold_logprobs)
         loss = losses.mix_losses(mixer_loss, xe_loss, args.rl_weight)
         metrics = dict(batch.metrics)
         loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, continuation_mask,

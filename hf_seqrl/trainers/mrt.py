@@ -87,12 +87,12 @@ class MRTTrainer(SeqRLTrainer):
         risk = losses.minimum_risk_loss(seq_logprobs, rewards, k, args.mrt_alpha, keep)
         xe_loss = None
         if xe_labels is not None:
-            gold_logits = scored.gold_logits
-            gold = labels
-            if args.mrt_include_reference:  # the reference is the last candidate: its logits are the gold ones
-                logits, gold = scored.sample_logits, targets
-                gold_logits = logits.view(-1, k, *logits.shape[1:])[:, -1, : gold.shape[1]]
-            xe_loss = self._xe_from_logits(gold_logits, gold)
+            if args.mrt_include_reference:  # the reference is the last candidate, scored at temperature 1
+                width = targets.shape[1]
+                reference_logprobs = scored.token_logprobs.view(-1, k, scored.token_logprobs.shape[1])[:, -1, :width]
+                xe_loss = self._xe_from_logits(scored.sample_logits[:, -1, :width], targets, reference_logprobs)
+            else:
+                xe_loss = self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
         metrics = self.sample_metrics(rewards[is_sample], bad[is_sample], rollout.sample_ids, rollout.sample_mask,
                                       unwrapped)
