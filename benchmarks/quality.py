@@ -50,7 +50,7 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "scst_clip": "C + SCST, clipped multi-update", "mrt": "C + minimum risk training"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
-              "rl/pg_loss", "loss")
+              "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "mrt/risk", "mrt/q_entropy", "loss")
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
            "scst_clip": {"baseline": "greedy", "num_samples": 1}}
 # The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
