@@ -481,10 +481,9 @@ def c_folder(settings: Settings, work_dir: str) -> str:
 def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:
     """Returns the record of checkpoint C (the annealed one, with the first stage under "phase1") and its folder."""
     record = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C")
-    if settings.anneal_lr is None:
-        return record, c_folder(settings, work_dir)
-    annealed = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C_annealed")
-    return {**annealed, "phase1": record}, c_folder(settings, work_dir)
+    if settings.anneal_lr is not None:
+        record = {**checkpoint(settings, splits, tokenizer, dataset, work_dir, "C_annealed"), "phase1": record}
+    return record, c_folder(settings, work_dir)
 
 
 def _xe_arm(ctx: "ArmContext"):

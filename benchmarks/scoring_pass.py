@@ -52,9 +52,10 @@ def time_passes(shape: str, samples: int, arm: str, steps: int) -> list[float]:
         scored = score_rollout(model, src, attn, sample_ids, samples, decoder_start_id(model), pad_id(model),
                                gold_labels=labels)
         pg = losses.policy_gradient_loss(scored.token_logprobs, mask, advantages)
-        xe = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
-        if arm == "whole_tensor":  # the gold cross-entropy from its logits, as before one pass served both
+        if arm == "whole_tensor":  # the gold cross-entropy from its logits, a pass of its own
             xe = losses.cross_entropy(scored.gold_logits, labels)
+        else:
+            xe = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
         with torch.no_grad():
             losses.token_entropy(scored.sample_logits)
         losses.mix_losses(pg, xe, 0.7).backward()

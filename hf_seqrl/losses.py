@@ -367,10 +367,11 @@ def _row_blocks(x: torch.Tensor):
 
 
 def _scale(z: torch.Tensor, temperature, key=None) -> torch.Tensor:
-    """Returns `z / temperature` (a new tensor) for a float or a per-position temperature tensor."""
+    """Returns `z / temperature` for a float or a per-position temperature tensor (`temperature[key]` with a key);
+    `z` itself at the float temperature 1."""
     if isinstance(temperature, torch.Tensor):
         return z / (temperature if key is None else temperature[key]).unsqueeze(-1)
-    return z / temperature
+    return z if temperature == 1.0 else z / temperature
 
 
 class _BlockwiseTokenLogprobs(torch.autograd.Function):
@@ -386,9 +387,7 @@ class _BlockwiseTokenLogprobs(torch.autograd.Function):
         out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)
         lse = torch.empty_like(out)
         for key, block in _row_blocks(logits):
-            z = block.to(dtype)
-            if isinstance(temperature, torch.Tensor) or temperature != 1.0:
-                z = _scale(z, temperature, key)
+            z = _scale(block.to(dtype), temperature, key)
             lse[key] = torch.logsumexp(z, dim=-1)
             out[key] = z.gather(-1, token_ids[key].unsqueeze(-1)).squeeze(-1) - lse[key]
         ctx.save_for_backward(logits, token_ids, lse)
@@ -399,16 +398,13 @@ class _BlockwiseTokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_out):
         logits, token_ids, lse = ctx.saved_tensors
         temperature = ctx.temperature
-        scaled = isinstance(temperature, torch.Tensor) or temperature != 1.0
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         for key, block in _row_blocks(logits):
-            z = _scale(block.to(lse.dtype), temperature if scaled else 1.0, key)  # new: never written into logits
+            z = _scale(block.to(lse.dtype), temperature, key)
             g = grad_out[key].unsqueeze(-1)
-            scores = z.sub_(lse[key].unsqueeze(-1)).exp_().mul_(-g)  # -g * softmax(z)
+            scores = (z - lse[key].unsqueeze(-1)).exp_().mul_(-g)  # -g * softmax(z), a new tensor: logits untouched
             scores.scatter_add_(-1, token_ids[key].unsqueeze(-1), g)
-            if scaled:
-                scores = _scale(scores, temperature, key)
-            grad[key] = scores
+            grad[key] = _scale(scores, temperature, key)
         return grad, None, None
 
 
@@ -435,9 +431,7 @@ def token_logprobs_from_logits(
         temperature = temperature.to(device=logits.device, dtype=_compute_dtype(logits)).expand(positions)
     if logits.device.type in BLOCKWISE_DEVICES:
         return _BlockwiseTokenLogprobs.apply(logits, ids, temperature).view(token_ids.shape)
-    z = logits.to(_compute_dtype(logits))  # before the division: bf16/fp16 logits would round the scaled values
-    if isinstance(temperature, torch.Tensor) or temperature != 1.0:
-        z = _scale(z, temperature)
+    z = _scale(logits.to(_compute_dtype(logits)), temperature)  # float32 first: bf16/fp16 would round z / t
     chosen = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return (chosen - torch.logsumexp(z, dim=-1)).view(token_ids.shape)
 
