@@ -8,7 +8,7 @@ The random-weight models of `speed.py` never write EOS, so their rows all run to
 end rows at very different steps (captions, TL;DRs). This decodes the quality benchmark's cached checkpoint C
 (`python benchmarks/quality.py --task ...` trains it) on the dev sources in the quality benchmark's batches, as an
 SCST step does (greedy row + 1 sample per source) and as leave-one-out does (4 samples), with
-`hf_seqrl.decoding.decode` at `compact_below=0.5` (the default: ended rows leave the forward once at most half of
+`hf_seqrl.models.seq2seq.decode` at `compact_below=0.5` (the default: ended rows leave the forward once at most half of
 the rows in it still run) and at `compact_below=0` (every row stays until all have ended), and with `speed.py`'s
 reference decode: `generate(do_sample=True, num_return_sequences=n)`, plus a greedy `generate` for SCST. The two
 settings of `decode` use the same uniforms, so they decode the same tokens (checked); the three arms take turns
@@ -50,8 +50,8 @@ def time_rollout(model, batches, settings, group: int, greedy_first: bool) -> di
     lengths."""
     import torch
 
-    from hf_seqrl.decoding import decode
-    from hf_seqrl.rollout import completion_mask
+    from hf_seqrl.models.seq2seq import decode
+    from hf_seqrl.models.base import completion_mask
 
     seconds = {name: [] for name in ARMS}
     lengths = []
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from hf_seqrl.decoding import DecodeSettings
-    from hf_seqrl.rollout import rollout_generation_config
+    from hf_seqrl.models.base import DecodeSettings
+    from hf_seqrl.models.seq2seq import rollout_generation_config
 
     quality = load_quality()
     torch.set_num_threads(args.threads)

@@ -117,7 +117,7 @@ SUMMARIZATION = Settings(
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
     patience=4, c_max_minutes=45.0, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
     budget_positions=100_000, diag_examples=50, diag_horizon=8)
-# The demo's generated three-dialect translation task (`hf_seqrl.demo`): its sizes map onto `DemoSettings`
+# The demo's generated three-dialect translation task (`hf_seqrl.cli.demo`): its sizes map onto `DemoSettings`
 # (vocab_size = source words, train_limit / dev_size / test_limit = split sizes, d_model / ffn / heads / layers).
 DEMO = Settings(
     task="demo", metrics=("bleu", "chrf"), train_limit=4000, dev_size=200, test_limit=300, max_source_tokens=16,
@@ -182,8 +182,8 @@ def load_scitldr(data_dir: str) -> dict[str, list[dict]]:
 
 
 def demo_settings(settings: Settings):
-    """Returns the `hf_seqrl.demo.DemoSettings` of the demo task's sizes."""
-    from hf_seqrl.demo import DemoSettings
+    """Returns the `hf_seqrl.cli.demo.DemoSettings` of the demo task's sizes."""
+    from hf_seqrl.cli.demo import DemoSettings
 
     return DemoSettings(vocab_size=settings.vocab_size, train_size=settings.train_limit, dev_size=settings.dev_size,
                         test_size=settings.test_limit, d_model=settings.d_model, d_ff=settings.ffn,
@@ -193,7 +193,7 @@ def demo_settings(settings: Settings):
 def load_task(settings: Settings, data_dir: str) -> dict[str, list[dict]]:
     """Returns the task's splits, cut to the settings' limits."""
     if settings.task == "demo":
-        from hf_seqrl.demo import make_task
+        from hf_seqrl.cli.demo import make_task
 
         task = make_task(0, demo_settings(settings))
         return {split: task[split] for split in ("train", "dev", "test")}
@@ -224,7 +224,7 @@ def build_tokenizer(settings: Settings, train_rows: list[dict], folder: str):
     if settings.task == "summarization":
         return AutoTokenizer.from_pretrained(minilm_path())
     if settings.task == "demo":
-        from hf_seqrl.demo import build_tokenizer as demo_tokenizer
+        from hf_seqrl.cli.demo import build_tokenizer as demo_tokenizer
 
         words = {w for r in train_rows for text in [r["source"], *r["references"]] for w in text.split()}
         return demo_tokenizer(sorted(words))
@@ -271,11 +271,11 @@ def build_model(settings: Settings, tokenizer):
         _set_special_ids(model, {"decoder_start_token_id": tokenizer.cls_token_id,
                                  "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.sep_token_id})
     elif settings.task == "demo":
-        from hf_seqrl.demo import build_model as demo_model
+        from hf_seqrl.cli.demo import build_model as demo_model
 
         model = demo_model(tokenizer, demo_settings(settings), settings.max_new_tokens)
     else:
-        from hf_seqrl.tiny_models import build_tiny_model
+        from hf_seqrl.models.tiny import build_tiny_model
 
         model = build_tiny_model("marian", tokenizer=tokenizer, d_model=settings.d_model, layers=settings.layers,
                                  heads=settings.heads, ffn=settings.ffn, dropout=settings.dropout, max_positions=256,
@@ -508,7 +508,7 @@ def _ss_arm(ctx: "ArmContext"):
 def _rl_arm(arm: str):
     def build(ctx: "ArmContext"):
         from hf_seqrl.configs import SeqRLConfig
-        from hf_seqrl.trainers.scst import SCSTTrainer
+        from hf_seqrl.trainers import SCSTTrainer
 
         settings = ctx.settings
         clipped = {"num_iterations": settings.clip_iterations, "epsilon": settings.clip_epsilon} \
@@ -788,7 +788,8 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
     return replace(settings, **changes), changes
 
 
-def write_dev_results(args, settings: Settings, overrides: dict, c_eval: dict, runs: list[dict], output: str) -> dict:
+def write_dev_results(args, settings: Settings, overrides: dict, command: str, c_eval: dict, runs: list[dict],
+                      output: str) -> dict:
     """Prints and writes the dev scores of C and of each arm (mean and min..max over seeds) of a --dev-only run."""
     metric = settings.metrics[0]
     arms = {}
@@ -802,8 +803,8 @@ def write_dev_results(args, settings: Settings, overrides: dict, c_eval: dict, r
         cell = row["dev"][metric]
         print(f"{TITLES[arm]:<32}{len(row['seeds']):>6}{row['steps']['mean']:>7.0f}"
               f"{cell['mean']:>12.2f} ({cell['min']:.2f}..{cell['max']:.2f})")
-    results = {"task": args.task, "dev_only": True, "overrides": overrides, "settings": asdict(settings),
-               "C": c_eval, "arms": arms, "runs": runs}
+    results = {"task": args.task, "dev_only": True, "overrides": overrides, "command": command,
+               "settings": asdict(settings), "C": c_eval, "arms": arms, "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w") as f:
         json.dump(results, f, indent=2)
@@ -849,7 +850,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "without it reads every cached unit and writes the results.")
     parser.add_argument("--dev-only", action="store_true",
                         help="score the arm units on dev only (greedy), to choose a variant on dev before spending "
-                        "test decoding on it; runs are named *_dev, results go to quality_<task>[tag]_dev.json")
+                        "test decoding on it; runs are named *_dev, results go to quality_<task>_dev.json")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="arm units run in this many processes at once (each with --threads threads), beside "
                         "the evaluation of C in this one; default: 2 (the benchmark's 2-core budget)")
@@ -860,9 +861,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu", help="cpu (the benchmark's budget: 2 cores) or cuda; the arms' "
                         "budget is counted in decoder positions, so a run elsewhere follows the same protocol")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="override settings, e.g. --set rl_weight=0.9 arm_lr=1e-4; runs and results get a suffix "
+                        help="override settings, e.g. --set rl_weight=0.9 arm_lr=1e-4; cached runs get a suffix "
                         "naming the overrides, and overrides of C's fields (e.g. patience=6) a work directory of their "
-                        "own. Compare variants on dev, not test.")
+                        "own. The results file records them (name it with --output). Compare variants on dev, not "
+                        "test.")
     args = parser.parse_args(argv)
 
     import torch
@@ -872,7 +874,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.seeds:
         settings = replace(settings, seeds=tuple(args.seeds))
     settings, overrides = apply_overrides(replace(settings, device=args.device), args.set)
-    tag = run_tag(None, overrides)
     # Overrides of C's fields define another C: it gets its own work directory.
     c_tag = run_tag(None, {k: v for k, v in overrides.items() if k in C_FIELDS + ANNEAL_FIELDS})
     folder = {"translation": "multi30k", "summarization": "scitldr", "demo": None}[args.task]
@@ -880,8 +881,9 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"No {folder} data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
     name = f"quality_{args.task}" + ("_quick" if args.quick else "")
     work_dir = args.work_dir or os.path.join(HERE, "cache", name + c_tag)
-    output = args.output or (os.path.join(work_dir, f"{name}{tag}.json") if args.quick
-                             else os.path.join(HERE, "results", f"{name}{tag}.json"))
+    # The results file is named by the task alone (or --output); the overrides are recorded inside it.
+    output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
+                             else os.path.join(HERE, "results", f"{name}.json"))
     os.makedirs(work_dir, exist_ok=True)
 
     start = time.time()
@@ -919,11 +921,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.runs_only:
         print("--runs-only: rerun without it for the evaluation of C and the results.")
         return {"runs": runs}
-    if args.dev_only:
-        return write_dev_results(args, settings, overrides, c_eval, runs, args.output or os.path.join(
-            os.path.dirname(output), f"{name}{tag}_dev.json"))
-    summary = summarize(settings, c_eval, runs)
     command = "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.dev_only:
+        return write_dev_results(args, settings, overrides, command, c_eval, runs, args.output or os.path.join(
+            os.path.dirname(output), f"{name}_dev.json"))
+    summary = summarize(settings, c_eval, runs)
     results = {"task": args.task, "quick": args.quick, "overrides": overrides, "command": command,
                "data": {split: len(rows) for split, rows in splits.items()}, "settings": asdict(settings),
                "budget": "decoder token positions (generated + teacher-forced, padding included) per arm",

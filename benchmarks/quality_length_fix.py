@@ -1,6 +1,6 @@
-"""Usage: python benchmarks/quality_length_fix.py xe|scst (after the final translation run has cached C).
+"""Usage: python benchmarks/quality_length_fix.py xe|scst (after the run of quality_translation.json cached C).
 
-Does a length fix at decoding recover RL's greedy gain? Retrains one arm of the final translation run (seed 0,
+Does a length fix at decoding recover RL's greedy gain? Retrains one arm of that run (seed 0,
 deterministic: the same model as the recorded run) from the cached C, then decodes dev and test greedily with
 the EOS logit lowered by each delta (transformers' `sequence_bias`) and writes BLEU, brevity penalty and length
 ratio per delta to benchmarks/results/quality_translation_length_fix_<arm>.json."""

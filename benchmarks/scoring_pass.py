@@ -33,10 +33,12 @@ def time_passes(shape: str, samples: int, arm: str, steps: int) -> list[float]:
     import speed
 
     from hf_seqrl import losses
-    from hf_seqrl.rollout import decoder_start_id, pad_id, score_rollout
+    from hf_seqrl.functional import logprobs
+    from hf_seqrl.models.base import decoder_start_id, pad_id
+    from hf_seqrl.models.seq2seq import score_rollout
 
     if arm == "whole_tensor":
-        losses.BLOCKWISE_DEVICES = ()
+        logprobs.BLOCKWISE_DEVICES = ()
     torch.set_num_threads(1)
     model, _ = speed.build(shape, "cpu")
     vocab = speed.SHAPES[shape]["vocab"]

@@ -52,7 +52,7 @@ def build(shape: str, device: str):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from hf_seqrl.tiny_models import build_tiny_model
+    from hf_seqrl.models.tiny import build_tiny_model
 
     spec = SHAPES[shape]
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
@@ -122,7 +122,8 @@ def step_xe(model, tok, src, attn, labels, refs, task, n, timer):
 
 def step_seqrl(model, tok, src, attn, labels, refs, task, n, timer):
     from hf_seqrl import losses
-    from hf_seqrl.rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
+    from hf_seqrl.models.base import decoder_start_id, pad_id
+    from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
 
     greedy = n == 1
     with timer("decode"):
@@ -146,7 +147,7 @@ def step_seqrl(model, tok, src, attn, labels, refs, task, n, timer):
 
 def step_reference(model, tok, src, attn, labels, refs, task, n, timer):
     """A straightforward SCST step: separate decodes, encoder re-run per sample, full log-softmax, per-pair rewards."""
-    from hf_seqrl.rollout import completion_mask
+    from hf_seqrl.models.base import completion_mask
 
     max_new = TASKS[task]["tgt_len"]
     model.eval()

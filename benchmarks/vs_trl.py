@@ -62,7 +62,7 @@ def toy_rows(n: int, seed: int) -> tuple[list[str], list[str]]:
 
 
 def build_model(tokenizer, seed: int = 0):
-    from hf_seqrl.tiny_models import build_tiny_model
+    from hf_seqrl.models.tiny import build_tiny_model
 
     return build_tiny_model("llama", tokenizer=tokenizer, d_model=64, layers=2, heads=4, ffn=128, max_positions=64,
                             seed=seed)
@@ -125,7 +125,7 @@ def make_trainer(kind: str, model, tokenizer, prompts, references, steps: int, s
 
 def equivalence() -> dict:
     """Returns the leave-one-out advantages, losses and gradients of hf-seqrl and TRL's RLOO on the same samples."""
-    from hf_seqrl.causal import sample_causal
+    from hf_seqrl.models.causal import sample_causal
 
     tokenizer = char_tokenizer()
     prompts, references = toy_rows(PROMPTS_PER_STEP, seed=7)
@@ -176,7 +176,7 @@ def run_arm(kind: str, steps: int, seed: int, init: str | None, eval_every: int)
     """Returns step times (s), RSS before training and peak RSS (MB), and held-out BLEU every `eval_every` steps."""
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from hf_seqrl.families import family_for
+    from hf_seqrl.models import family_for
 
     torch.set_num_threads(1)
     tokenizer = char_tokenizer()

@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "SeqRLConfig": "configs",
+    "SeqRLBaseConfig": "configs",
     "ScheduledSamplingConfig": "configs",
     "ProfessorForcingConfig": "configs",
     "ProfessorForcingTrainer": "trainers.professor_forcing",
@@ -20,10 +21,10 @@ _LAZY = {
     "MixerTrainer": "trainers.mixer",
     "PrefixCorruptionConfig": "configs",
     "KStepRolloutConfig": "configs",
-    "SeqRLTrainer": "trainers.base",
+    "SeqRLTrainer": "trainers.policy_gradient",
     "SeqRLBaseTrainer": "trainers.base",
-    "ReinforceTrainer": "trainers.reinforce",
-    "SCSTTrainer": "trainers.scst",
+    "ReinforceTrainer": "trainers.policy_gradient",
+    "SCSTTrainer": "trainers.policy_gradient",
     "MRTTrainer": "trainers.mrt",
     "ScheduledSamplingTrainer": "trainers.scheduled_sampling",
     "PrefixCorruptionTrainer": "trainers.input_schedules",
@@ -34,15 +35,20 @@ _LAZY = {
     "SeqRLDataCollator": "data",
     "tokenize_pairs": "data",
     "tokenize_prompt_completion": "data",
-    "family_for": "families",
+    "family_for": "models",
     "strip_start_token": "data",
     "run_diagnostics": "diagnostics",
     "DiagnosticsCallback": "diagnostics",
-    "Rollout": "rollout",
-    "sample_rollout": "rollout",
-    "score_rollout": "rollout",
-    "build_tiny_model": "tiny_models",
+    "Rollout": "models",
+    "sample_rollout": "models",
+    "score_rollout": "models",
+    "build_tiny_model": "models.tiny",
 }
+
+# Submodules reachable as attributes (`hf_seqrl.losses`), by where they live.
+_MODULES = {"losses": "losses", "rewards": "rewards", "metrics": "metrics", "schedules": "schedules",
+            "data": "data", "configs": "configs", "diagnostics": "diagnostics", "hub": "hub", "models": "models",
+            "functional": "functional", "decoder_inputs": "functional.decoder_inputs", "sampling": "functional.sampling"}
 
 __all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "decoder_inputs", "__version__"]
 
@@ -53,7 +59,6 @@ def __getattr__(name):
         value = getattr(module, name)
         globals()[name] = value
         return value
-    if name in ("losses", "rewards", "metrics", "schedules", "rollout", "data", "configs", "diagnostics", "hub",
-                "decoder_inputs"):
-        return importlib.import_module(f".{name}", __name__)
+    if name in _MODULES:
+        return importlib.import_module(f".{_MODULES[name]}", __name__)
     raise AttributeError(f"module 'hf_seqrl' has no attribute {name!r}")

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from transformers import Seq2SeqTrainingArguments
 
 from .losses import LOSS_NORMALIZATIONS
+from .schedules import SCHEDULES
 
 BASELINES = ("greedy", "mean", "moving_average", "none")
-SCHEDULES = ("linear", "exponential", "inverse_sigmoid", "constant")
 
 
 class _NoSecretsInPickle:
@@ -44,7 +44,27 @@ def check_schedule(config) -> None:
 
 
 @dataclass
-class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+    r"""
+    The fields every hf-seqrl trainer shares, on top of `Seq2SeqTrainingArguments`; each trainer's config extends it.
+
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher-forced cross-entropy (the `Seq2SeqTrainer` loss) before the trainer's own
+        loss takes over.
+    """
+
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
+                                                              "trainer's own loss."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.warmup_xe_steps < 0:
+            raise ValueError(f"{type(self).__name__}.warmup_xe_steps must be >= 0 (a number of optimizer steps), got "
+                             f"{self.warmup_xe_steps}.")
+
+
+@dataclass
+class SeqRLConfig(SeqRLBaseConfig):
     r"""
     Arguments of [`ReinforceTrainer`] and [`SCSTTrainer`], on top of `Seq2SeqTrainingArguments`.
 
@@ -134,7 +154,6 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off)."})
-    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before RL."})
     rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE."})
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
@@ -160,10 +179,6 @@ class SeqRLConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError(
                 "SeqRLConfig.baseline='mean' (leave-one-out) needs at least two samples per source: set "
                 f"num_samples >= 2 (got {self.num_samples}), or use baseline='greedy'."
-            )
-        if self.warmup_xe_steps < 0:
-            raise ValueError(
-                f"SeqRLConfig.warmup_xe_steps must be >= 0 (a number of optimizer steps), got {self.warmup_xe_steps}."
             )
         if not 0.0 <= self.rl_weight <= 1.0:
             raise ValueError(f"SeqRLConfig.rl_weight must be in [0, 1], got {self.rl_weight}.")
@@ -259,7 +274,7 @@ class MRTConfig(SeqRLConfig):
 
 
 @dataclass
-class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+class ScheduledSamplingConfig(SeqRLBaseConfig):
     r"""
     Arguments of [`ScheduledSamplingTrainer`], on top of `Seq2SeqTrainingArguments`.
 
@@ -283,7 +298,6 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     min_teacher_forcing_ratio: float = field(default=0.5, metadata={"help": "Lower bound of the ratio."})
     sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
     schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
-    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before mixing."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -292,8 +306,6 @@ class ScheduledSamplingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
             raise ValueError("ScheduledSamplingConfig.min_teacher_forcing_ratio must be in [0, 1].")
         if self.sampling not in ("argmax", "sample"):
             raise ValueError(f"ScheduledSamplingConfig.sampling must be 'argmax' or 'sample', got {self.sampling!r}.")
-        if self.warmup_xe_steps < 0:
-            raise ValueError(f"ScheduledSamplingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
 
 
 @dataclass
@@ -336,7 +348,7 @@ class MixerConfig(SeqRLConfig):
 
 
 @dataclass
-class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+class ProfessorForcingConfig(SeqRLBaseConfig):
     r"""
     Arguments of [`ProfessorForcingTrainer`], on top of `Seq2SeqTrainingArguments`.
 
@@ -349,7 +361,7 @@ class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         Width of the discriminator.
     discriminator_learning_rate (`float`, *optional*, defaults to `1e-4`):
         Learning rate of the discriminator's own Adam optimizer (one update per training batch).
-    free_running (`str`, *optional*, defaults to `"argmax"`):
+    sampling (`str`, *optional*, defaults to `"argmax"`):
         How the model writes its own outputs for the free-running rows: `"argmax"` (greedy) or `"sample"`.
     max_new_tokens (`int`, *optional*, defaults to `None`):
         Length limit of the free-running outputs; `None` takes `generation_max_length`, then the model's default.
@@ -361,9 +373,8 @@ class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     discriminator: str = field(default="gru", metadata={"help": "gru | transformer"})
     discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator."})
     discriminator_learning_rate: float = field(default=1e-4, metadata={"help": "Discriminator learning rate."})
-    free_running: str = field(default="argmax", metadata={"help": "argmax | sample"})
+    sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of free-running outputs."})
-    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before the adversarial term."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -375,16 +386,14 @@ class ProfessorForcingConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         if self.discriminator_hidden_size < 1 or self.discriminator_learning_rate <= 0:
             raise ValueError("ProfessorForcingConfig.discriminator_hidden_size must be >= 1 and "
                              "discriminator_learning_rate > 0.")
-        if self.free_running not in ("argmax", "sample"):
-            raise ValueError(f"ProfessorForcingConfig.free_running={self.free_running!r}: use 'argmax' or 'sample'.")
+        if self.sampling not in ("argmax", "sample"):
+            raise ValueError(f"ProfessorForcingConfig.sampling={self.sampling!r}: use 'argmax' or 'sample'.")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"ProfessorForcingConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}.")
-        if self.warmup_xe_steps < 0:
-            raise ValueError(f"ProfessorForcingConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
 
 
 @dataclass
-class PrefixCorruptionConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+class PrefixCorruptionConfig(SeqRLBaseConfig):
     r"""
     Arguments of [`PrefixCorruptionTrainer`] (prefix corruption and noise-level forcing), on top of
     `Seq2SeqTrainingArguments`.
@@ -425,7 +434,6 @@ class PrefixCorruptionConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     schedule: str = field(default="constant", metadata={"help": "constant | linear | exponential | inverse_sigmoid"})
     schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule."})
     schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
-    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before corruption."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -437,15 +445,13 @@ class PrefixCorruptionConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         if self.sampling not in ("argmax", "sample"):
             raise ValueError(f"PrefixCorruptionConfig.sampling must be 'argmax' or 'sample', got {self.sampling!r}.")
         check_schedule(self)
-        if self.warmup_xe_steps < 0:
-            raise ValueError(f"PrefixCorruptionConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")
 
 
 ROLLOUT_CONTEXTS = ("exact", "shared_row")
 
 
 @dataclass
-class KStepRolloutConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+class KStepRolloutConfig(SeqRLBaseConfig):
     r"""
     Arguments of [`KStepRolloutTrainer`], on top of `Seq2SeqTrainingArguments`.
 
@@ -455,7 +461,7 @@ class KStepRolloutConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     rollout_steps (`int`, *optional*, defaults to `4`):
         k ≥ 1: positions per anchor. The anchor position is predicted from the gold prefix, the next k − 1 after
         1 .. k − 1 of the model's own tokens. `1` is teacher forcing exactly.
-    rollout_sampling (`str`, *optional*, defaults to `"argmax"`):
+    sampling (`str`, *optional*, defaults to `"argmax"`):
         How the model's own tokens are picked: `"argmax"` (greedy) or `"sample"`.
     rollout_context (`str`, *optional*, defaults to `"exact"`):
         `"exact"`: every chunk sees the gold prefix up to its anchor, then its own tokens (one decoder row per
@@ -466,9 +472,8 @@ class KStepRolloutConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     """
 
     rollout_steps: int = field(default=4, metadata={"help": "k: positions per anchor (1 = teacher forcing)."})
-    rollout_sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
+    sampling: str = field(default="argmax", metadata={"help": "argmax | sample"})
     rollout_context: str = field(default="exact", metadata={"help": "exact | shared_row"})
-    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced steps before the rollouts."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -476,11 +481,9 @@ class KStepRolloutConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
                 or self.rollout_steps < 1:
             raise ValueError(f"KStepRolloutConfig.rollout_steps must be an integer >= 1, got {self.rollout_steps!r}.")
         self.rollout_steps = int(self.rollout_steps)
-        if self.rollout_sampling not in ("argmax", "sample"):
+        if self.sampling not in ("argmax", "sample"):
             raise ValueError(
-                f"KStepRolloutConfig.rollout_sampling must be 'argmax' or 'sample', got {self.rollout_sampling!r}.")
+                f"KStepRolloutConfig.sampling must be 'argmax' or 'sample', got {self.sampling!r}.")
         if self.rollout_context not in ROLLOUT_CONTEXTS:
             raise ValueError(
                 f"KStepRolloutConfig.rollout_context must be one of {ROLLOUT_CONTEXTS}, got {self.rollout_context!r}.")
-        if self.warmup_xe_steps < 0:
-            raise ValueError(f"KStepRolloutConfig.warmup_xe_steps must be >= 0, got {self.warmup_xe_steps}.")

@@ -5,11 +5,38 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .rewards import normalize_references
+from .models.base import decoder_start_id
 
 TEXT_COLUMNS = ("references", "sources")
-# Names a reward receives as keywords of its own: a dataset column cannot take them.
-REWARD_KEYWORDS = ("predictions", "references", "sources")
+
+
+def normalize_references(references: Any, field_name: str = "references", offset: int = 0) -> list[list[str]]:
+    """Returns references as a list (one per source) of non-empty lists of non-empty strings.
+
+    Each row may be a string or a list of strings. Raises a clear error naming the row (counted from `offset`)
+    otherwise.
+    """
+    rows = []
+    for i, row in enumerate(references, start=offset):
+        refs = [row] if isinstance(row, str) else row
+        if not isinstance(refs, (list, tuple)):
+            raise TypeError(
+                f"{field_name}[{i}] is a {type(row).__name__}; each row must be a string or a list of strings."
+            )
+        if len(refs) == 0:
+            raise ValueError(f"{field_name}[{i}] is an empty list: give at least one reference per source.")
+        for ref in refs:
+            if not isinstance(ref, str):
+                raise TypeError(
+                    f"{field_name}[{i}] contains a {type(ref).__name__} ({ref!r}); references must be strings."
+                )
+            if not ref.strip():
+                raise ValueError(
+                    f"{field_name}[{i}] contains an empty reference string: every prediction would score 0 "
+                    "against it. Drop it or the row."
+                )
+        rows.append(list(refs))
+    return rows
 
 
 class SeqRLDataCollator:
@@ -334,7 +361,7 @@ def tokenize_prompt_completion(
     """Returns causal-LM features (batched map): `input_ids` = prompt + completion + EOS, `attention_mask`, `labels`
     (-100 on the prompt, the completion and its EOS otherwise), and raw `references` / `sources`.
 
-    The prompt of a row is what precedes its first label (`hf_seqrl.causal.split_prompts` reads it back for
+    The prompt of a row is what precedes its first label (`hf_seqrl.models.causal.split_prompts` reads it back for
     rollouts), so no other column is needed. A prompt is plain text or a list of chat messages (rendered with the
     tokenizer's chat template and its generation prompt); `prompt_template` (with a `{prompt}` field) formats plain
     prompts first, and `use_chat_template` then wraps the result as one user message. A completion cell may be a
@@ -368,3 +395,92 @@ def tokenize_prompt_completion(
         features["references"].append(references)
         features["sources"].append(source)
     return features
+
+
+# ---- by model family: what `hf_seqrl.models` families read -----------------------------------------------------
+
+def tokenize_for(examples: dict[str, list], family, tokenizer, source_column: str, target_column: str,
+                 max_source_length: int | None = None, max_target_length: int | None = None, prefix: str = "",
+                 decoder_start_token_id: int | None = None, prompt_template: str | None = None,
+                 use_chat_template: bool = False) -> dict[str, list]:
+    """Returns the tokenized features of source/target pairs for a model of `family` (a `datasets.map(batched=True)`
+    function): `tokenize_pairs` for encoder-decoder models, `tokenize_prompt_completion` for decoder-only ones."""
+    if family.name == "seq2seq":
+        if prompt_template is not None or use_chat_template:
+            raise ValueError("prompt_template and use_chat_template shape the prompts of decoder-only models; an "
+                             "encoder-decoder model reads the source itself (source_prefix adds a task prefix).")
+        return tokenize_pairs(examples, tokenizer, source_column, target_column, max_source_length,
+                              max_target_length, prefix, decoder_start_token_id)
+    if prefix and prompt_template is None:
+        prompt_template = prefix + "{prompt}"
+    return tokenize_prompt_completion(examples, tokenizer, source_column, target_column, max_source_length,
+                                      max_target_length, prompt_template, use_chat_template)
+
+
+def tokenize_sources(family, tokenizer, sources, max_length: int | None = None) -> dict:
+    """Returns the padded `input_ids` / `attention_mask` tensors `(B, S)` of source or prompt texts (prompts
+    left-padded, as decoder-only models continue them)."""
+    import torch
+
+    if family.name == "seq2seq":
+        enc = tokenizer(list(sources), return_tensors="pt", padding=True, truncation=max_length is not None,
+                        max_length=max_length)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    rows = [prompt_token_ids(source, tokenizer, max_length) for source in sources]
+    width = max(len(row) for row in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return {"input_ids": torch.tensor([[pad] * (width - len(row)) + row for row in rows]),
+            "attention_mask": torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])}
+
+
+def tokenize_targets(family, model, tokenizer, texts, max_length: int | None = None) -> list[list[int]]:
+    """Returns the target token ids of reference texts, EOS included, as a model of `family` writes them."""
+    if family.name == "seq2seq":
+        ids = tokenizer(text_target=list(texts), truncation=max_length is not None, max_length=max_length)["input_ids"]
+        return strip_start_token(ids, decoder_start_id(model))
+    return [completion_token_ids(text, tokenizer, max_length) for text in texts]
+
+
+def check_causal_rows(dataset, name: str) -> None:
+    """Raises a clear error naming a row of a `datasets.Dataset` a decoder-only model cannot train on."""
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list) or "labels" not in columns or not hasattr(dataset, "iter"):
+        return
+    offset = 0
+    for batch in dataset.select_columns(["input_ids", "labels"]).iter(batch_size=1000):
+        for i, (ids, labels) in enumerate(zip(batch["input_ids"], batch["labels"])):
+            if len(ids) != len(labels):
+                raise ValueError(
+                    f"{name} row {offset + i}: a causal LM reads 'labels' aligned with 'input_ids' (prompt + "
+                    f"completion, -100 on the prompt), but they have {len(labels)} and {len(ids)} tokens. Build the "
+                    "rows with hf_seqrl.data.tokenize_prompt_completion.")
+            if labels and labels[0] != -100:
+                raise ValueError(f"{name} row {offset + i}: its first token is already a label, so it has no "
+                                 "prompt to sample from: set labels to -100 on the prompt tokens.")
+        offset += len(batch["labels"])
+
+
+def check_dataset_columns(dataset, name: str, family=None) -> None:
+    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, a
+    column named like a reward keyword (`predictions`), or rows the model family cannot read (a causal row's labels
+    must align with its input_ids and leave a prompt)."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or isinstance(columns, dict):
+        return
+    if "predictions" in columns:
+        raise ValueError(
+            f"{name} has a column named 'predictions': rewards receive every dataset column as a keyword, and "
+            "'predictions' is the decoded outputs. Rename that column."
+        )
+    if "input_ids" not in columns:
+        raise ValueError(
+            f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
+            "hf_seqrl.data.tokenize_pairs."
+        )
+    if "labels" not in columns and "references" not in columns:
+        raise ValueError(
+            f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
+            "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
+        )
+    if family is not None and family.name == "causal":
+        check_causal_rows(dataset, name)

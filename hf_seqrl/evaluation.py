@@ -1,20 +1,19 @@
-"""Corpus scores of a seq2seq model on a data file (`hf-seqrl evaluate`): greedy or beam search, every reference.
-
-    hf-seqrl evaluate --model DIR --data test.jsonl --metrics bleu chrf --num_beams 4 --output scores.json
-"""
+"""Generation for evaluation and corpus metrics: a model's outputs on source texts (greedy or beam search), their
+corpus scores against every reference, and `build_compute_metrics` for `Seq2SeqTrainer`-style evaluation.
+`hf-seqrl evaluate` (`hf_seqrl.cli.evaluate`) runs them on a checkpoint and a data file."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .data import normalize_references, tokenize_sources
 from .metrics import corpus_scores
-from .rewards import BUILTIN_REWARDS
+from .models import family_for
+from .models.base import eval_mode
+from .rewards import BUILTIN_REWARDS, accepts_reference_lists, is_evaluation_module, is_number
 
 
 def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int = 1, batch_size: int = 32,
@@ -24,11 +23,9 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
 
     Sources are batched by length (less padding); the model's own generation config applies otherwise (its
     `max_new_tokens` when not given), except that decoding always uses the KV cache (see
-    `rollout.rollout_generation_config`). The model is left in its original train/eval mode.
+    `models.seq2seq.rollout_generation_config`). The model is left in its original train/eval mode.
     """
     from tqdm.auto import tqdm
-
-    from .families import family_for
 
     family = family_for(model)
     if num_beams < 1 or batch_size < 1:
@@ -38,18 +35,13 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
     kwargs = {"num_beams": num_beams, "do_sample": False, "use_cache": True}
     if max_new_tokens is not None:
         kwargs["max_new_tokens"] = max_new_tokens
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=not progress):
-                rows = order[start:start + batch_size]
-                batch = family.tokenize_sources(tokenizer, [sources[i] for i in rows], max_source_length)
-                ids = family.generate(model, {k: v.to(model.device) for k, v in batch.items()}, **kwargs)
-                for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
-                    outputs[i] = text.strip()
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=not progress):
+            rows = order[start:start + batch_size]
+            batch = tokenize_sources(family, tokenizer, [sources[i] for i in rows], max_source_length)
+            ids = family.generate(model, {k: v.to(model.device) for k, v in batch.items()}, **kwargs)
+            for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+                outputs[i] = text.strip()
     return outputs
 
 
@@ -66,95 +58,6 @@ def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequenc
     return corpus_scores(predictions, [list(r) for r in references], metrics), predictions
 
 
-@dataclass
-class CheckpointDataArguments:
-    """The checkpoint, the data file and the batching shared by `hf-seqrl evaluate` and `hf-seqrl diagnose`."""
-
-    model: str = field(metadata={"help": "Local directory (or Hub id) of a seq2seq or causal model and its tokenizer "
-                                         "(causal models read each source as their prompt)."})
-    data: str = field(metadata={"help": "A .json, .jsonl, .csv, .tsv or .txt file of source/target pairs."})
-    source_column: str = field(default="source", metadata={"help": "Column of the sources."})
-    target_column: str = field(default="target", metadata={"help": "Column of the references: a string or a list "
-                                                                   "of references per row."})
-    max_examples: int | None = field(default=None, metadata={"help": "Use only the first rows of the file."})
-    batch_size: int = field(default=32, metadata={"help": "Sources per generate / forward call."})
-    max_new_tokens: int | None = field(default=None, metadata={
-        "help": "Decode budget in new tokens (evaluate: the model's default; diagnose: twice the longest reference "
-                "plus 10)."})
-    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
-    device: str | None = field(default=None, metadata={"help": "Default: cuda if available, else cpu."})
-
-    def __post_init__(self):
-        for name in ("batch_size", "max_examples", "max_new_tokens", "max_source_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 (or left unset where optional), got {value}.")
-
-
-@dataclass
-class EvaluateArguments(CheckpointDataArguments):
-    """`hf-seqrl evaluate`: corpus scores of a checkpoint on a data file."""
-
-    metrics: list[str] = field(default_factory=lambda: ["bleu", "chrf"],
-                               metadata={"help": f"Corpus metrics, from: {', '.join(BUILTIN_REWARDS)}."})
-    num_beams: int = field(default=1, metadata={"help": "1 = greedy; more = beam search."})
-    output: str | None = field(default=None, metadata={"help": "Write the scores (and settings) to this JSON file."})
-    predictions: str | None = field(default=None, metadata={"help": "Write one JSON line per source with its "
-                                                                    "output."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        unknown = [m for m in self.metrics if m not in BUILTIN_REWARDS]
-        if unknown or not self.metrics:
-            raise ValueError(f"metrics: unknown or no metric {unknown}; choose from {', '.join(BUILTIN_REWARDS)}.")
-        if self.num_beams < 1:
-            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}.")
-
-
-def load_model_and_pairs(args: CheckpointDataArguments):
-    """Returns `(model, tokenizer, sources, references)` named by `args`, the model on `args.device`."""
-    from transformers import AutoTokenizer
-
-    from .data import load_pairs
-    from .families import load_pretrained
-
-    sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_pretrained(args.model, trust_remote_code=False).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
-    return model, tokenizer, sources, references
-
-
-def evaluate_main(argv: list[str] | None = None) -> int:
-    """Returns the exit status of `hf-seqrl evaluate` run with `argv` (default: sys.argv[1:])."""
-    from .cli import parse_command
-
-    return evaluate_from_args(parse_command("evaluate", EvaluateArguments, argv))
-
-
-def evaluate_from_args(args: EvaluateArguments) -> int:
-    """Returns 0 after scoring the model named in `args` on its data file and printing (and writing) the scores."""
-    model, tokenizer, sources, references = load_model_and_pairs(args)
-    scores, predictions = evaluate_model(model, tokenizer, sources, references, args.metrics,
-                                         num_beams=args.num_beams, batch_size=args.batch_size,
-                                         max_new_tokens=args.max_new_tokens,
-                                         max_source_length=args.max_source_length)
-    decoding = "greedy" if args.num_beams == 1 else f"beam {args.num_beams}"
-    for name, value in scores.items():
-        print(f"{name:<10}{value:8.2f}")
-    print(f"({len(sources)} sources, {decoding}, corpus scores against every reference)")
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w") as f:
-            json.dump({"scores": scores, "num_examples": len(sources), "decoding": decoding, "model": args.model,
-                       "data": args.data, "max_new_tokens": args.max_new_tokens}, f, indent=2)
-    if args.predictions:
-        with open(args.predictions, "w") as f:
-            for source, prediction, refs in zip(sources, predictions, references):
-                f.write(json.dumps({"source": source, "prediction": prediction, "references": refs}) + "\n")
-    return 0
-
-
 def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), references: Sequence | None = None):
     """Returns a `compute_metrics` for `Seq2SeqTrainer`-style evaluation with `predict_with_generate=True`.
 
@@ -169,7 +72,6 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
 
     The metrics also hold `gen_len`, the mean generated length in tokens.
     """
-    from .rewards import _is_number, accepts_reference_lists, is_evaluation_module, normalize_references
 
     for metric in metrics:
         if not (is_evaluation_module(metric) or metric in BUILTIN_REWARDS):
@@ -198,7 +100,7 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
         for module in (m for m in metrics if not isinstance(m, str)):
             module_refs = refs if accepts_reference_lists(module) else [r[0] for r in refs]
             for key, value in module.compute(predictions=texts, references=module_refs).items():
-                if _is_number(value):
+                if is_number(value):
                     scores[module.name if key == module.name else f"{module.name}_{key}"] = float(value)
         return scores
 

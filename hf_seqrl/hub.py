@@ -1,6 +1,7 @@
 """Model cards: `huggingface_hub.ModelCard`s rendered from the template in `model_cards/`, written on save and pushed
-with the model. The card names the algorithm that actually ran (`describe_algorithm`), which for a policy-gradient
-trainer depends on its baseline, and links only to the papers and to the project URL the installed package declares.
+with the model. The card names the algorithm that actually ran (a `Method`, from the trainer: for a policy-gradient
+trainer it depends on the baseline), shows the settings that differ from their defaults (`card_settings`), and links
+only to the papers and to the project URL the installed package declares.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import re
 from importlib import metadata
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 PROJECT = "hf-seqrl"
@@ -16,147 +18,41 @@ PROJECT = "hf-seqrl"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_cards"
 TEMPLATE = "seqrl.md"
 
-# Papers a card may cite: `cite` is the in-text form, `url` a stable address of the paper (DOI, arXiv, ACL Anthology,
-# OpenReview), `bibtex` the entry shown under "Citation".
-REFERENCES = {
-    "rennie2017scst": dict(cite="Rennie et al., 2017", url="https://arxiv.org/abs/1612.00563", bibtex="""\
-@inproceedings{rennie2017scst,
-  title     = {Self-critical Sequence Training for Image Captioning},
-  author    = {Rennie, Steven J. and Marcheret, Etienne and Mroueh, Youssef and Ross, Jerret and Goel, Vaibhava},
-  booktitle = {IEEE Conference on Computer Vision and Pattern Recognition (CVPR)},
-  year      = {2017},
-  url       = {https://arxiv.org/abs/1612.00563}
-}"""),
-    "williams1992reinforce": dict(cite="Williams, 1992", url="https://doi.org/10.1007/BF00992696", bibtex="""\
-@article{williams1992reinforce,
-  title   = {Simple statistical gradient-following algorithms for connectionist reinforcement learning},
-  author  = {Williams, Ronald J.},
-  journal = {Machine Learning},
-  volume  = {8},
-  pages   = {229--256},
-  year    = {1992},
-  doi     = {10.1007/BF00992696}
-}"""),
-    "kool2019buy4": dict(cite="Kool, van Hoof & Welling, 2019", url="https://openreview.net/forum?id=r1lgTGL5DE",
-                         bibtex="""\
-@inproceedings{kool2019buy4,
-  title     = {Buy 4 {REINFORCE} Samples, Get a Baseline for Free!},
-  author    = {Kool, Wouter and van Hoof, Herke and Welling, Max},
-  booktitle = {ICLR 2019 Workshop on Deep Reinforcement Learning Meets Structured Prediction},
-  year      = {2019},
-  url       = {https://openreview.net/forum?id=r1lgTGL5DE}
-}"""),
-    "bengio2015scheduled": dict(cite="Bengio et al., 2015", url="https://arxiv.org/abs/1506.03099", bibtex="""\
-@inproceedings{bengio2015scheduled,
-  title     = {Scheduled Sampling for Sequence Prediction with Recurrent Neural Networks},
-  author    = {Bengio, Samy and Vinyals, Oriol and Jaitly, Navdeep and Shazeer, Noam},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year      = {2015},
-  url       = {https://arxiv.org/abs/1506.03099}
-}"""),
-    "mihaylova2019scheduled": dict(cite="Mihaylova & Martins, 2019", url="https://aclanthology.org/P19-2049/",
-                                   bibtex="""\
-@inproceedings{mihaylova2019scheduled,
-  title     = {Scheduled Sampling for Transformers},
-  author    = {Mihaylova, Tsvetomila and Martins, Andr{\\'e} F. T.},
-  booktitle = {Proceedings of the 57th Annual Meeting of the ACL: Student Research Workshop},
-  year      = {2019},
-  url       = {https://aclanthology.org/P19-2049/}
-}"""),
-    "shen2016mrt": dict(cite="Shen et al., 2016", url="https://aclanthology.org/P16-1159/", bibtex="""\
-@inproceedings{shen2016mrt,
-  title     = {Minimum Risk Training for Neural Machine Translation},
-  author    = {Shen, Shiqi and Cheng, Yong and He, Zhongjun and He, Wei and Wu, Hua and Sun, Maosong and Liu, Yang},
-  booktitle = {Proceedings of the 54th Annual Meeting of the ACL},
-  year      = {2016},
-  url       = {https://aclanthology.org/P16-1159/}
-}"""),
-    "lamb2016professor": dict(cite="Lamb et al., 2016", url="https://arxiv.org/abs/1610.09038", bibtex="""\
-@inproceedings{lamb2016professor,
-  title     = {Professor Forcing: A New Algorithm for Training Recurrent Networks},
-  author    = {Lamb, Alex and Goyal, Anirudh and Zhang, Ying and Zhang, Saizheng and Courville, Aaron and
-               Bengio, Yoshua},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year      = {2016},
-  url       = {https://arxiv.org/abs/1610.09038}
-}"""),
-    "chen2024diffusion": dict(cite="Chen et al., 2024", url="https://arxiv.org/abs/2407.01392", bibtex="""\
-@inproceedings{chen2024diffusion,
-  title     = {Diffusion Forcing: Next-token Prediction Meets Full-Sequence Diffusion},
-  author    = {Chen, Boyuan and Mart{\\'i} Mons{\\'o}, Diego and Du, Yilun and Simchowitz, Max and Tedrake, Russ and
-               Sitzmann, Vincent},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year      = {2024},
-  url       = {https://arxiv.org/abs/2407.01392}
-}"""),
-    "ranzato2016mixer": dict(cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732", bibtex="""\
-@inproceedings{ranzato2016mixer,
-  title     = {Sequence Level Training with Recurrent Neural Networks},
-  author    = {Ranzato, Marc'Aurelio and Chopra, Sumit and Auli, Michael and Zaremba, Wojciech},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year      = {2016},
-  url       = {https://arxiv.org/abs/1511.06732}
-}"""),
-}
+# What a card says of a method: its name, tag, one-line description, the baseline that ran (policy gradients) and
+# the papers it cites. Each trainer class carries its own (`SeqRLBaseTrainer.method`, as TRL's `_name` / `_paper`).
 
-# Trainer labels (`SeqTrainerBase.algorithm`) whose loss is a policy gradient, with the baseline each uses when
-# `SeqRLConfig.baseline` is None; the baseline, not the label, decides which algorithm ran.
-POLICY_GRADIENT_DEFAULT_BASELINE = {"SCST": "greedy", "REINFORCE": "moving_average", "Sequence-level RL": "greedy"}
-POLICY_GRADIENT = {
-    "greedy": dict(name="SCST", slug="scst", citations=["rennie2017scst"],
-                   description="self-critical sequence training: policy gradient with the greedy decode's reward "
-                               "as baseline"),
-    "mean": dict(name="REINFORCE with leave-one-out baseline", slug="rloo",
-                 citations=["williams1992reinforce", "kool2019buy4"],
-                 description="policy gradient over several samples per source; each sample's baseline is the mean "
-                             "reward of the other samples of its source"),
-    "moving_average": dict(name="REINFORCE with a moving-average baseline", slug="reinforce",
-                           citations=["williams1992reinforce"],
-                           description="policy gradient; the baseline is an exponential moving average of the "
-                                       "batch-mean reward"),
-    "none": dict(name="REINFORCE without baseline", slug="reinforce", citations=["williams1992reinforce"],
-                 description="policy gradient on the raw sequence rewards"),
-}
-OTHER_ALGORITHMS = {
-    "Scheduled sampling": dict(name="Scheduled sampling", slug="scheduled-sampling",
-                               citations=["bengio2015scheduled", "mihaylova2019scheduled"],
-                               description="cross-entropy on decoder inputs that mix gold tokens with the model's own "
-                                           "predictions, the gold share following a schedule"),
-    "Cross-entropy": dict(name="Cross-entropy", slug="cross-entropy", citations=[],
-                          description="maximum likelihood with teacher forcing"),
-    "MRT": dict(name="Minimum risk training", slug="mrt", citations=["shen2016mrt"],
-                description="the expected cost 1 - reward under the model's alpha-sharpened distribution over each "
-                            "source's candidate set"),
-    "Professor forcing": dict(name="Professor forcing", slug="professor-forcing", citations=["lamb2016professor"],
-                              description="cross-entropy plus an adversarial loss that makes the decoder's "
-                                          "free-running hidden states look teacher-forced to a discriminator"),
-    "Prefix corruption": dict(name="Prefix corruption", slug="prefix-corruption", citations=[],
-                              description="teacher forcing on decoder inputs whose tokens are replaced, with a "
-                                          "probability, by random tokens or the model's own predictions"),
-    "Noise-level forcing": dict(name="Noise-level forcing", slug="noise-level-forcing",
-                                citations=["chen2024diffusion"],
-                                description="teacher forcing on decoder inputs corrupted at an independent noise "
-                                            "level per token"),
-    "k-step rollout": dict(name="k-step rollout", slug="k-step-rollout", citations=[],
-                           description="cross-entropy of the gold tokens after the model ran on its own outputs "
-                                       "for up to k steps from gold anchors"),
-    "MIXER": dict(name="MIXER", slug="mixer", citations=["ranzato2016mixer"],
-                  description="cross-entropy on the first tokens of each target and REINFORCE on the sampled rest, "
-                              "the sampled part growing over training"),
-}
+
+@dataclass(frozen=True)
+class Paper:
+    """A paper a card cites: `key` (its BibTeX key), `cite` (the in-text form), `title`, `url` (a stable address:
+    DOI, arXiv, ACL Anthology, OpenReview) and `citation` (the BibTeX entry shown under "Citation")."""
+
+    key: str
+    cite: str
+    title: str
+    url: str
+    citation: str
+
+
+@dataclass(frozen=True)
+class Method:
+    """The algorithm a card names: `name`, `tag` (a Hub tag), `description` (loss and baseline), `papers`, and
+    `baseline` (the baseline that ran; None without a policy gradient)."""
+
+    name: str
+    tag: str
+    description: str = ""
+    papers: tuple[Paper, ...] = ()
+    baseline: str | None = None
+
 
 PIPELINES = {"translation": "translation", "summarization": "summarization"}
 PIPELINE_VARIABLES = {"translation": "translator", "summarization": "summarizer"}
 EXAMPLE_INPUTS = {"translation": "Ein Hund läuft im Park."}
-# Settings shown on the card; anything that could hold a credential is never read.
-CARD_SETTINGS = ("reward", "reward_weights", "baseline", "num_samples", "warmup_xe_steps", "rl_weight",
-                 "temperature", "top_k", "top_p", "max_new_tokens", "length_normalize", "entropy_coef", "kl_coef",
-                 "center_advantages", "scale_rewards", "schedule", "schedule_k", "min_teacher_forcing_ratio",
-                 "sampling", "num_iterations", "epsilon", "epsilon_high", "loss_normalization", "mrt_alpha",
-                 "mrt_include_greedy", "mrt_include_reference", "adversarial_weight", "discriminator",
-                 "free_running", "corruption_rate", "replacement", "per_token_levels", "rollout_steps",
-                 "rollout_sampling", "rollout_context", "mixer_delta", "mixer_increment_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
-                 "max_steps", "num_train_epochs", "seed", "bf16", "fp16")
+# The `TrainingArguments` fields that say how the optimization ran, shown on every card next to the hf-seqrl fields
+# that differ from their defaults.
+TRAINING_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
+                     "num_train_epochs", "seed", "bf16", "fp16")
 SECRET_PATTERN = re.compile(r"(hf_[A-Za-z0-9]{20,}|api[_-]?key|token|secret|password)", re.IGNORECASE)
 # Setting names that hold credentials (`hub_token`), not ones that merely mention tokens (`max_new_tokens`).
 SECRET_KEY = re.compile(r"(^|_)(token|secret|password|api_key)$", re.IGNORECASE)
@@ -165,32 +61,22 @@ HUB_DATASET_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 EVAL_SPLITS = {"eval_": "validation", "test_": "test"}
 
 
-def describe_algorithm(algorithm: str, baseline: str | None = None) -> dict[str, Any]:
-    """Returns `name`, `slug` (a tag), `description` (loss and baseline), `baseline` (the one that ran, None
-    without policy gradient) and `citations` (keys of `REFERENCES`) of the algorithm that ran.
-
-    `algorithm` is the trainer's label (`"SCST"`, `"REINFORCE"`, `"Scheduled sampling"`, `"Cross-entropy"`),
-    `baseline` the baseline it used (`"greedy"`, `"mean"`, `"moving_average"`, `"none"`; None or `"None"` for
-    trainers without one, and for a policy-gradient trainer's default).
-
-    A policy-gradient trainer is named after its baseline: the SCST trainer with the leave-one-out baseline is
-    REINFORCE with leave-one-out baseline, not SCST, and any policy gradient with the greedy baseline is SCST.
-    """
-    if baseline in (None, "", "None"):
-        baseline = None
-    if algorithm in POLICY_GRADIENT_DEFAULT_BASELINE:
-        baseline = baseline or POLICY_GRADIENT_DEFAULT_BASELINE[algorithm]
-        if baseline in POLICY_GRADIENT:
-            return dict(POLICY_GRADIENT[baseline], baseline=baseline,
-                        citations=list(POLICY_GRADIENT[baseline]["citations"]))
-        # A baseline added to the trainers before it is described here still gets an honest, generic name.
-        return dict(name=f"REINFORCE with a {baseline} baseline", slug="reinforce",
-                    description=f"policy gradient with the `{baseline}` baseline", baseline=baseline,
-                    citations=["williams1992reinforce"])
-    if algorithm in OTHER_ALGORITHMS:
-        return dict(OTHER_ALGORITHMS[algorithm], baseline=None,
-                    citations=list(OTHER_ALGORITHMS[algorithm]["citations"]))
-    return dict(name=algorithm, slug=slug(algorithm), description="", baseline=None, citations=[])
+def card_settings(args) -> dict[str, Any]:
+    """Returns the settings a card shows of a trainer's `args`: `TRAINING_SETTINGS`, then every field declared by a
+    config class outside transformers (the hf-seqrl configs, a user's subclass) whose value differs from its default.
+    Fields that hold credentials are left out (`SECRET_KEY`)."""
+    settings = {name: getattr(args, name) for name in TRAINING_SETTINGS if hasattr(args, name)}
+    own = [name for cls in reversed(type(args).__mro__) if not cls.__module__.startswith("transformers")
+           for name in vars(cls).get("__annotations__", {})]
+    fields = getattr(type(args), "__dataclass_fields__", {})
+    for name in dict.fromkeys(own):
+        if name not in fields or SECRET_KEY.search(name):
+            continue
+        default = fields[name].default_factory() if callable(fields[name].default_factory) else fields[name].default
+        value = getattr(args, name)
+        if value != default:
+            settings[name] = value
+    return settings
 
 
 def slug(text: str) -> str:
@@ -256,12 +142,11 @@ def eval_results(task: str, datasets: list[str], metrics: list[tuple[str, float]
 def render_model_card(
     *,
     model_name: str,
-    algorithm: str,
+    method: Method,
     task: str = "translation",
     base_model: str | None = None,
     datasets: list[str] | None = None,
     reward: str = "",
-    baseline: str | None = "",
     settings: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
     curve: list[tuple[str, float, float]] | None = None,
@@ -273,14 +158,13 @@ def render_model_card(
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
-    `algorithm` is the trainer's label and `baseline` the baseline that ran; the card names the algorithm they make
-    up (see `describe_algorithm`). `algorithm_detail` is appended to that name; `license` (an SPDX id such as
+    `method` is the algorithm that ran (`trainer.run_method()`, or `TrainerClass.method_for(baseline)`).
+    `algorithm_detail` is appended to its name; `license` (an SPDX id such as
     `"apache-2.0"`) goes into the metadata when known. `model_class` is the transformers Auto class that loads the
     model (`"AutoModelForCausalLM"` for a decoder-only model: its card shows a text-generation pipeline).
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    method = describe_algorithm(algorithm, baseline)
     causal = model_class == "AutoModelForCausalLM"
     pipeline_tag = "text-generation" if causal else PIPELINES.get(task, "text2text-generation")
     datasets = list(datasets or [])
@@ -292,7 +176,7 @@ def render_model_card(
     hub_datasets = [d for d in datasets if HUB_DATASET_ID.match(d)]
     card_data = ModelCardData(
         library_name="transformers", pipeline_tag=pipeline_tag, license=license or None,
-        tags=list(dict.fromkeys([PROJECT, method["slug"], "sequence-level-training", task])),
+        tags=list(dict.fromkeys([PROJECT, method.tag, "sequence-level-training", task])),
         base_model=base_model, datasets=hub_datasets or None,
         eval_results=results or None, model_name=model_name if results else None,
     )
@@ -303,7 +187,7 @@ def render_model_card(
         model_name=model_name,
         method=method,
         algorithm_detail=algorithm_detail,
-        references=[dict(REFERENCES[key], key=key) for key in method["citations"]],
+        references=[dict(key=p.key, cite=p.cite, url=p.url, bibtex=p.citation) for p in method.papers],
         project=PROJECT,
         project_url=project_url(),
         project_version=_version(PROJECT) or "unknown",

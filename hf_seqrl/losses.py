@@ -6,10 +6,11 @@ Shapes: `B` sources in a batch, `n` samples per source (samples of one source ar
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn.functional as F
+
+# The vocabulary kernels live below the losses; the losses' users read them here too.
+from .functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits  # noqa: F401
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -340,135 +341,6 @@ def mix_losses(rl_loss: torch.Tensor, xe_loss: torch.Tensor | None, rl_weight: f
     if rl_weight <= 0.0:
         return xe_loss
     return rl_weight * rl_loss + (1.0 - rl_weight) * xe_loss
-
-
-# On CPU the passes over the vocabulary run block by block, each block about 2^18 logits (1 MiB in float32), so
-# that a block stays in cache from one pass to the next instead of every pass reading the whole logits tensor
-# from memory. On other devices each function makes its passes over the whole tensor.
-CPU_BLOCK_ELEMENTS = 1 << 18
-BLOCKWISE_DEVICES = ("cpu",)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """float32 for bf16/fp16/float32 logits (the scaled values would round in half precision), else `x`'s."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
-def _row_blocks(x: torch.Tensor):
-    """Yields `(key, block)` with `block = x[key]`, a `(rows, V)` piece of `x` `(..., T, V)`; the keys cover `x`.
-
-    Indexing never copies, whatever `x`'s strides (a slice of a larger logits tensor stays a view).
-    """
-    rows = max(1, CPU_BLOCK_ELEMENTS // x.shape[-1])
-    for index in itertools.product(*map(range, x.shape[:-2])):
-        for start in range(0, x.shape[-2], rows):
-            key = index + (slice(start, start + rows),)
-            yield key, x[key]
-
-
-def _scale(z: torch.Tensor, temperature, key=None) -> torch.Tensor:
-    """Returns `z / temperature` for a float or a per-position temperature tensor (`temperature[key]` with a key);
-    `z` itself at the float temperature 1."""
-    if isinstance(temperature, torch.Tensor):
-        return z / (temperature if key is None else temperature[key]).unsqueeze(-1)
-    return z if temperature == 1.0 else z / temperature
-
-
-class _BlockwiseTokenLogprobs(torch.autograd.Function):
-    """`log softmax(z)[y]` with `z = logits / temperature`, block by block, forward and backward.
-
-    Backward: d/dz (z_y - logsumexp(z)) = onehot(y) - softmax(z), times the incoming gradient, divided by
-    `temperature`; softmax(z) is recomputed per block from the saved logsumexp.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, token_ids, temperature):
-        dtype = _compute_dtype(logits)
-        out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)
-        lse = torch.empty_like(out)
-        for key, block in _row_blocks(logits):
-            z = _scale(block.to(dtype), temperature, key)
-            lse[key] = torch.logsumexp(z, dim=-1)
-            out[key] = z.gather(-1, token_ids[key].unsqueeze(-1)).squeeze(-1) - lse[key]
-        ctx.save_for_backward(logits, token_ids, lse)
-        ctx.temperature = temperature
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        logits, token_ids, lse = ctx.saved_tensors
-        temperature = ctx.temperature
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for key, block in _row_blocks(logits):
-            z = _scale(block.to(lse.dtype), temperature, key)
-            g = grad_out[key].unsqueeze(-1)
-            scores = (z - lse[key].unsqueeze(-1)).exp_().mul_(-g)  # -g * softmax(z), a new tensor: logits untouched
-            scores.scatter_add_(-1, token_ids[key].unsqueeze(-1), g)
-            grad[key] = _scale(scores, temperature, key)
-        return grad, None, None
-
-
-def token_logprobs_from_logits(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float | torch.Tensor = 1.0
-) -> torch.Tensor:
-    """Returns `log softmax(logits / temperature)` at `token_ids`, without materializing the log-softmax.
-
-    Computed in float32 (or float64 for float64 logits). On CPU, forward and backward run block by block over the
-    logits in place, whatever their strides: a slice of a larger logits tensor is not copied.
-
-    Args:
-        logits (`torch.Tensor` of shape `(..., T, V)`, e.g. `(N, T, V)`): decoder logits.
-        token_ids (`torch.Tensor` of any shape with one entry per position of `logits`, in the same order, e.g.
-            `(N, T)`): tokens whose log-probs are wanted (any value where masked).
-        temperature (`float`, or `torch.Tensor` broadcastable to `logits.shape[:-1]`): one temperature for every
-            position, or one per position (e.g. `(N, 1)`: one per row).
-
-    Returns: `torch.Tensor` of the shape of `token_ids`.
-    """
-    positions = logits.shape[:-1]
-    ids = token_ids.clamp(min=0).reshape(positions)
-    if isinstance(temperature, torch.Tensor):
-        temperature = temperature.to(device=logits.device, dtype=_compute_dtype(logits)).expand(positions)
-    if logits.device.type in BLOCKWISE_DEVICES:
-        return _BlockwiseTokenLogprobs.apply(logits, ids, temperature).view(token_ids.shape)
-    z = _scale(logits.to(_compute_dtype(logits)), temperature)  # float32 first: bf16/fp16 would round z / t
-    chosen = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    return (chosen - torch.logsumexp(z, dim=-1)).view(token_ids.shape)
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Returns the entropy `-sum_v p_v log p_v` of the next-token distribution at each position.
-
-    Without autograd on CPU it runs block by block (see `token_logprobs_from_logits`).
-
-    Args:
-        logits (`torch.Tensor` of shape `(..., T, V)`, e.g. `(N, T, V)`): decoder logits.
-
-    Returns: `torch.Tensor` of shape `logits.shape[:-1]`, e.g. `(N, T)`.
-    """
-    dtype = _compute_dtype(logits)
-    if logits.device.type not in BLOCKWISE_DEVICES or (torch.is_grad_enabled() and logits.requires_grad):
-        logp = F.log_softmax(logits.to(dtype), dim=-1)
-        return -(logp.exp() * logp).sum(dim=-1)
-    out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)
-    for key, block in _row_blocks(logits):
-        logp = F.log_softmax(block.to(dtype), dim=-1)
-        out[key] = -(logp.exp() * logp).sum(dim=-1)
-    return out
-
-
-def token_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
-    """Returns `KL(p || q) = sum_v p_v (log p_v - log q_v)` at each position (exact, over the vocabulary).
-
-    Args:
-        logits (`torch.Tensor` of shape `(N, T, V)`): policy logits `p` (with grad).
-        ref_logits (`torch.Tensor` of shape `(N, T, V)`): reference logits `q` (no grad).
-
-    Returns: `torch.Tensor` of shape `(N, T)`.
-    """
-    logp = F.log_softmax(logits.float(), dim=-1)
-    logq = F.log_softmax(ref_logits.float(), dim=-1)
-    return (logp.exp() * (logp - logq)).sum(dim=-1)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

@@ -33,11 +33,6 @@ def teacher_forcing_ratio(step: float, schedule: str, k: float, min_ratio: float
     raise ValueError(f"Unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}.")
 
 
-def xe_rl_weight(step: int, warmup_xe_steps: int, rl_weight: float) -> float:
-    """Returns the weight of the RL loss at `step`: 0 during the cross-entropy warm-up, then `rl_weight`."""
-    return 0.0 if step < warmup_xe_steps else float(rl_weight)
-
-
 def mixer_delta(step: int, delta: int, increment_steps: int) -> int:
     """Returns Δ, the number of final target tokens MIXER samples instead of teacher-forcing, at `step`.
 

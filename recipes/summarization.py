@@ -3,7 +3,7 @@
     accelerate launch --config_file recipes/accelerate_configs/multi_gpu.yaml recipes/summarization.py \
         --config recipes/configs/bart_base_cnn_dailymail.yaml [--any_setting value ...]
 
-Every field of `hf_seqrl.pipeline.ScriptArguments` and of the algorithm's config (`SeqRLConfig`, `MRTConfig`,
+Every field of `hf_seqrl.cli.train.ScriptArguments` and of the algorithm's config (`SeqRLConfig`, `MRTConfig`,
 `ScheduledSamplingConfig`, ...: all `Seq2SeqTrainingArguments` included) can be set in the YAML file or on the command
 line; the command line wins. Also runs as `python recipes/summarization.py --config ...` (one process).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from hf_seqrl.pipeline import train_main
+from hf_seqrl.cli.train import train_main
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -28,7 +28,7 @@ def byt5_tokenizer():
 
 def tiny_model(arch: str = "t5", seed: int = 0, dropout: float = 0.0, d_model: int = 32, layers: int = 1):
     """Returns a tiny randomly initialized encoder-decoder whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
-    from hf_seqrl.tiny_models import build_tiny_model
+    from hf_seqrl.models.tiny import build_tiny_model
 
     # A BART bos distinct from eos, as in pretrained BARTs; ByT5 has none, so it borrows <unk> (2).
     bos = {"bos_token_id": 2} if arch == "bart" else {}
@@ -81,7 +81,7 @@ def whole_state_dict(model) -> dict:
 
 def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2):
     """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
-    from hf_seqrl.tiny_models import build_tiny_model
+    from hf_seqrl.models.tiny import build_tiny_model
 
     return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, max_positions=128, pad_token_id=0,
                             eos_token_id=1, seed=seed)

@@ -5,7 +5,7 @@ Each rank writes `OUT/<phase>_rank<i>.pt` with its parameters after training, an
 - `one_step`: one SGD step of a deterministic SCST setup (argmax "sampling" via top_k=1, no baseline, no dropout,
   equal-length targets) on a dataset of exactly 8 rows with per-device batch 4, so the two ranks' batches together
   are the 8 rows that a single process sees in one batch of 8.
-- `pipeline`: a few steps of the recipe's own code path (hf_seqrl.pipeline, tiny offline translation config:
+- `pipeline`: a few steps of the recipe's own code path (hf_seqrl.cli.train, tiny offline translation config:
   teacher-forced warm-up, then sampled rollouts) with AdamW; the ranks see different data and sample differently.
 - `causal_one_step`, `causal_pipeline`: the same two runs with a tiny decoder-only Llama (prompt + completion rows;
   the tiny offline causal config).
@@ -126,8 +126,8 @@ def run_one_step_causal(output_dir: str, **overrides):
 
 def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_translation.yaml"):
     """Returns the trainer after a few steps of the recipe's code path on a tiny offline translation config."""
-    from hf_seqrl.families import family_for
-    from hf_seqrl.pipeline import build_trainer, load_model_and_tokenizer, load_splits, parse_args
+    from hf_seqrl.models import family_for
+    from hf_seqrl.cli.train import build_trainer, load_model_and_tokenizer, load_splits, parse_args
 
     data = os.path.join(repo, "recipes", "data")
     script_args, training_args = parse_args([
@@ -159,7 +159,7 @@ def dump(trainer, path: str) -> None:
 
 
 def main(out: str, repo: str) -> None:
-    from hf_seqrl.pipeline import destroy_process_group
+    from hf_seqrl.cli.train import destroy_process_group
 
     trainer = run_one_step(os.path.join(out, "one_step"))
     rank = trainer.args.process_index
@@ -251,7 +251,7 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
 
 
 def main_suite(out: str, suite: str) -> None:
-    from hf_seqrl.pipeline import destroy_process_group
+    from hf_seqrl.cli.train import destroy_process_group
 
     for name, run in SUITES[suite]:
         trainer = run(os.path.join(out, name))

@@ -26,7 +26,8 @@ from torch.distributed.fsdp import fully_shard
 
 from conftest import byt5_tokenizer, tiny_model, whole_state_dict  # tests/ is sys.path[0]
 from hf_seqrl import losses
-from hf_seqrl.rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
+from hf_seqrl.models.base import decoder_start_id, pad_id
+from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
 
 STEPS = 3
 MAX_NEW_TOKENS = (3, 9)  # per rank: rank 0's rows end six steps before rank 1's

@@ -67,7 +67,7 @@ OTHER_TRAINERS = {
     "noise_level": ("PrefixCorruptionConfig", "PrefixCorruptionTrainer", dict(
         corruption_rate=0.6, per_token_levels=True, replacement="model", sampling="sample", schedule="linear",
         schedule_k=4, warmup_xe_steps=2)),
-    "kstep": ("KStepRolloutConfig", "KStepRolloutTrainer", dict(rollout_steps=2, rollout_sampling="sample",
+    "kstep": ("KStepRolloutConfig", "KStepRolloutTrainer", dict(rollout_steps=2, sampling="sample",
                                                                 warmup_xe_steps=2)),
     "mrt": ("MRTConfig", "MRTTrainer", dict(num_samples=2, mrt_include_greedy=True, rl_weight=0.7, max_new_tokens=6,
                                             mrt_alpha=0.5, warmup_xe_steps=2)),

@@ -1,4 +1,4 @@
-"""Decoder-only models through `hf_seqrl.families.CausalFamily`: rollouts, the loss on completion tokens only, every
+"""Decoder-only models through `hf_seqrl.models.CausalFamily`: rollouts, the loss on completion tokens only, every
 trainer on a tiny Llama / Qwen2 built from a config (no Hub), and learning on a toy task."""
 
 import copy
@@ -14,9 +14,9 @@ from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, Mixe
                       PrefixCorruptionConfig,
                       PrefixCorruptionTrainer, ProfessorForcingTrainer, ReinforceTrainer, SCSTTrainer,
                       ScheduledSamplingTrainer, SeqRLConfig)
-from hf_seqrl.causal import causal_generation_config, completion_labels, sample_causal, split_prompts
+from hf_seqrl.models.causal import causal_generation_config, completion_labels, sample_causal, split_prompts
 from hf_seqrl.configs import ProfessorForcingConfig, ScheduledSamplingConfig
-from hf_seqrl.families import CausalFamily, Seq2SeqFamily, family_for
+from hf_seqrl.models import CausalFamily, Seq2SeqFamily, family_for
 from hf_seqrl.rewards import get_reward
 from hf_seqrl.trainers.mixer import prefix_lengths
 
@@ -64,10 +64,10 @@ def test_prompt_completion_rows_and_prompt_split(tokenizer):
 
 @pytest.mark.parametrize("shared_prompt_cache", [True, False])
 def test_rollout_masks_and_logprobs_equal_per_sample_recomputation(tokenizer, monkeypatch, shared_prompt_cache):
-    import hf_seqrl.causal
+    import hf_seqrl.models.causal
 
     # 0: every prompt's KV cache is computed once and expanded to its samples; 10**6: generate repeats the prompts
-    monkeypatch.setattr(hf_seqrl.causal, "PROMPT_CACHE_MIN_TOKENS", 0 if shared_prompt_cache else 10**6)
+    monkeypatch.setattr(hf_seqrl.models.causal, "PROMPT_CACHE_MIN_TOKENS", 0 if shared_prompt_cache else 10**6)
     model = tiny_causal_model("llama", seed=3).eval()
     batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=3, seed=2, lengths=(1, 6)))
     torch.manual_seed(0)
@@ -98,8 +98,8 @@ def test_rollout_masks_and_logprobs_equal_per_sample_recomputation(tokenizer, mo
 def test_decode_loop_draws_each_token_from_one_uniform(tokenizer, settings):
     """Every sampled token is `sample_tokens` of the logits of its own prefix at that step's uniform (one
     `torch.rand((steps, rows))` per decode); greedy rows are the argmax."""
-    from hf_seqrl.causal import decode_causal
-    from hf_seqrl.sampling import draw_uniforms, sample_tokens
+    from hf_seqrl.models.causal import decode_causal
+    from hf_seqrl.functional.sampling import draw_uniforms, sample_tokens
 
     model = tiny_causal_model("qwen2", seed=2).eval()
     batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=3, seed=6, lengths=(1, 6)))
@@ -130,8 +130,8 @@ def test_decode_loop_draws_each_token_from_one_uniform(tokenizer, settings):
 
 def test_decode_loop_samples_the_warped_distribution(tokenizer):
     """Chi-square over 20000 first tokens of one prompt against softmax(warped logits)."""
-    from hf_seqrl.causal import decode_causal
-    from hf_seqrl.sampling import warp_logits
+    from hf_seqrl.models.causal import decode_causal
+    from hf_seqrl.functional.sampling import warp_logits
     from test_sampling import chi_square_p_value
 
     model = tiny_causal_model("llama", seed=3).eval()
@@ -454,7 +454,7 @@ def test_causal_translation_recipe_trains_evaluates_and_saves(tmp_path, monkeypa
 
     from transformers import AutoModelForCausalLM
 
-    from hf_seqrl.pipeline import train_main
+    from hf_seqrl.cli.train import train_main
 
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(repo)  # the config names its data files relative to the repository root
@@ -471,8 +471,8 @@ def test_causal_translation_recipe_trains_evaluates_and_saves(tmp_path, monkeypa
     card = (out / "README.md").read_text()
     assert "AutoModelForCausalLM.from_pretrained" in card and "pipeline_tag: text-generation" in card
     # `hf-seqrl evaluate` and `hf-seqrl diagnose` load the checkpoint as a causal LM and read sources as prompts
-    from hf_seqrl.diagnostics import diagnose_main
-    from hf_seqrl.evaluation import evaluate_main
+    from hf_seqrl.cli.diagnose import main as diagnose_main
+    from hf_seqrl.cli.evaluate import main as evaluate_main
 
     data = ["--model", str(out), "--data", "recipes/data/toy_de_en.test.txt", "--max_examples", "4",
             "--max_new_tokens", "8"]
@@ -485,7 +485,7 @@ def test_causal_translation_recipe_trains_evaluates_and_saves(tmp_path, monkeypa
 def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch):
     """Under sharded weights every rank joins every forward: while another rank still decodes, a rank whose rows
     have ended keeps calling the model; its tokens are the ones it decodes alone."""
-    import hf_seqrl.causal as causal
+    import hf_seqrl.models.causal as causal
 
     model = tiny_causal_model("llama", seed=2).eval()
     prompt = torch.tensor([tokenizer("ab=", add_special_tokens=False)["input_ids"]])
@@ -518,7 +518,7 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
 def test_ended_rows_leave_the_causal_forward_without_changing_any_row(tokenizer):
     # As in the seq2seq decode: once at most half of the rows in the forward still run, the ended ones leave it;
     # every row's tokens equal those of the decode that keeps all rows (same uniforms: the same RNG state).
-    import hf_seqrl.causal as causal
+    import hf_seqrl.models.causal as causal
 
     model = tiny_causal_model("qwen2", seed=1).eval()
     eos = causal.eos_ids(model)[0]

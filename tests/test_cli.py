@@ -40,15 +40,15 @@ def test_each_subcommand_help_lists_its_snake_case_flags(command, flags, capsys)
 
 
 def test_subcommands_parse_into_dataclasses_and_validate_fields(monkeypatch):
-    import hf_seqrl.demo
-    import hf_seqrl.diagnostics.cli
-    import hf_seqrl.evaluation
+    import hf_seqrl.cli.demo
+    import hf_seqrl.cli.diagnose
+    import hf_seqrl.cli.evaluate
 
     seen = {}
-    monkeypatch.setattr(hf_seqrl.demo, "run_demo", lambda output_dir, seed, quick: seen.update(demo=(output_dir, seed,
+    monkeypatch.setattr(hf_seqrl.cli.demo, "run_demo", lambda output_dir, seed, quick: seen.update(demo=(output_dir, seed,
                                                                                                       quick)))
-    monkeypatch.setattr(hf_seqrl.evaluation, "evaluate_from_args", lambda args: seen.update(evaluate=args) or 0)
-    monkeypatch.setattr(hf_seqrl.diagnostics.cli, "diagnose_from_args", lambda args: seen.update(diagnose=args) or 0)
+    monkeypatch.setattr(hf_seqrl.cli.evaluate, "evaluate_from_args", lambda args: seen.update(evaluate=args) or 0)
+    monkeypatch.setattr(hf_seqrl.cli.diagnose, "diagnose_from_args", lambda args: seen.update(diagnose=args) or 0)
     assert main(["demo", "--output_dir", "x", "--seed", "3", "--quick"]) == 0 and seen["demo"] == ("x", 3, True)
     assert main(["evaluate", "--model", "m", "--data", "d.jsonl", "--metrics", "chrf", "rougeL", "--num_beams",
                  "4"]) == 0

@@ -34,7 +34,7 @@ def params(model):
 
 
 def count_rollouts(monkeypatch):
-    from hf_seqrl.families import Seq2SeqFamily
+    from hf_seqrl.models import Seq2SeqFamily
 
     calls = []
     sample = Seq2SeqFamily.sample

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_seqrl import decoder_inputs as di
+from hf_seqrl.functional import decoder_inputs as di
 from hf_seqrl.schedules import corruption_rate
 
 # One sequence of 4 targets + EOS (1) and one of 2 + EOS, right-padded; gold inputs = start (0) + labels[:-1].

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from conftest import byt5_tokenizer, tiny_model
-from hf_seqrl.decoding import DecodeSettings
-from hf_seqrl.rollout import completion_mask, pad_id, rollout_generation_config, sample_rollout
+from hf_seqrl.models.base import DecodeSettings
+from hf_seqrl.models.base import completion_mask, pad_id
+from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout
 from test_sampling import chi_square_p_value
 
 ARCHS = ["t5", "bart", "marian"]
@@ -187,7 +188,7 @@ def test_max_length_counts_the_start_token_as_generate_does():
 def test_ended_rows_leave_the_forward_without_changing_any_row(arch):
     # Rows end at different steps; once at most half of the rows in the forward still run, the ended ones are
     # dropped from it. Every row's tokens equal those of the decode that keeps all rows (same uniforms).
-    from hf_seqrl.decoding import decode
+    from hf_seqrl.models.seq2seq import decode
 
     model = varied_model(arch)
 

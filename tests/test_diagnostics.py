@@ -10,9 +10,10 @@ import torch
 
 from conftest import SHARED_DATA, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl.data import load_pairs
-from hf_seqrl.diagnostics import (DiagnosticsCallback, closest_references, diagnose_main, format_summary, rejoin_delay,
-                                  run_diagnostics, write_report)
-from hf_seqrl.rollout import decoder_start_id
+from hf_seqrl.cli.diagnose import main as diagnose_main
+from hf_seqrl.diagnostics import (DiagnosticsCallback, closest_references, format_summary, rejoin_delay, run_diagnostics,
+                                  write_report)
+from hf_seqrl.models.base import decoder_start_id
 
 SMALL = dict(max_horizon=6, inject_positions=(0, 1, 3), max_new_tokens=8, batch_size=8, progress=False)
 ROW_KEYS = {"k", "tf_accuracy", "tf_nll", "free_accuracy", "free_nll", "count"}
@@ -359,8 +360,8 @@ def test_growth_factor_by_hand():
 @pytest.mark.parametrize("arch", ["t5", "bart", "marian"])
 def test_jacobian_curves_equal_an_explicit_perturbed_forward(arch, heldout):
     from hf_seqrl.diagnostics.jacobian import jacobian_curves, perturbation_directions
-    from hf_seqrl.families import family_for
-    from hf_seqrl.rollout import pad_id, shift_right
+    from hf_seqrl.models import family_for
+    from hf_seqrl.models.base import pad_id, shift_right
 
     tok, model = byt5_tokenizer(), tiny_model(arch, seed=4).eval()
     enc = dict(tok(heldout[0][:3], return_tensors="pt", padding=True))

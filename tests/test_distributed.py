@@ -76,7 +76,8 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
     from transformers import AutoModelForSeq2SeqLM, ByT5Tokenizer
     from transformers.trainer_utils import EvalPrediction
 
-    from hf_seqrl.pipeline import build_compute_metrics, load_splits, parse_args, task_metrics
+    from hf_seqrl.evaluation import build_compute_metrics
+    from hf_seqrl.cli.train import load_splits, parse_args, task_metrics
 
     script_args, args = parse_args(["--config", str(REPO / "recipes/configs/tiny_offline_translation.yaml"),
                                     "--output_dir", str(out / "unused"), "--max_test_samples", "12",

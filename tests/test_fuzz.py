@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_seqrl import losses
-from hf_seqrl.rewards import BUILTIN_REWARDS, get_reward
+from hf_seqrl.rewards import BUILTIN_REWARDS
+from hf_seqrl.rewards import get_reward
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)

@@ -25,7 +25,21 @@ from huggingface_hub import HfApi, ModelCard, RepoUrl
 
 from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
-from hf_seqrl.hub import REFERENCES, describe_algorithm, project_url, render_model_card
+from hf_seqrl.hub import project_url, render_model_card
+from hf_seqrl.trainers import (KStepRolloutTrainer, MixerTrainer, MRTTrainer, PrefixCorruptionTrainer,
+                               ProfessorForcingTrainer, ReinforceTrainer, ScheduledSamplingTrainer, SeqRLBaseTrainer)
+
+# Each trainer's label, and the trainer (or method) that carries its card metadata.
+TRAINERS = {"SCST": SCSTTrainer, "REINFORCE": ReinforceTrainer, "Scheduled sampling": ScheduledSamplingTrainer,
+            "Cross-entropy": SeqRLBaseTrainer, "MRT": MRTTrainer, "Professor forcing": ProfessorForcingTrainer,
+            "MIXER": MixerTrainer, "Prefix corruption": PrefixCorruptionTrainer, "k-step rollout": KStepRolloutTrainer}
+
+
+def method_of(algorithm, baseline=None):
+    """Returns the card `Method` of the trainer labelled `algorithm` run with `baseline`."""
+    if algorithm == "Noise-level forcing":  # the prefix-corruption trainer with per-token levels
+        return PrefixCorruptionTrainer.noise_level_method
+    return TRAINERS[algorithm].method_for(baseline)
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"  # looks like a real token to any secret scanner
@@ -40,8 +54,8 @@ def front_matter(card: str) -> dict:
 
 def test_card_has_model_data_method_metrics_versions_and_bibtex():
     card = render_model_card(
-        model_name="opus-mt-de-en-scst", algorithm="SCST", task="translation",
-        base_model="Helsinki-NLP/opus-mt-de-en", datasets=["wmt/wmt16"], reward="bleu_reward", baseline="greedy",
+        model_name="opus-mt-de-en-scst", method=method_of("SCST", "greedy"), task="translation",
+        base_model="Helsinki-NLP/opus-mt-de-en", datasets=["wmt/wmt16"], reward="bleu_reward",
         settings={"reward": "bleu", "num_samples": 1, "rl_weight": 0.9, "learning_rate": 1e-5},
         metrics={"eval_bleu": 31.25, "eval_chrf": 57.5}, repo_id="me/opus-mt-de-en-scst",
     )
@@ -70,8 +84,8 @@ def test_card_has_model_data_method_metrics_versions_and_bibtex():
 @pytest.mark.parametrize("algorithm,bibtex", [("REINFORCE", "williams1992reinforce"),
                                               ("Scheduled sampling", "mihaylova2019scheduled")])
 def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
-    card = render_model_card(model_name="m", algorithm=algorithm, task="summarization", base_model="facebook/bart-base",
-                             reward="rougeL_reward", baseline="moving_average")
+    card = render_model_card(model_name="m", method=method_of(algorithm, "moving_average"), task="summarization",
+                             base_model="facebook/bart-base", reward="rougeL_reward")
     meta = front_matter(card)
     assert meta["pipeline_tag"] == "summarization"
     assert "text-generation" not in card and "text2text-generation" not in card
@@ -101,22 +115,23 @@ def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
     ("Noise-level forcing", None, "Noise-level forcing", "noise-level-forcing", ["chen2024diffusion"]),
     ("k-step rollout", None, "k-step rollout", "k-step-rollout", []),
 ])
-def test_describe_algorithm_names_what_the_baseline_makes_of_the_trainer(algorithm, baseline, name, slug, citations):
-    method = describe_algorithm(algorithm, baseline)
-    assert (method["name"], method["slug"], method["citations"]) == (name, slug, citations)
-    assert method["description"]
-    assert all(key in REFERENCES for key in method["citations"])
+def test_card_method_names_what_the_baseline_makes_of_the_trainer(algorithm, baseline, name, slug, citations):
+    method = method_of(algorithm, baseline)
+    assert (method.name, method.tag, [paper.key for paper in method.papers]) == (name, slug, citations)
+    assert method.description
+    assert all(paper.citation.startswith("@") and f"{{{paper.key}," in paper.citation and paper.title
+               and paper.url.startswith("https://") for paper in method.papers)
 
 
-def test_describe_algorithm_spells_out_scst_and_leaves_baseline_out_without_policy_gradient():
-    assert describe_algorithm("SCST", "greedy")["description"] == (
+def test_card_method_spells_out_scst_and_leaves_baseline_out_without_policy_gradient():
+    assert method_of("SCST", "greedy").description == (
         "self-critical sequence training: policy gradient with the greedy decode's reward as baseline")
-    assert describe_algorithm("Scheduled sampling", None)["baseline"] is None
-    assert describe_algorithm("REINFORCE", None)["baseline"] == "moving_average"
+    assert method_of("Scheduled sampling", None).baseline is None
+    assert method_of("REINFORCE", None).baseline == "moving_average"
 
 
 def test_leave_one_out_card_says_leave_one_out_not_scst():
-    card = render_model_card(model_name="tiny-rloo", algorithm="SCST", baseline="mean", reward="chrf_reward",
+    card = render_model_card(model_name="tiny-rloo", method=method_of("SCST", "mean"), reward="chrf_reward",
                              settings={"baseline": "mean", "num_samples": 4})
     assert "- Algorithm: REINFORCE with leave-one-out baseline (" in card and "- Baseline: `mean`" in card
     assert "rloo" in front_matter(card)["tags"]
@@ -126,7 +141,7 @@ def test_leave_one_out_card_says_leave_one_out_not_scst():
 
 
 def test_cross_entropy_card_cites_no_method_and_shows_no_baseline():
-    card = render_model_card(model_name="xe", algorithm="Cross-entropy", baseline="None",
+    card = render_model_card(model_name="xe", method=method_of("Cross-entropy", "None"),
                              reward="none (cross-entropy)")
     assert "cross-entropy" in front_matter(card)["tags"]
     assert "Baseline" not in card and "@inproceedings" not in card and "@article" not in card
@@ -153,7 +168,7 @@ def fake_metadata(monkeypatch, **fields):
 def test_card_without_project_url_names_the_project_without_a_link(monkeypatch):
     fake_metadata(monkeypatch)
     assert project_url() is None
-    card = render_model_card(model_name="m", algorithm="SCST", baseline="greedy")
+    card = render_model_card(model_name="m", method=method_of("SCST", "greedy"))
     assert "github.com/hf-seqrl" not in card and "hf-seqrl](" not in card
     assert "using hf-seqrl," in card
     software = card[card.index("@software{hf_seqrl,"):]
@@ -165,14 +180,14 @@ def test_card_without_project_url_names_the_project_without_a_link(monkeypatch):
 def test_card_links_the_project_url_the_package_declares(monkeypatch, fields):
     fake_metadata(monkeypatch, **fields)
     assert project_url() == "https://example.org/hf-seqrl"
-    card = render_model_card(model_name="m", algorithm="SCST", baseline="greedy")
+    card = render_model_card(model_name="m", method=method_of("SCST", "greedy"))
     assert "using [hf-seqrl](https://example.org/hf-seqrl)," in card
     assert "url     = {https://example.org/hf-seqrl}" in card
     assert "github.com/hf-seqrl" not in card
 
 
 def test_free_text_data_stays_out_of_the_metadata_and_the_model_index():
-    card = render_model_card(model_name="demo", algorithm="SCST", baseline="greedy",
+    card = render_model_card(model_name="demo", method=method_of("SCST", "greedy"),
                              datasets=["generated toy translation (demo, seed 0)"], metrics={"test_bleu": 12.0})
     meta = front_matter(card)
     assert "datasets" not in meta and "model-index" not in meta
@@ -180,7 +195,7 @@ def test_free_text_data_stays_out_of_the_metadata_and_the_model_index():
 
 
 def test_card_of_model_built_from_config_has_no_base_model():
-    card = render_model_card(model_name="tiny", algorithm="SCST", base_model="", reward="chrf_reward", baseline="mean")
+    card = render_model_card(model_name="tiny", method=method_of("SCST", "mean"), base_model="", reward="chrf_reward")
     assert "base_model" not in front_matter(card)
     assert "from a model built from its config" in card
 
@@ -265,7 +280,7 @@ def restore_verbosity():
 
 
 def test_pipeline_push_to_hub(tmp_path, hub, capfd, caplog, monkeypatch, restore_verbosity):
-    from hf_seqrl.pipeline import train_main
+    from hf_seqrl.cli.train import train_main
 
     monkeypatch.chdir(REPO)
     out = tmp_path / "pushed"
@@ -293,7 +308,7 @@ def test_pipeline_push_to_hub(tmp_path, hub, capfd, caplog, monkeypatch, restore
 def test_card_settings_keep_token_counts_but_drop_credentials():
     from hf_seqrl.hub import final_eval_metrics, render_model_card
 
-    card = render_model_card(model_name="m", algorithm="SCST", settings={"max_new_tokens": 64, "hub_token": "abc"},
+    card = render_model_card(model_name="m", method=method_of("SCST"), settings={"max_new_tokens": 64, "hub_token": "abc"},
                              metrics=final_eval_metrics([{"eval_bleu": 1.0}, {"test_bleu": 2.0, "test_runtime": 3}]))
     assert "`max_new_tokens` | `64`" in card and "hub_token" not in card
     assert "`eval_bleu` | 1" in card and "`test_bleu` | 2" in card and "test_runtime" not in card
@@ -327,8 +342,9 @@ def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
 
     script = (
         "import hf_seqrl.hub as hub\n"
+        "from hf_seqrl.trainers import SCSTTrainer\n"
         "print(hub.__file__)\n"
-        "print(hub.render_model_card(model_name='m', algorithm='SCST', baseline='mean', reward='chrf_reward',\n"
+        "print(hub.render_model_card(model_name='m', method=SCSTTrainer.method_for('mean'), reward='chrf_reward',\n"
         "      settings={'num_samples': 4}, metrics={'eval_chrf': 40.0}, curve=[('rl/reward', 0.1, 0.3)]))\n"
     )
     # PYTHONPATH names only the installed copy, and the working directory is outside the checkout

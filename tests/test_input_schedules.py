@@ -8,7 +8,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from conftest import tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import KStepRolloutConfig, KStepRolloutTrainer, PrefixCorruptionConfig, PrefixCorruptionTrainer
-from hf_seqrl.rollout import shift_right
+from hf_seqrl.models.base import shift_right
 from hf_seqrl.trainers.input_schedules import EncodedBatch
 
 CONFIGS = {"pc": PrefixCorruptionConfig, "ks": KStepRolloutConfig, "plain": Seq2SeqTrainingArguments}
@@ -153,7 +153,7 @@ VARIANTS = {
     "noise_level_model": ("pc", dict(corruption_rate=0.8, per_token_levels=True, replacement="model",
                                      sampling="sample")),
     "kstep_exact": ("ks", dict(rollout_steps=3)),
-    "kstep_shared_row": ("ks", dict(rollout_steps=2, rollout_context="shared_row", rollout_sampling="sample")),
+    "kstep_shared_row": ("ks", dict(rollout_steps=2, rollout_context="shared_row", sampling="sample")),
 }
 ALGORITHMS = {"prefix_corruption": "Prefix corruption", "noise_level_model": "Noise-level forcing",
               "kstep_exact": "k-step rollout", "kstep_shared_row": "k-step rollout"}
@@ -222,7 +222,7 @@ def test_random_replacements_exclude_every_special_token(tmp_path, tokenizer):
     ("pc", dict(schedule="linear", schedule_k=0), "schedule_k"),
     ("ks", dict(rollout_steps=0), "rollout_steps"),
     ("ks", dict(rollout_steps=1.5), "rollout_steps"),
-    ("ks", dict(rollout_sampling="beam"), "rollout_sampling"),
+    ("ks", dict(sampling="beam"), "sampling"),
     ("ks", dict(rollout_context="cached"), "rollout_context"),
 ])
 def test_bad_settings_fail_at_construction_naming_the_field(tmp_path, kind, settings, field):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_seqrl import losses
+from hf_seqrl.functional import logprobs
 
 
 def test_masked_sum_and_mean():
@@ -128,7 +129,7 @@ def test_token_logprobs_with_one_temperature_per_row():
     whole = torch.log_softmax(x / temps.unsqueeze(-1), dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(losses.token_logprobs_from_logits(x, ids, temps), whole)
     with pytest.MonkeyPatch.context() as patch:  # the whole-tensor path other devices take
-        patch.setattr(losses, "BLOCKWISE_DEVICES", ())
+        patch.setattr(logprobs, "BLOCKWISE_DEVICES", ())
         torch.testing.assert_close(losses.token_logprobs_from_logits(x, ids, temps), whole)
 
 
@@ -154,9 +155,9 @@ def test_blockwise_token_logprobs_on_a_strided_view(monkeypatch, temperature, bl
     # log-softmax of a copy; blocks of 1 row, of a few rows (60 // 25 = 2, not dividing T = 5), of every row, and
     # (None) the whole-tensor path other devices take.
     if block_elements is None:
-        monkeypatch.setattr(losses, "BLOCKWISE_DEVICES", ())
+        monkeypatch.setattr(logprobs, "BLOCKWISE_DEVICES", ())
     else:
-        monkeypatch.setattr(losses, "CPU_BLOCK_ELEMENTS", block_elements)
+        monkeypatch.setattr(logprobs, "CPU_BLOCK_ELEMENTS", block_elements)
     gen = torch.Generator().manual_seed(1)
     whole = (torch.randn(3, 4, 7, 25, generator=gen, dtype=torch.float64) * 3).requires_grad_(True)
     ids = torch.randint(0, 25, (3 * 3, 5), generator=gen)
@@ -196,9 +197,9 @@ def test_blockwise_token_logprobs_of_bf16_logits():
 @pytest.mark.parametrize("block_elements", [1, 60, 1 << 18, None])
 def test_blockwise_entropy_equals_whole_tensor(monkeypatch, block_elements):
     if block_elements is None:  # the whole-tensor path other devices take
-        monkeypatch.setattr(losses, "BLOCKWISE_DEVICES", ())
+        monkeypatch.setattr(logprobs, "BLOCKWISE_DEVICES", ())
     else:
-        monkeypatch.setattr(losses, "CPU_BLOCK_ELEMENTS", block_elements)
+        monkeypatch.setattr(logprobs, "CPU_BLOCK_ELEMENTS", block_elements)
     gen = torch.Generator().manual_seed(3)
     whole = torch.randn(2, 3, 6, 25, generator=gen) * 3
     view = whole[:, :2, :5]

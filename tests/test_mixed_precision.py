@@ -5,7 +5,8 @@ import torch
 
 from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig, losses
-from hf_seqrl.rollout import decoder_start_id, pad_id, rollout_generation_config, sample_rollout, score_rollout
+from hf_seqrl.models.base import decoder_start_id, pad_id
+from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
 
 bf16_autocast = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="CPU autocast needs oneDNN")
 

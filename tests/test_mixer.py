@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model, toy_pairs
 from hf_seqrl import losses
-from hf_seqrl.rollout import rollout_generation_config, sample_from_prefix, sample_rollout
+from hf_seqrl.models.seq2seq import rollout_generation_config, sample_from_prefix, sample_rollout
 from hf_seqrl.schedules import mixer_delta
 
 

@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import MRTConfig, MRTTrainer, losses
 from hf_seqrl.rewards import get_reward
-from hf_seqrl.rollout import score_rollout
+from hf_seqrl.models.seq2seq import score_rollout
 from hf_seqrl.trainers.mrt import candidate_set
 
 MRT_METRICS = ["mrt/risk", "mrt/q_entropy", "mrt/distinct_candidates", "rl/reward", "rl/reward_std",

@@ -117,7 +117,7 @@ def test_checkpoint_restores_the_discriminator(tmp_path, tokenizer):
 @pytest.mark.parametrize("field,value,message", [
     ("adversarial_weight", -1.0, "adversarial_weight must be >= 0"),
     ("discriminator", "lstm", "discriminator='lstm'"),
-    ("free_running", "beam", "free_running='beam'"),
+    ("sampling", "beam", "sampling='beam'"),
     ("max_new_tokens", 0, "max_new_tokens must be >= 1"),
 ])
 def test_bad_settings_name_the_field(tmp_path, field, value, message):

@@ -1,4 +1,4 @@
-"""The recipes' pipeline (hf_seqrl.pipeline) run in-process on the tiny offline configs, plus its parsing and data.
+"""The recipes' pipeline (hf_seqrl.cli.train) run in-process on the tiny offline configs, plus its parsing and data.
 
 Each end-to-end test trains a tiny model from `recipes/configs/tiny_offline_*.yaml` for a few steps (CLI overrides
 shorten the run), evaluates on the test split with generation and checks the returned metrics, the saved model
@@ -19,7 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from hf_seqrl.data import read_text_pairs
-from hf_seqrl.pipeline import load_splits, parse_args, train_main
+from hf_seqrl.cli.train import load_splits, parse_args, train_main
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs"

@@ -167,7 +167,7 @@ def test_bad_reference_types_are_named_at_collation(tmp_path, tokenizer, bad, me
 def test_remote_code_stays_off_unless_asked(tmp_path, monkeypatch):
     import transformers
 
-    from hf_seqrl.pipeline import ScriptArguments, load_model_and_tokenizer
+    from hf_seqrl.cli.train import ScriptArguments, load_model_and_tokenizer
 
     calls = []
 

@@ -8,7 +8,7 @@ import sacrebleu
 import torch
 from rouge_score import rouge_scorer
 
-from hf_seqrl import metrics, rewards
+from hf_seqrl import data, metrics, rewards
 from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, get_reward
 
 PREDS = [
@@ -125,13 +125,13 @@ def test_call_reward_validates_output():
 
 
 def test_normalize_references():
-    assert rewards.normalize_references(["a", ["b", "c"]]) == [["a"], ["b", "c"]]
+    assert data.normalize_references(["a", ["b", "c"]]) == [["a"], ["b", "c"]]
     with pytest.raises(ValueError, match=r"references\[1\] is an empty list"):
-        rewards.normalize_references(["a", []])
+        data.normalize_references(["a", []])
     with pytest.raises(TypeError, match=r"references\[0\] contains a int"):
-        rewards.normalize_references([["a", 3]])
+        data.normalize_references([["a", 3]])
     with pytest.raises(TypeError, match=r"references\[0\] is a int"):
-        rewards.normalize_references([5])
+        data.normalize_references([5])
 
 
 def test_bleu_brevity_by_hand():
@@ -184,9 +184,20 @@ def test_pooled_reward_equals_in_process(spec):
     finally:
         if pooled._pool is not None:
             pooled._pool.shutdown()
-    assert isinstance(build_reward(spec, workers=2), rewards.PooledReward)
+    assert isinstance(pooled_trainer(spec).reward_fn, rewards.PooledReward)
+
+
+def pooled_trainer(reward_funcs):
+    """Returns an SCST trainer with `reward_workers=2` on a tiny model (the trainer chooses the process pool)."""
+    from conftest import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+    from hf_seqrl import SCSTTrainer, SeqRLConfig
+
+    tokenizer = byt5_tokenizer()
+    args = SeqRLConfig(output_dir="unused", reward_workers=2, report_to=[], use_cpu=True)
+    return SCSTTrainer(model=tiny_model(), args=args, reward_funcs=reward_funcs, processing_class=tokenizer,
+                       train_dataset=toy_dataset(tokenizer, *toy_pairs(4)))
 
 
 def test_pooled_reward_needs_a_picklable_reward():
     with pytest.raises(ValueError, match="reward_workers=2 needs a picklable reward"):
-        build_reward(lambda predictions, **_: [0.0] * len(predictions), workers=2)
+        pooled_trainer(lambda predictions, **_: [0.0] * len(predictions))

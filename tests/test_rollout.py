@@ -6,8 +6,8 @@ import torch
 
 from conftest import byt5_tokenizer, tiny_model
 from hf_seqrl import losses
-from hf_seqrl.rollout import (completion_mask, decoder_start_id, pad_id, rollout_generation_config, sample_rollout,
-                              score_rollout, shift_right)
+from hf_seqrl.models.base import completion_mask, decoder_start_id, pad_id, shift_right
+from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
 
 ARCHS = ["t5", "bart", "marian"]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from hf_seqrl.sampling import argmax_or_sample, draw_uniforms, inverse_cdf_sample, sample_tokens, warp_logits
+from hf_seqrl.functional.sampling import (argmax_or_sample, draw_uniforms, inverse_cdf_sample, sample_tokens, warp_logits)
 
 INF = float("inf")
 

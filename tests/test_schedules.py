@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hf_seqrl.schedules import teacher_forcing_ratio, xe_rl_weight
+from hf_seqrl.schedules import teacher_forcing_ratio
 
 
 def test_linear():
@@ -40,7 +40,3 @@ def test_monotone_non_increasing_and_bounded(schedule):
     values = [teacher_forcing_ratio(s, schedule, 50, 0.3) for s in range(0, 500, 7)]
     assert all(a >= b for a, b in zip(values, values[1:]))
     assert all(0.3 <= v <= 1.0 for v in values)
-
-
-def test_xe_rl_weight():
-    assert xe_rl_weight(4, 5, 0.9) == 0.0 and xe_rl_weight(5, 5, 0.9) == 0.9

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_seqrl.tiny_models import build_tiny_model
+from hf_seqrl.models.tiny import build_tiny_model
 
 BYT5_IDS = dict(vocab_size=384, pad_token_id=0, eos_token_id=1)
 GENERATION_IDS = ("pad_token_id", "eos_token_id", "decoder_start_token_id")

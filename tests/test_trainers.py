@@ -288,7 +288,7 @@ def test_plain_training_arguments_are_rejected(tmp_path, tokenizer):
 
 
 def test_rl_weight_zero_is_plain_cross_entropy_without_decoding(tmp_path, tokenizer, monkeypatch):
-    from hf_seqrl.families import Seq2SeqFamily
+    from hf_seqrl.models import Seq2SeqFamily
 
     def no_rollouts(*args, **kwargs):
         raise AssertionError("rl_weight=0 must not decode")

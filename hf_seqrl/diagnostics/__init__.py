@@ -36,15 +36,13 @@ calls it right. The report records the rule in `config["gold"]`, the chosen inde
 All metric values are in [0, 1] (sacrebleu scores / 100), as for `hf_seqrl.rewards`.
 
 Modules: `measure` (`run_diagnostics`), `report` (files and text table), `plot` (matplotlib, imported only
-when a plot is drawn), `callback` (`DiagnosticsCallback`), `cli` (`hf-seqrl diagnose`).
+when a plot is drawn), `callback` (`DiagnosticsCallback`). `hf-seqrl diagnose` is `hf_seqrl.cli.diagnose`.
 """
 
 from .callback import DiagnosticsCallback
-from .cli import DiagnoseArguments, diagnose_main
 from .measure import METRICS, closest_references, greedy_generation_config, rejoin_delay, run_diagnostics
 from .plot import plot_diagnostics
 from .report import SUMMARY_KEYS, format_summary, write_report
 
-__all__ = ["DiagnoseArguments", "DiagnosticsCallback", "METRICS", "SUMMARY_KEYS", "closest_references",
-           "diagnose_main", "format_summary", "greedy_generation_config", "plot_diagnostics", "rejoin_delay",
+__all__ = ["DiagnosticsCallback", "METRICS", "SUMMARY_KEYS", "closest_references", "format_summary", "greedy_generation_config", "plot_diagnostics", "rejoin_delay",
            "run_diagnostics", "write_report"]

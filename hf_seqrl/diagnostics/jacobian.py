@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..families import family_for
+from ..models import family_for
 
 
 def growth_factor(log_divergence: torch.Tensor, valid: torch.Tensor) -> float | None:
@@ -112,7 +112,7 @@ def jacobian_curves(model, enc: dict, encoded, tokens: torch.Tensor, lengths: to
 
     handle = embeddings.register_forward_hook(perturb)
     try:
-        perturbed = family.target_forward(model, encoded, tokens.repeat_interleave(k_count, dim=0), repeats=k_count,
+        perturbed = family.target_forward(model, encoded, tokens.repeat_interleave(k_count, dim=0), group=k_count,
                                           output_hidden_states=True).hidden_states.double()
     finally:
         handle.remove()

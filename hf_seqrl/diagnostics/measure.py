@@ -11,12 +11,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
-from ..families import family_for
-from ..losses import token_logprobs_from_logits
+from ..data import normalize_references, tokenize_sources, tokenize_targets
+from ..functional.logprobs import token_logprobs_from_logits
 from ..metrics import corpus_scores
-from ..rewards import get_reward, normalize_references
+from ..models import family_for
+from ..models.base import completion_mask, ended_with_eos, eos_ids, eval_mode, pad_id
+from ..rewards import get_reward
 from .jacobian import JacobianTotals, jacobian_curves
-from ..rollout import completion_mask, ended_with_eos, eos_ids, pad_id
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
 
@@ -100,7 +101,7 @@ def _position_stats(model, enc: dict, encoded, labels: torch.Tensor, greedy: tor
     batch, length = labels.shape
     free = torch.nn.functional.pad(greedy, (0, max(0, length - greedy.shape[1])), value=pad_id(model))[:, :length]
     rows = torch.stack([labels, free], dim=1).flatten(0, 1)
-    logits = family_for(model).target_forward(model, encoded, rows, repeats=2).logits.float()
+    logits = family_for(model).target_forward(model, encoded, rows, group=2).logits.float()
     targets = labels.clamp(min=0)
     nll = -token_logprobs_from_logits(logits, targets.repeat_interleave(2, dim=0)).view(batch, 2, length)
     correct = (logits.argmax(dim=-1).view(batch, 2, length) == targets.unsqueeze(1)).float()
@@ -260,7 +261,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     device, eos = model.device, eos_ids(model)
     # Learned position tables (BART, Marian) end at max_position_embeddings; the start token takes a position.
     limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-    flat = iter(family.tokenize_targets(model, tokenizer, [ref for refs in references for ref in refs], limit))
+    flat = iter(tokenize_targets(family, model, tokenizer, [ref for refs in references for ref in refs], limit))
     reference_ids = [[next(flat) for _ in refs] for refs in references]
     # The gold of a row is known only after its greedy decode, so the budget covers every reference.
     budget = max_new_tokens or 2 * max(len(ids) for row in reference_ids for ids in row) + 10
@@ -282,43 +283,38 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     jacobian = JacobianTotals(jacobian_positions, jacobian_horizon, jacobian_epsilon)
     generator = torch.Generator().manual_seed(seed)
     gold, gold_content, gold_index = [], [], []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for lo in tqdm(range(0, len(sources), batch_size), desc="diagnostics", disable=not progress):
-                idx = list(range(lo, min(lo + batch_size, len(sources))))
-                enc = family.tokenize_sources(tokenizer, [sources[i] for i in idx], max_source_length)
-                enc = {key: value.to(device) for key, value in enc.items()}
-                config.max_new_tokens = budget
-                greedy, greedy_lengths, has_eos = _decode(model, enc, config)
-                predictions = tokenizer.batch_decode(greedy, skip_special_tokens=True)
-                gold_index += closest_references(predictions, [references[i] for i in idx], reward_fn)
-                gold += [reference_ids[i][gold_index[i]] for i in idx]
-                gold_content += [next((t for t, token in enumerate(gold[i]) if token in eos), len(gold[i]))
-                                 for i in idx]  # tokens before EOS
-                length = max(len(gold[i]) for i in idx)
-                labels = torch.tensor([gold[i] + [-100] * (length - len(gold[i])) for i in idx], device=device)
-                totals.predictions += predictions
-                totals.free_lengths += greedy_lengths.tolist()
-                totals.stopped += int(has_eos.sum())
-                # The encoder runs once for the teacher-forced rows of both the own and the rotated sources.
-                encoded = family.encode(model, enc)
-                nll, correct, wrong = _position_stats(model, enc, encoded, labels, greedy, banned)
-                totals.add_positions(labels, greedy_lengths, nll, correct)
-                totals.add_source_gap(labels, nll, _other_source_nll(model, enc, encoded, labels))
-                if jacobian_positions:
-                    jacobian.add(*jacobian_curves(model, enc, encoded, greedy, greedy_lengths + has_eos.long(),
-                                                  jacobian_positions, jacobian_horizon, jacobian_epsilon, generator))
-                for j in positions:
-                    # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
-                    rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]
-                    if rows:
-                        _recovery_batch(model, tokenizer, {k: v[rows] for k, v in enc.items()}, labels[rows],
-                                        wrong[rows], [gold[idx[r]] for r in rows], [references[idx[r]] for r in rows],
-                                        j, budget, config, reward_fn, recovery_window, totals.recovery[j])
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for lo in tqdm(range(0, len(sources), batch_size), desc="diagnostics", disable=not progress):
+            idx = list(range(lo, min(lo + batch_size, len(sources))))
+            enc = tokenize_sources(family, tokenizer, [sources[i] for i in idx], max_source_length)
+            enc = {key: value.to(device) for key, value in enc.items()}
+            config.max_new_tokens = budget
+            greedy, greedy_lengths, has_eos = _decode(model, enc, config)
+            predictions = tokenizer.batch_decode(greedy, skip_special_tokens=True)
+            gold_index += closest_references(predictions, [references[i] for i in idx], reward_fn)
+            gold += [reference_ids[i][gold_index[i]] for i in idx]
+            gold_content += [next((t for t, token in enumerate(gold[i]) if token in eos), len(gold[i]))
+                             for i in idx]  # tokens before EOS
+            length = max(len(gold[i]) for i in idx)
+            labels = torch.tensor([gold[i] + [-100] * (length - len(gold[i])) for i in idx], device=device)
+            totals.predictions += predictions
+            totals.free_lengths += greedy_lengths.tolist()
+            totals.stopped += int(has_eos.sum())
+            # The encoder runs once for the teacher-forced rows of both the own and the rotated sources.
+            encoded = family.encode(model, enc)
+            nll, correct, wrong = _position_stats(model, enc, encoded, labels, greedy, banned)
+            totals.add_positions(labels, greedy_lengths, nll, correct)
+            totals.add_source_gap(labels, nll, _other_source_nll(model, enc, encoded, labels))
+            if jacobian_positions:
+                jacobian.add(*jacobian_curves(model, enc, encoded, greedy, greedy_lengths + has_eos.long(),
+                                              jacobian_positions, jacobian_horizon, jacobian_epsilon, generator))
+            for j in positions:
+                # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
+                rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]
+                if rows:
+                    _recovery_batch(model, tokenizer, {k: v[rows] for k, v in enc.items()}, labels[rows],
+                                    wrong[rows], [gold[idx[r]] for r in rows], [references[idx[r]] for r in rows],
+                                    j, budget, config, reward_fn, recovery_window, totals.recovery[j])
     report = totals.report(references, gold_content, metric)
     report["gap"]["gold_not_first"] = sum(index > 0 for index in gold_index)
     report["gold_index"] = gold_index

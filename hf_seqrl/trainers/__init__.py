@@ -1,13 +1,19 @@
-"""Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses)."""
+"""Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses), by family of idea: `base` (shared
+orchestration), `policy_gradient` (SCST, REINFORCE, leave-one-out; `reuse`: clipped multi-update steps), `mrt`,
+`mixer`, `input_schedules` and `scheduled_sampling`, `professor_forcing`."""
 
-from .base import SeqRLTrainer
-from .professor_forcing import ProfessorForcingTrainer
+from .base import SeqRLBaseTrainer
+from .input_schedules import KStepRolloutTrainer, PrefixCorruptionTrainer
 from .mixer import MixerTrainer
 from .mrt import MRTTrainer
-from .input_schedules import KStepRolloutTrainer, PrefixCorruptionTrainer
-from .reinforce import ReinforceTrainer
+from .policy_gradient import ReinforceTrainer, SCSTTrainer, SeqRLTrainer
+from .professor_forcing import ProfessorForcingTrainer
 from .scheduled_sampling import ScheduledSamplingTrainer
-from .scst import SCSTTrainer
 
-__all__ = ["SeqRLTrainer", "ProfessorForcingTrainer", "ReinforceTrainer", "SCSTTrainer", "MRTTrainer", "MixerTrainer",
-           "ScheduledSamplingTrainer", "PrefixCorruptionTrainer", "KStepRolloutTrainer"]
+# Every trainer `hf-seqrl train --algorithm` runs, by its `algorithm_id`.
+TRAINER_CLASSES = (SCSTTrainer, ReinforceTrainer, MRTTrainer, MixerTrainer, ScheduledSamplingTrainer,
+                   PrefixCorruptionTrainer, KStepRolloutTrainer, ProfessorForcingTrainer)
+
+__all__ = ["TRAINER_CLASSES", "KStepRolloutTrainer", "MRTTrainer", "MixerTrainer", "PrefixCorruptionTrainer",
+           "ProfessorForcingTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer", "SeqRLBaseTrainer",
+           "SeqRLTrainer"]

@@ -20,11 +20,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from .. import decoder_inputs as di
+from ..functional import decoder_inputs as di
 from ..configs import KStepRolloutConfig, PrefixCorruptionConfig
-from ..rollout import eos_ids, pad_id, shift_right
+from ..hub import Method, Paper
+from ..models.base import eos_ids, pad_id, shift_right
 from ..schedules import corruption_rate
 from .base import SeqRLBaseTrainer
+
+CHEN_2024 = Paper(key="chen2024diffusion", cite="Chen et al., 2024", url="https://arxiv.org/abs/2407.01392",
+                  title="Diffusion Forcing: Next-token Prediction Meets Full-Sequence Diffusion", citation="""\
+@inproceedings{chen2024diffusion,
+  title     = {Diffusion Forcing: Next-token Prediction Meets Full-Sequence Diffusion},
+  author    = {Chen, Boyuan and Mart{\\'i} Mons{\\'o}, Diego and Du, Yilun and Simchowitz, Max and Tedrake, Russ and
+               Sitzmann, Vincent},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2024},
+  url       = {https://arxiv.org/abs/2407.01392}
+}""")
 
 
 def target_context(decoder_inputs: torch.Tensor) -> torch.Tensor:
@@ -154,12 +166,20 @@ class PrefixCorruptionTrainer(InputScheduleTrainer):
 
     config_class = PrefixCorruptionConfig
     algorithm = "Prefix corruption"
+    algorithm_id = "prefix_corruption"
+    method = Method("Prefix corruption", "prefix-corruption", "teacher forcing on decoder inputs whose tokens are "
+                    "replaced, with a probability, by random tokens or the model's own predictions")
+    noise_level_method = Method("Noise-level forcing", "noise-level-forcing", "teacher forcing on decoder inputs "
+                                "corrupted at an independent noise level per token", (CHEN_2024,))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.args.per_token_levels:
             self.algorithm = "Noise-level forcing"
         self._vocabulary: torch.Tensor | None = None
+
+    def run_method(self) -> Method:
+        return self.noise_level_method if self.args.per_token_levels else self.method
 
     def corruption_rate(self) -> float:
         """Returns σ at the current step (or epoch), counted from the end of the warm-up."""
@@ -209,6 +229,9 @@ class KStepRolloutTrainer(InputScheduleTrainer):
 
     config_class = KStepRolloutConfig
     algorithm = "k-step rollout"
+    algorithm_id = "kstep_rollout"
+    method = Method("k-step rollout", "k-step-rollout", "cross-entropy of the gold tokens after the model ran on its "
+                    "own outputs for up to k steps from gold anchors")
 
     def decoder_rows(self, batch, gold_inputs, labels):
         k = self.args.rollout_steps
@@ -227,7 +250,7 @@ class KStepRolloutTrainer(InputScheduleTrainer):
         k − 1 no-grad passes: the first over the gold rows (each anchor's first token has the gold prefix as
         context), the others over all anchor rows at once.
         """
-        k, sampling, length = self.args.rollout_steps, self.args.rollout_sampling, gold_inputs.shape[1]
+        k, sampling, length = self.args.rollout_steps, self.args.sampling, gold_inputs.shape[1]
         row_source, row_anchor = di.rollout_rows(labels, k)
         rows = gold_inputs[row_source]
         replaceable = di.replaceable_positions(labels)[row_source]
@@ -258,7 +281,7 @@ class KStepRolloutTrainer(InputScheduleTrainer):
         chunk also sees the own tokens of the chunks before it, and those were chosen before the later offsets of
         earlier chunks had been replaced: an approximation of the exact rollout, at one row per source.
         """
-        k, sampling = self.args.rollout_steps, self.args.rollout_sampling
+        k, sampling = self.args.rollout_steps, self.args.sampling
         rows = gold_inputs
         fed = torch.zeros_like(rows, dtype=torch.bool)
         for offset in range(1, k):

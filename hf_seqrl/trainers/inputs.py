@@ -46,28 +46,3 @@ def load_tokenizer_for(model):
             f"processing_class was not given, and no tokenizer could be loaded from the model's name_or_path {name!r} "
             f"({type(err).__name__}: {err}). Pass processing_class=AutoTokenizer.from_pretrained(...) yourself."
         ) from err
-
-
-def check_dataset_columns(dataset, name: str, family=None) -> None:
-    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, a
-    column named like a reward keyword (`predictions`), or rows the model family cannot read (`family.check_rows`)."""
-    columns = getattr(dataset, "column_names", None)
-    if columns is None or isinstance(columns, dict):
-        return
-    if "predictions" in columns:
-        raise ValueError(
-            f"{name} has a column named 'predictions': rewards receive every dataset column as a keyword, and "
-            "'predictions' is the decoded outputs. Rename that column."
-        )
-    if "input_ids" not in columns:
-        raise ValueError(
-            f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
-            "hf_seqrl.data.tokenize_pairs."
-        )
-    if "labels" not in columns and "references" not in columns:
-        raise ValueError(
-            f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
-            "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
-        )
-    if family is not None:
-        family.check_rows(dataset, name)

@@ -16,9 +16,20 @@ import torch
 
 from .. import losses
 from ..configs import MixerConfig
-from ..rollout import Rollout, pad_id
+from ..hub import Method, Paper
+from ..models.base import Rollout, pad_id
 from ..schedules import mixer_delta
-from .base import SeqRLTrainer
+from .policy_gradient import SeqRLTrainer
+
+RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",
+                     title="Sequence Level Training with Recurrent Neural Networks", citation="""\
+@inproceedings{ranzato2016mixer,
+  title     = {Sequence Level Training with Recurrent Neural Networks},
+  author    = {Ranzato, Marc'Aurelio and Chopra, Sumit and Auli, Michael and Zaremba, Wojciech},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2016},
+  url       = {https://arxiv.org/abs/1511.06732}
+}""")
 from .inputs import BatchText
 
 
@@ -46,6 +57,13 @@ class MixerTrainer(SeqRLTrainer):
     config_class = MixerConfig
     default_baseline = "moving_average"
     algorithm = "MIXER"
+    algorithm_id = "mixer"
+    method = Method("MIXER", "mixer", "cross-entropy on the first tokens of each target and REINFORCE on the sampled "
+                    "rest, the sampled part growing over training", (RANZATO_2016,))
+
+    @classmethod
+    def method_for(cls, baseline=None) -> Method:
+        return cls.method
     model_families = ("seq2seq", "causal")
 
     def delta(self) -> int:

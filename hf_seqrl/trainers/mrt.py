@@ -9,12 +9,23 @@ mixed with cross-entropy by `rl_weight` (− entropy, + KL on the sampled positi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import losses
 from ..configs import MRTConfig
-from ..rollout import pad_id
-from .base import BatchText, SeqRLTrainer, repeat_rows
+from ..hub import Method, Paper
+from ..models.base import pad_id, right_pad
+from .inputs import BatchText, repeat_rows
+from .policy_gradient import SeqRLTrainer
+
+SHEN_2016 = Paper(key="shen2016mrt", cite="Shen et al., 2016", url="https://aclanthology.org/P16-1159/",
+                  title="Minimum Risk Training for Neural Machine Translation", citation="""\
+@inproceedings{shen2016mrt,
+  title     = {Minimum Risk Training for Neural Machine Translation},
+  author    = {Shen, Shiqi and Cheng, Yong and He, Zhongjun and He, Wei and Wu, Hua and Sun, Maosong and Liu, Yang},
+  booktitle = {Proceedings of the 54th Annual Meeting of the ACL},
+  year      = {2016},
+  url       = {https://aclanthology.org/P16-1159/}
+}""")
 
 
 def candidate_set(sample_ids: torch.Tensor, sample_mask: torch.Tensor, num_samples: int,
@@ -34,8 +45,8 @@ def candidate_set(sample_ids: torch.Tensor, sample_mask: torch.Tensor, num_sampl
     parts += [(ids.unsqueeze(1), mask.unsqueeze(1)) for ids, mask in extra]
     length = max(ids.shape[-1] for ids, _ in parts)
 
-    def widen(x: torch.Tensor, value: int) -> torch.Tensor:
-        return F.pad(x, (0, length - x.shape[-1]), value=value)
+    def widen(x: torch.Tensor, value: int) -> torch.Tensor:  # (B, rows, T) -> (B, rows, length)
+        return right_pad(x.flatten(0, 1), length, value).view(x.shape[0], x.shape[1], length)
 
     # One pad id after the counted tokens makes equal sequences equal rows (see `first_occurrence_mask`).
     token_ids = torch.cat([widen(ids.masked_fill(~mask.bool(), pad), pad) for ids, mask in parts], dim=1)
@@ -58,6 +69,13 @@ class MRTTrainer(SeqRLTrainer):
 
     config_class = MRTConfig
     algorithm = "MRT"
+    algorithm_id = "mrt"
+    method = Method("Minimum risk training", "mrt", "the expected cost 1 - reward under the model's alpha-sharpened "
+                    "distribution over each source's candidate set", (SHEN_2016,))
+
+    @classmethod
+    def method_for(cls, baseline=None) -> Method:
+        return cls.method  # no baseline to name: the renormalization over candidates plays its part
     model_families = ("seq2seq", "causal")
     default_baseline = "none"
 

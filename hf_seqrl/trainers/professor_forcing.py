@@ -6,7 +6,7 @@ that makes its free-running states look teacher-forced, so its behaviour on its 
 behaviour on gold prefixes.
 
 One step, per batch of `B` sources:
-1. no grad: the model writes its own output for each source (greedy or sampled, `free_running`);
+1. no grad: the model writes its own output for each source (greedy or sampled, `sampling`);
 2. one decoder pass over `2B` rows, the encoder run once: row `2i` reads the gold target (teacher forcing), row
    `2i + 1` the model's own output; the last decoder hidden states of both, and the cross-entropy of the gold rows;
 3. the discriminator takes one step of its own optimizer on the detached states (gold rows real, own rows fake);
@@ -25,9 +25,20 @@ from torch import nn
 
 from .. import losses
 from ..configs import ProfessorForcingConfig
-from ..rollout import (decoder_start_id, expand_encoder_states, pad_id, rollout_generation_config, sample_rollout,
-                       shift_right)
+from ..hub import Method, Paper
+from ..models.base import right_pad
 from .base import SeqRLBaseTrainer
+
+LAMB_2016 = Paper(key="lamb2016professor", cite="Lamb et al., 2016", url="https://arxiv.org/abs/1610.09038",
+                  title="Professor Forcing: A New Algorithm for Training Recurrent Networks", citation="""\
+@inproceedings{lamb2016professor,
+  title     = {Professor Forcing: A New Algorithm for Training Recurrent Networks},
+  author    = {Lamb, Alex and Goyal, Anirudh and Zhang, Ying and Zhang, Saizheng and Courville, Aaron and
+               Bengio, Yoshua},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2016},
+  url       = {https://arxiv.org/abs/1610.09038}
+}""")
 
 DISCRIMINATOR_FILE = "discriminator.safetensors"
 DISCRIMINATOR_OPTIMIZER_FILE = "discriminator_optimizer.pt"
@@ -93,6 +104,9 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
 
     config_class = ProfessorForcingConfig
     algorithm = "Professor forcing"
+    algorithm_id = "professor_forcing"
+    method = Method("Professor forcing", "professor-forcing", "cross-entropy plus an adversarial loss that makes the "
+                    "decoder's free-running hidden states look teacher-forced to a discriminator", (LAMB_2016,))
 
     def __init__(self, model=None, args: ProfessorForcingConfig | None = None, **kwargs):
         forward = inspect.signature(getattr(model, "forward", lambda: None)).parameters
@@ -110,43 +124,37 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
                                                           self.args.discriminator).to(self.args.device)
         self.discriminator_optimizer = torch.optim.Adam(self.discriminator.parameters(),
                                                         lr=self.args.discriminator_learning_rate)
-        self._free_running_config = None
+        self._own_output_config = None
 
-    def free_running_config(self, model):
-        """Returns the generation config of the model's own outputs (greedy or sampled)."""
-        if self._free_running_config is None:
-            config = rollout_generation_config(model, self.args.max_new_tokens,
-                                               max_length=self.args.generation_max_length)
-            if self.args.free_running == "argmax":
+    def own_output_config(self, model):
+        """Returns the generation config of the model's own outputs (greedy or sampled, `args.sampling`)."""
+        if self._own_output_config is None:
+            config = self.family.generation_config(model, self.args.max_new_tokens,
+                                                   max_length=self.args.generation_max_length)
+            if self.args.sampling == "argmax":
                 config.do_sample, config.top_k, config.top_p, config.temperature = False, None, None, None
-            self._free_running_config = config
-        return self._free_running_config
+            self._own_output_config = config
+        return self._own_output_config
 
     def sequence_loss(self, model, inputs, text, num_items_in_batch):
         self.loss_is_scaled_for_ga = False  # a per-batch mean: the Trainer divides by the accumulation steps
-        labels = inputs["labels"]
+        labels = self.family.target_labels(inputs)
         unwrapped = self.accelerator.unwrap_model(model)
-        own = sample_rollout(unwrapped, inputs["input_ids"], inputs.get("attention_mask"),
-                             self.free_running_config(unwrapped))
-        start, pad = decoder_start_id(unwrapped), pad_id(unwrapped)
+        own = self.family.sample(unwrapped, inputs, self.own_output_config(unwrapped))
         # The mask, not the pad id, says where an output ends: an untrained model may well write pad tokens.
         own_labels = own.sample_ids.masked_fill(~own.sample_mask, -100)
         length = max(labels.shape[1], own_labels.shape[1])
-        gold_rows = shift_right(_pad_to(labels, length), start, pad)
-        own_rows = shift_right(_pad_to(own_labels, length), start, pad)
-        rows = torch.stack([gold_rows, own_rows], dim=1).flatten(0, 1)  # (2B, T): gold and own rows of a source
-        with expand_encoder_states(model, 2):
-            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"),
-                            decoder_input_ids=rows, output_hidden_states=True, use_cache=False)
-        if not getattr(outputs, "decoder_hidden_states", None):
-            raise ValueError(f"model: {type(unwrapped).__name__} returned no decoder_hidden_states with "
+        labels, own_labels = right_pad(labels, length, -100), right_pad(own_labels, length, -100)
+        targets = torch.stack([labels, own_labels], dim=1).flatten(0, 1)  # (2B, T): gold and own rows of a source
+        encoded = self.family.encode(unwrapped, inputs)  # once per source, with grad
+        outputs = self.family.target_forward(model, encoded, targets, group=2, output_hidden_states=True)
+        if getattr(outputs, "hidden_states", None) is None:
+            raise ValueError(f"model: {type(unwrapped).__name__} returned no decoder hidden states with "
                              "output_hidden_states=True; professor forcing needs them.")
-        hidden = outputs.decoder_hidden_states[-1]
+        hidden = outputs.hidden_states
         gold_hidden, own_hidden = hidden[0::2], hidden[1::2]
-        gold_mask = _pad_to(labels, length) != -100
-        own_mask = _pad_to(own_labels, length) != -100
-        logits = outputs.logits[0::2]
-        xe_loss = self._xe_from_logits(logits, _pad_to(labels, length))
+        gold_mask, own_mask = labels != -100, own_labels != -100
+        xe_loss = self._xe_from_logits(outputs.logits[0::2], labels)
         d_loss, d_accuracy = self.discriminator_step(gold_hidden.detach(), gold_mask, own_hidden.detach(), own_mask)
         self.discriminator.requires_grad_(False)
         try:
@@ -196,8 +204,3 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
         self.discriminator_optimizer.load_state_dict(
             torch.load(os.path.join(folder, DISCRIMINATOR_OPTIMIZER_FILE), map_location=self.args.device,
                        weights_only=True))
-
-
-def _pad_to(labels: torch.Tensor, length: int) -> torch.Tensor:
-    """Returns `labels` `(N, T)` right-padded with -100 to `length` positions."""
-    return torch.nn.functional.pad(labels, (0, length - labels.shape[1]), value=-100)

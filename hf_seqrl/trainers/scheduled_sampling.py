@@ -11,10 +11,31 @@ from __future__ import annotations
 
 import torch
 
-from .. import decoder_inputs as di
+from ..functional import decoder_inputs as di
 from ..configs import ScheduledSamplingConfig
 from ..schedules import teacher_forcing_ratio
+from ..hub import Method, Paper
 from .input_schedules import DecoderRows, InputScheduleTrainer, replaced_fraction
+
+BENGIO_2015 = Paper(key="bengio2015scheduled", cite="Bengio et al., 2015", url="https://arxiv.org/abs/1506.03099",
+                    title="Scheduled Sampling for Sequence Prediction with Recurrent Neural Networks", citation="""\
+@inproceedings{bengio2015scheduled,
+  title     = {Scheduled Sampling for Sequence Prediction with Recurrent Neural Networks},
+  author    = {Bengio, Samy and Vinyals, Oriol and Jaitly, Navdeep and Shazeer, Noam},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2015},
+  url       = {https://arxiv.org/abs/1506.03099}
+}""")
+
+MIHAYLOVA_2019 = Paper(key="mihaylova2019scheduled", cite="Mihaylova & Martins, 2019", url="https://aclanthology.org/P19-2049/",
+                       title="Scheduled Sampling for Transformers", citation="""\
+@inproceedings{mihaylova2019scheduled,
+  title     = {Scheduled Sampling for Transformers},
+  author    = {Mihaylova, Tsvetomila and Martins, Andr{\\'e} F. T.},
+  booktitle = {Proceedings of the 57th Annual Meeting of the ACL: Student Research Workshop},
+  year      = {2019},
+  url       = {https://aclanthology.org/P19-2049/}
+}""")
 
 
 def mix_decoder_inputs(
@@ -50,6 +71,10 @@ class ScheduledSamplingTrainer(InputScheduleTrainer):
 
     config_class = ScheduledSamplingConfig
     algorithm = "Scheduled sampling"
+    algorithm_id = "scheduled_sampling"
+    method = Method("Scheduled sampling", "scheduled-sampling", "cross-entropy on decoder inputs that mix gold tokens "
+                    "with the model's own predictions, the gold share following a schedule",
+                    (BENGIO_2015, MIHAYLOVA_2019))
 
     def teacher_forcing_ratio(self) -> float:
         """Returns ε at the current step (or epoch), counted from the end of the warm-up."""

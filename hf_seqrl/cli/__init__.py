@@ -1,7 +1,7 @@
-"""Command line: `hf-seqrl demo | train | evaluate | diagnose`.
+"""Command line: `hf-seqrl demo | train | evaluate | diagnose`, one module per subcommand.
 
-Every subcommand parses its flags with `HfArgumentParser` from a dataclass (snake_case flags, as in
-`Seq2SeqTrainingArguments`); `hf-seqrl COMMAND --help` lists them.
+Every subcommand parses its flags with `HfArgumentParser` from its own dataclasses (snake_case flags, as in
+`Seq2SeqTrainingArguments`); `hf-seqrl COMMAND --help` lists them. Library modules never import this package.
 """
 
 from __future__ import annotations
@@ -9,29 +9,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from dataclasses import dataclass, field
 
 # name -> (one-line help, "module:function" taking the remaining argv and returning an exit status)
 COMMANDS = {
     "demo": ("Offline demo: teacher forcing, then SCST vs more cross-entropy, on a generated task with a tiny "
-             "model (no network, a few minutes on a CPU).", "hf_seqrl.cli:demo_main"),
+             "model (no network, a few minutes on a CPU).", "hf_seqrl.cli.demo:main"),
     "train": ("Train from a YAML config (recipes/configs/*.yaml) with CLI overrides: hf-seqrl train --config "
-              "FILE.yaml [--field value ...]", "hf_seqrl.cli:train_main"),
+              "FILE.yaml [--field value ...]", "hf_seqrl.cli.train:main"),
     "evaluate": ("Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file (greedy or beam search, "
-                 "against every reference).", "hf_seqrl.evaluation:evaluate_main"),
+                 "against every reference).", "hf_seqrl.cli.evaluate:main"),
     "diagnose": ("Exposure-bias diagnostics of a seq2seq checkpoint: writes diagnostics.json and diagnostics.png.",
-                 "hf_seqrl.diagnostics.cli:diagnose_main"),
+                 "hf_seqrl.cli.diagnose:main"),
 }
-
-
-@dataclass
-class DemoArguments:
-    """`hf-seqrl demo`: where the results go, and how big the run is."""
-
-    output_dir: str = field(default="hf_seqrl_demo", metadata={"help": "Where the model, tokenizer, card and "
-                                                                       "results go."})
-    seed: int = field(default=0, metadata={"help": "Seed of the generated task and of training."})
-    quick: bool = field(default=False, metadata={"help": "A much smaller run (under a minute), for smoke tests."})
 
 
 def parse_command(command: str, arguments_class: type, argv: list[str] | None):
@@ -41,23 +30,6 @@ def parse_command(command: str, arguments_class: type, argv: list[str] | None):
     parser = HfArgumentParser(arguments_class, prog=f"hf-seqrl {command}", description=COMMANDS[command][0])
     (args,) = parser.parse_args_into_dataclasses(argv)
     return args
-
-
-def demo_main(argv: list[str] | None = None) -> int:
-    """Returns the exit status of `hf-seqrl demo` run with `argv` (default: sys.argv[1:])."""
-    from .demo import run_demo
-
-    args = parse_command("demo", DemoArguments, argv)
-    run_demo(args.output_dir, seed=args.seed, quick=args.quick)
-    return 0
-
-
-def train_main(argv: list[str] | None = None) -> int:
-    """Returns 0 after training as `recipes/translation.py` and `recipes/summarization.py` do, from `argv`."""
-    from . import pipeline
-
-    pipeline.train_main(argv)
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Decoder-only (causal LM) rollouts: prompts split from a batch, one decode loop for the samples and the greedy row
+"""Decoder-only models (`CausalFamily`): prompts split from a batch, one decode loop for the samples and the greedy row
 (a long prompt's KV cache computed once per source), and teacher-forced log-probs of completion tokens.
 
 A batch row holds `prompt + completion` in `input_ids` with `labels` = -100 on the prompt (the usual causal-LM
@@ -10,34 +10,20 @@ their EOS, nothing before or after.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from . import losses
-from .decoding import any_rank_running, lockstep_group, rows_to_keep
-from .rollout import Rollout, ScoredRollout, completion_mask, eos_ids, pad_id
-from .sampling import argmax_or_sample, draw_uniforms
+from ..functional.logprobs import token_logprobs_from_logits
+from ..functional.sampling import draw_uniforms
+from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
+                   completion_mask, eos_ids, eval_mode, lockstep_group, pad_id, right_pad, rows_to_keep, split_groups,
+                   unwrap)
 
 
 # Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
 # its KV cache. Measured on CPU, 2-layer width-64 Llama, 4 prompts x 4 samples, 12 new tokens: sharing took 8.8 ms
 # against 8.2 at 15 prompt tokens, 8.4 against 9.6 at 31, 9.7 against 14.6 at 63.
 PROMPT_CACHE_MIN_TOKENS = 24
-
-
-@dataclass
-class CausalRollout(Rollout):
-    """A `Rollout` of a decoder-only model, with the left-padded prompts it continued.
-
-    Attributes (besides `Rollout`'s, whose ids are completion tokens only):
-        prompt_ids (`torch.LongTensor` of shape `(B, P)`): left-padded prompts, pad id where `prompt_mask` is false.
-        prompt_mask (`torch.BoolTensor` of shape `(B, P)`).
-    """
-
-    prompt_ids: torch.Tensor | None = None
-    prompt_mask: torch.Tensor | None = None
 
 
 def _first_completion_position(labels: torch.Tensor) -> torch.Tensor:
@@ -93,7 +79,7 @@ def causal_generation_config(model, max_new_tokens: int | None, temperature: flo
                              top_p: float = 1.0, max_length: int | None = None) -> GenerationConfig:
     """Returns a generation config that samples completions from the model's own distribution.
 
-    As `rollout.rollout_generation_config` does for seq2seq models: only EOS, pad and BOS are kept from the model's
+    As `seq2seq.rollout_generation_config` does for seq2seq models: only EOS, pad and BOS are kept from the model's
     generation config; penalties, beams and minimum lengths are dropped. `max_length` (the Seq2SeqTrainer's
     `generation_max_length`) counts completion tokens here, since prompts differ in length.
     """
@@ -121,47 +107,32 @@ def generate_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
     return _strip_prompt(sequences, prompt_ids.shape[1], model)
 
 
-def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, repeats: int):
-    """Returns `(cache, logits (B*repeats, V) of the next token, mask (B*repeats, P))` after reading the prompts.
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group: int):
+    """Returns `(cache, logits (B*group, V) of the next token, mask (B*group, P))` after reading the prompts.
 
-    Prompts of at least `PROMPT_CACHE_MIN_TOKENS` tokens are read once and their cache expanded to their repeats.
+    Prompts of at least `PROMPT_CACHE_MIN_TOKENS` tokens are read once and their cache expanded to their group of rows.
     """
     cache = DynamicCache(config=model.config)
-    mask = prompt_mask.bool().repeat_interleave(repeats, dim=0)
-    if repeats > 1 and prompt_ids.shape[1] >= max(PROMPT_CACHE_MIN_TOKENS, 2):
+    mask = prompt_mask.bool().repeat_interleave(group, dim=0)
+    if group > 1 and prompt_ids.shape[1] >= max(PROMPT_CACHE_MIN_TOKENS, 2):
         model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1].long(),
               position_ids=position_ids(prompt_mask[:, :-1]), cache=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(repeats)
-        rows = prompt_ids[:, -1:].repeat_interleave(repeats, dim=0)
+        cache.batch_repeat_interleave(group)
+        rows = prompt_ids[:, -1:].repeat_interleave(group, dim=0)
         logits = model(input_ids=rows, attention_mask=mask.long(), position_ids=position_ids(mask)[:, -1:],
                        cache=cache, use_cache=True).logits[:, -1]
     else:
-        rows = prompt_ids.repeat_interleave(repeats, dim=0)
+        rows = prompt_ids.repeat_interleave(group, dim=0)
         logits = model(input_ids=rows, attention_mask=mask.long(), position_ids=position_ids(mask), cache=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1]
     return cache, logits, mask
 
 
-def choose_tokens(logits: torch.Tensor, sampled: torch.Tensor, generation_config: GenerationConfig,
-                  uniforms: torch.Tensor | None) -> torch.Tensor:
-    """Returns the next token of each row: a draw from the warped distribution where `sampled`, the argmax elsewhere.
-
-    The draw is `sampling.sample_tokens`: the distribution `generate(do_sample=True)` samples from (temperature,
-    top-k, top-p of `generation_config`), by inverse CDF from one uniform per sampled row.
-
-    Args:
-        logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
-        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): this step's uniform of each sampled row, in order.
-    """
-    return argmax_or_sample(logits, sampled, uniforms, generation_config.temperature or 1.0,
-                            generation_config.top_k or 0, generation_config.top_p or 1.0)
-
-
 @torch.no_grad()
 def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig,
-                  repeats: int = 1, greedy_first: bool = False,
+                  group: int = 1, greedy_first: bool = False,
                   compact_below: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns `(completion ids (B*repeats, T), mask)`: each prompt continued `repeats` times, pad after EOS.
+    """Returns `(completion ids (B*group, T), mask)`: each prompt continued `group` times, pad after EOS.
 
     A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
     others sample from `generation_config`'s temperature / top-k / top-p; decoding stops when every row has written
@@ -169,15 +140,16 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models. The
     uniforms of the draws are one `torch.rand((max_new_tokens, sampled rows))` call on the global RNG per decode
     (`sampling.draw_uniforms`), as the seq2seq rollouts draw them. Ended rows leave the forward once the running
-    rows are at most `compact_below` of those in it (0: never), as in `decoding.decode`.
+    rows are at most `compact_below` of those in it (0: never), as in `seq2seq.decode`.
     """
+    settings = DecodeSettings.from_generation_config(generation_config)
     pad, eos = pad_id(model), torch.tensor(eos_ids(model), device=prompt_ids.device)
-    cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, repeats)
-    rows, steps, device = logits.shape[0], generation_config.max_new_tokens, logits.device
+    cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, group)
+    rows, steps, device = logits.shape[0], settings.max_new_tokens, logits.device
     sampled = torch.ones(rows, dtype=torch.bool, device=device)
     if greedy_first:
-        sampled = torch.arange(rows, device=device) % repeats != 0
-    if not generation_config.do_sample:
+        sampled = torch.arange(rows, device=device) % group != 0
+    if not settings.do_sample:
         sampled = torch.zeros_like(sampled)
     # Each row's uniform per step (the sampled rows' in order; greedy rows read none).
     row_uniforms = torch.ones((steps, rows), device=device)
@@ -189,7 +161,8 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     lockstep = lockstep_group()
     tokens = []
     for step in range(steps):
-        chosen = choose_tokens(logits, sampled[active], generation_config, row_uniforms[step, active][sampled[active]])
+        on = sampled[active]
+        chosen = choose_tokens(logits, step, settings, on, row_uniforms[step, active][on])
         chosen = torch.full((rows,), pad, dtype=torch.long, device=device).index_copy_(0, active, chosen)
         chosen = chosen.masked_fill(finished, pad)
         tokens.append(chosen)
@@ -227,11 +200,11 @@ def append_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 @torch.no_grad()
 def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
                   generation_config: GenerationConfig, num_samples: int = 1, with_greedy: bool = False,
-                  prefix_ids: torch.Tensor | None = None) -> CausalRollout:
+                  prefix_ids: torch.Tensor | None = None) -> Rollout:
     """Returns `num_samples` sampled completions per prompt and, if `with_greedy`, the greedy completion.
 
     One decode in eval mode (`decode_causal`) over every prompt's group of rows: the argmax on each source's greedy
-    row and a sample elsewhere, as `rollout.sample_rollout` does for seq2seq models.
+    row and a sample elsewhere, as `seq2seq.sample_rollout` does for seq2seq models.
 
     Args:
         model: an unwrapped `PreTrainedModel` for causal LM.
@@ -245,28 +218,19 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
     context_ids, context_mask = append_prefix(prompt_ids, prompt_mask, prefix_ids)
     group = num_samples + int(with_greedy)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         ids, mask = decode_causal(model, context_ids, context_mask, generation_config, group, greedy_first=with_greedy)
-    finally:
-        model.train(was_training)
     if context_ids is not prompt_ids:
         ids = torch.cat([prefix_ids.repeat_interleave(group, dim=0), ids], dim=1)
         mask = completion_mask(ids, eos_ids(model))
         ids = ids.masked_fill(~mask, pad)
-    grouped_ids, grouped_mask = ids.view(-1, group, ids.shape[1]), mask.view(-1, group, ids.shape[1])
-    first = int(with_greedy)
-    return CausalRollout(
-        sample_ids=grouped_ids[:, first:].reshape(-1, ids.shape[1]),
-        sample_mask=grouped_mask[:, first:].reshape(-1, ids.shape[1]),
-        greedy_ids=grouped_ids[:, 0] if with_greedy else None,
-        greedy_mask=grouped_mask[:, 0] if with_greedy else None,
-        num_samples=num_samples, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+    sample_ids, greedy_ids = split_groups(ids, group, with_greedy)
+    sample_mask, greedy_mask = split_groups(mask, group, with_greedy)
+    return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, num_samples)
 
 
 def completion_forward(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: torch.Tensor,
-                       repeats: int = 1, output_hidden_states: bool = False):
+                       group: int = 1, output_hidden_states: bool = False):
     """Returns the model output on `prompt + completion` rows, its logits cut to the completion positions:
     `logits[:, t]` `(N, T, V)` predicts `completions[:, t]` from the prompt and `completions[:, :t]`.
 
@@ -274,13 +238,13 @@ def completion_forward(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     position `t` reads `completions[:, t - 1]` (the last prompt token at `t = 0`).
 
     Args:
-        prompt_ids, prompt_mask (`(B, P)`): left-padded prompts; each is repeated `repeats` times in place.
-        completions (`torch.LongTensor` of shape `(B*repeats, T)`): tokens after the prompt (any id where padded;
+        prompt_ids, prompt_mask (`(B, P)`): left-padded prompts; each is repeated `group` times in place (its group of rows).
+        completions (`torch.LongTensor` of shape `(B*group, T)`): tokens after the prompt (any id where padded;
             later positions do not change the logits of earlier ones).
     """
     width, length = prompt_ids.shape[1], completions.shape[1]
-    rows = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completions.clamp(min=0)], dim=1)
-    mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0).bool(),
+    rows = torch.cat([prompt_ids.repeat_interleave(group, dim=0), completions.clamp(min=0)], dim=1)
+    mask = torch.cat([prompt_mask.repeat_interleave(group, dim=0).bool(),
                       torch.ones_like(completions, dtype=torch.bool)], dim=1)
     # The last prompt position predicts the first completion token; the completion's last token predicts nothing.
     out = model(input_ids=rows[:, :-1], attention_mask=mask[:, :-1].long(), position_ids=position_ids(mask[:, :-1]),
@@ -310,9 +274,8 @@ def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
     if gold_labels is not None:
         gold = completion_labels(gold_labels)
         length = max(t_sample, gold.shape[1])
-        rows = torch.nn.functional.pad(rows, (0, length - t_sample), value=pad)
-        rows = torch.cat([rows, torch.nn.functional.pad(gold, (0, length - gold.shape[1]), value=pad).unsqueeze(1)],
-                         dim=1)
+        rows = right_pad(rows.flatten(0, 1), length, pad).view(batch, num_samples, length)
+        rows = torch.cat([rows, right_pad(gold, length, pad).unsqueeze(1)], dim=1)
         group += 1
     logits = completion_forward(model, prompt_ids, prompt_mask, rows.flatten(0, 1).clamp(min=0), group).logits
     logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
@@ -320,7 +283,7 @@ def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
     gold_logits = None
     if gold is not None:
         gold_logits = _align_to_labels(logits[:, num_samples, : gold.shape[1]], gold, gold_labels)
-    token_logprobs = losses.token_logprobs_from_logits(sample_logits, sample_ids, temperature)
+    token_logprobs = token_logprobs_from_logits(sample_logits, sample_ids, temperature)
     return ScoredRollout(sample_logits, token_logprobs, gold_logits)
 
 
@@ -329,3 +292,76 @@ def _align_to_labels(completion_logits: torch.Tensor, gold: torch.Tensor, labels
     elsewhere), from the completion-ordered `completion_logits` `(B, T, V)` of `gold` `(B, T)`."""
     aligned = completion_logits.new_zeros(labels.shape + completion_logits.shape[-1:])
     return aligned.index_put((labels != -100).nonzero(as_tuple=True), completion_logits[gold != -100])
+
+
+class CausalFamily(ModelFamily):
+    """Decoder-only models: the prompt precedes the completion in one row; only completion tokens count."""
+
+    name, auto_class = "causal", "AutoModelForCausalLM"
+    trainer_generates = False
+
+    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
+        return causal_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length)
+
+    def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False):
+        return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                                    generation_config, num_samples, with_greedy)
+
+    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
+        return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                                    generation_config, num_samples, with_greedy, prefix_ids=prefix)
+
+    def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
+        return score_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                                   sample_ids, num_samples, pad_id(unwrap(model)), gold_labels, temperature)
+
+    def prompts(self, model, batch):
+        """Returns the left-padded prompts `(ids (B, P), mask (B, P))` of a batch."""
+        return split_prompts(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                                    pad_id(unwrap(model)))
+
+    def generate(self, model, batch, **generate_kwargs):
+        # Prompts differ in length: a `max_length` (Seq2SeqTrainer's generation_max_length) counts completion tokens.
+        if generate_kwargs.get("max_length") is not None and generate_kwargs.get("max_new_tokens") is None:
+            generate_kwargs["max_new_tokens"] = generate_kwargs.pop("max_length")
+        generate_kwargs.pop("max_length", None)
+        # `synced_gpus` (set by Seq2SeqTrainer under ZeRO-3 and FSDP) reaches `generate`, which then keeps every rank
+        # stepping until all ranks' rows have ended.
+        prompt_ids, prompt_mask = self.prompts(model, batch)
+        ids, _ = generate_completions(unwrap(model), prompt_ids, prompt_mask, **generate_kwargs)
+        return ids
+
+    def continue_from(self, model, batch, prefix, generation_config):
+        prompt_ids, prompt_mask = append_prefix(*self.prompts(model, batch), prefix)
+        ids, _ = generate_completions(model, prompt_ids, prompt_mask, generation_config=generation_config)
+        ids = ids if prefix is None else torch.cat([prefix, ids], dim=1)
+        mask = completion_mask(ids, eos_ids(model))
+        return ids.masked_fill(~mask, pad_id(model)), mask
+
+    def encode(self, model, batch):
+        prompt_ids, prompt_mask = self.prompts(model, batch)
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+
+    def rotate(self, encoded, shifts=-1):
+        return {key: value.roll(shifts, dims=0) for key, value in encoded.items()}
+
+    def select(self, encoded, index):
+        return encoded if index is None else {key: value[index] for key, value in encoded.items()}
+
+    def detach(self, encoded):
+        return encoded  # token ids: nothing to cut
+
+    def target_labels(self, batch):
+        return completion_labels(batch["labels"])
+
+    def target_forward(self, model, encoded, targets, group=1, output_hidden_states=False):
+        return completion_forward(model, encoded["prompt_ids"], encoded["prompt_mask"],
+                                         targets.masked_fill(targets == -100, pad_id(unwrap(model))), group,
+                                         output_hidden_states)
+
+    def target_offset(self, encoded):
+        return encoded["prompt_ids"].shape[1] - 1
+
+    def structural_ids(self, model):
+        bos = model.generation_config.bos_token_id
+        return [] if bos is None else [int(bos)]

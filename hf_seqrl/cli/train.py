@@ -19,23 +19,14 @@ import torch
 import transformers
 from transformers import HfArgumentParser
 
-from . import configs
-from .data import drop_empty_pairs, load_text_files, select_pair_columns
-from .evaluation import build_compute_metrics
-from .families import Seq2SeqFamily, family_for
-from .tiny_models import ARCHITECTURES
+from ..data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_for
+from ..evaluation import build_compute_metrics
+from ..models import FAMILIES, family_for
+from ..models.tiny import ARCHITECTURES
+from ..trainers import TRAINER_CLASSES, SeqRLTrainer
 
-# algorithm -> (trainer class in hf_seqrl.trainers, its config class in hf_seqrl.configs)
-TRAINERS = {
-    "scst": ("SCSTTrainer", "SeqRLConfig"),
-    "reinforce": ("ReinforceTrainer", "SeqRLConfig"),
-    "mrt": ("MRTTrainer", "MRTConfig"),
-    "mixer": ("MixerTrainer", "MixerConfig"),
-    "scheduled_sampling": ("ScheduledSamplingTrainer", "ScheduledSamplingConfig"),
-    "prefix_corruption": ("PrefixCorruptionTrainer", "PrefixCorruptionConfig"),
-    "kstep_rollout": ("KStepRolloutTrainer", "KStepRolloutConfig"),
-    "professor_forcing": ("ProfessorForcingTrainer", "ProfessorForcingConfig"),
-}
+# algorithm -> trainer class; each trainer names its config class (`config_class`)
+TRAINERS = {trainer.algorithm_id: trainer for trainer in TRAINER_CLASSES}
 ALGORITHMS = tuple(TRAINERS)
 SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
 
@@ -62,10 +53,11 @@ class ScriptArguments:
     """
 
     config: str | None = field(default=None, metadata={"help": "YAML file of settings; CLI flags override it."})
-    algorithm: Literal["scst", "reinforce", "mrt", "mixer", "scheduled_sampling", "prefix_corruption",
-                       "kstep_rollout", "professor_forcing"] = field(default="scst", metadata={
-        "help": "The trainer: scst | reinforce | mrt | mixer (rewarded), scheduled_sampling | prefix_corruption | "
-                "kstep_rollout | professor_forcing (cross-entropy on changed inputs)."})
+    algorithm: str = field(default="scst", metadata={"choices": ALGORITHMS, "help": (
+        "The trainer: " + " | ".join(name for name, trainer in TRAINERS.items() if issubclass(trainer, SeqRLTrainer))
+        + " (rewarded), " + " | ".join(name for name, trainer in TRAINERS.items()
+                                       if not issubclass(trainer, SeqRLTrainer))
+        + " (cross-entropy on changed inputs).")})
     task: Literal["translation", "summarization"] = field(default="translation")
     reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
@@ -114,25 +106,20 @@ class ScriptArguments:
             raise ValueError("Give the data: dataset_name (a Hub dataset) or train_file (a local file).")
 
 
-def config_class(algorithm: str) -> type:
-    """Returns the training-arguments dataclass of `algorithm`."""
-    if algorithm not in TRAINERS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}.")
-    return getattr(configs, TRAINERS[algorithm][1])
-
-
 def trainer_class(algorithm: str) -> type:
     """Returns the trainer class of `algorithm`."""
-    from . import trainers
+    if algorithm not in TRAINERS:
+        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}.")
+    return TRAINERS[algorithm]
 
-    config_class(algorithm)  # a clear error for an unknown name
-    return getattr(trainers, TRAINERS[algorithm][0])
+
+def config_class(algorithm: str) -> type:
+    """Returns the training-arguments dataclass of `algorithm`."""
+    return trainer_class(algorithm).config_class
 
 
 def takes_rewards(algorithm: str) -> bool:
     """Returns whether `algorithm`'s trainer is rewarded (takes `reward_funcs`)."""
-    from .trainers import SeqRLTrainer
-
     return issubclass(trainer_class(algorithm), SeqRLTrainer)
 
 
@@ -185,8 +172,8 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
     """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config."""
     from transformers import AutoTokenizer, ByT5Tokenizer
 
-    from .families import load_pretrained
-    from .tiny_models import build_tiny_model
+    from ..models import load_pretrained
+    from ..models.tiny import build_tiny_model
 
     remote = bool(script_args.trust_remote_code)
     if script_args.tiny_model is not None:
@@ -206,10 +193,10 @@ def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id:
                 family=None) -> dict:
     """Returns the tokenized splits present among train / validation / test (with `references`, `sources`).
 
-    `family` (`hf_seqrl.families`, default seq2seq) tokenizes the pairs: source → target for encoder-decoders,
-    prompt + completion rows for decoder-only models.
+    `family` (an `hf_seqrl.models` family, default seq2seq) says how the pairs are tokenized: source → target for
+    encoder-decoders, prompt + completion rows for decoder-only models.
     """
-    family = family or Seq2SeqFamily()
+    family = family or FAMILIES["seq2seq"]
     from datasets import load_dataset
 
     s = script_args
@@ -231,8 +218,8 @@ def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id:
         data = select_pair_columns(data, s.source_column, s.target_column, s.source_lang, s.target_lang, where)
         data = drop_empty_pairs(data, where)
         out[split] = data.map(
-            family.tokenize, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
-            fn_kwargs=dict(tokenizer=tokenizer, source_column="source", target_column="target",
+            tokenize_for, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
+            fn_kwargs=dict(family=family, tokenizer=tokenizer, source_column="source", target_column="target",
                            max_source_length=s.max_source_length, max_target_length=s.max_target_length,
                            prefix=s.source_prefix, decoder_start_token_id=decoder_start_token_id,
                            prompt_template=s.prompt_template, use_chat_template=s.use_chat_template))
@@ -306,6 +293,12 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
         trainer.save_model()  # every process calls it (sharded states are gathered); only the main one writes
         trainer.create_model_card(**card)
     return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Returns 0 after `hf-seqrl train`: training as `recipes/translation.py` and `recipes/summarization.py` do."""
+    train_main(argv)
+    return 0
 
 
 def train_main(argv: list[str] | None = None, task: str | None = None) -> dict[str, float]:

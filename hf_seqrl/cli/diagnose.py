@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..evaluation import CheckpointDataArguments, load_model_and_pairs
-from .measure import METRICS, run_diagnostics
-from .report import format_summary, write_report
+from ..diagnostics import METRICS, format_summary, run_diagnostics, write_report
+from . import parse_command
+from .evaluate import CheckpointDataArguments, load_model_and_pairs
 
 
 @dataclass
@@ -54,8 +54,6 @@ def diagnose_from_args(args: DiagnoseArguments) -> int:
     return 0
 
 
-def diagnose_main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Returns the exit status of `hf-seqrl diagnose` run with `argv` (default: sys.argv[1:])."""
-    from ..cli import parse_command
-
     return diagnose_from_args(parse_command("diagnose", DiagnoseArguments, argv))

@@ -27,7 +27,7 @@ import os
 import random
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 RESULTS_FILE = "demo_results.json"
 # The held-out split, for `hf-seqrl diagnose --model DIR --data DIR/heldout_test.jsonl --target_column references`.
@@ -138,7 +138,7 @@ def build_tokenizer(words: list[str]):
 
 def build_model(tokenizer, settings: DemoSettings, max_new_tokens: int):
     """Returns a freshly initialized tiny `MarianMTModel` (sinusoidal positions) for `tokenizer`."""
-    from .tiny_models import build_tiny_model
+    from ..models.tiny import build_tiny_model
 
     model = build_tiny_model(
         "marian", tokenizer=tokenizer, d_model=settings.d_model, layers=settings.num_layers, heads=settings.num_heads,
@@ -166,8 +166,8 @@ def to_dataset(rows: list[dict], tokenizer):
 
 def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
     """Returns greedy corpus BLEU and chrF of `model` on `rows`, against all references of each source."""
-    from . import metrics
-    from .evaluation import generate_texts
+    from .. import metrics
+    from ..evaluation import generate_texts
 
     hypotheses = generate_texts(model, tokenizer, [r["source"] for r in rows], batch_size=100, desc=desc)
     return metrics.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
@@ -203,7 +203,7 @@ def warm_up(model, tokenizer, dataset, dev_rows, settings: DemoSettings, work_di
     """
     from transformers import Seq2SeqTrainingArguments
 
-    from .callbacks import PlateauStopper
+    from ..callbacks import PlateauStopper
 
     args = _training_args(Seq2SeqTrainingArguments, work_dir, seed, settings.max_warmup_steps, settings.warmup_lr,
                           settings)
@@ -221,8 +221,8 @@ def warm_up(model, tokenizer, dataset, dev_rows, settings: DemoSettings, work_di
 
 def train_scst(model, tokenizer, dataset, settings: DemoSettings, work_dir: str, seed: int, max_new_tokens: int):
     """Trains `model` with SCST for `settings.compare_steps` steps; returns the trainer's log history."""
-    from .configs import SeqRLConfig
-    from .trainers.scst import SCSTTrainer
+    from ..configs import SeqRLConfig
+    from ..trainers import SCSTTrainer
 
     args = _training_args(SeqRLConfig, work_dir, seed, settings.compare_steps, settings.lr, settings,
                           baseline=settings.baseline, num_samples=settings.num_samples,
@@ -238,8 +238,8 @@ def train_scheduled_sampling(model, tokenizer, dataset, settings: DemoSettings, 
 
     ε decays linearly from 1 to 0.5 over the first half of the steps, then stays at 0.5.
     """
-    from .configs import ScheduledSamplingConfig
-    from .trainers.scheduled_sampling import ScheduledSamplingTrainer
+    from ..configs import ScheduledSamplingConfig
+    from ..trainers import ScheduledSamplingTrainer
 
     args = _training_args(ScheduledSamplingConfig, work_dir, seed, settings.compare_steps, settings.lr, settings,
                           schedule="linear", schedule_k=settings.compare_steps, min_teacher_forcing_ratio=0.5)
@@ -321,15 +321,17 @@ def run_with_settings(output_dir: str, seed: int, settings: DemoSettings, quick:
 
 def write_card(output_dir: str, results: dict, settings: DemoSettings) -> str:
     """Writes the model card of the saved SCST model (from `model_cards/`) and returns its path."""
-    from .hub import write_model_card
+    from ..hub import write_model_card
+    from ..trainers import SCSTTrainer
 
     arms = results["arms"]
     metrics = {f"test_{metric}_{arm}": arms[arm][metric] for arm in ARMS for metric in ("bleu", "chrf")}
     rewards = arms["scst"].get("train_rewards") or []
     return write_model_card(
-        output_dir, model_name="hf-seqrl-demo-scst", algorithm="SCST", task="translation",
+        output_dir, model_name="hf-seqrl-demo-scst", method=SCSTTrainer.method_for(settings.baseline),
+        task="translation",
         datasets=[f"generated three-dialect toy translation (hf-seqrl demo, seed {results['seed']})"],
-        reward="bleu", baseline=settings.baseline,
+        reward="bleu",
         settings={"warmup_xe_steps (C)": results["warmup"]["steps"], "rl_steps": settings.compare_steps,
                   "num_samples": settings.num_samples, "rl_weight": settings.rl_weight,
                   "learning_rate": settings.lr, "per_device_train_batch_size": settings.batch_size},
@@ -343,7 +345,7 @@ def compare(seed: int, settings: DemoSettings):
     """Returns `(results, SCST model, tokenizer, held-out test rows)`: warm-up to C, then the arms from C."""
     from transformers import set_seed
 
-    from .evaluation import generate_texts
+    from ..evaluation import generate_texts
 
     start = time.time()
     task = make_task(seed, settings)
@@ -386,3 +388,22 @@ def compare(seed: int, settings: DemoSettings):
 
     results["wall_seconds"] = time.time() - start
     return results, model, tokenizer, task["test"]
+
+
+@dataclass
+class DemoArguments:
+    """`hf-seqrl demo`: where the results go, and how big the run is."""
+
+    output_dir: str = field(default="hf_seqrl_demo", metadata={"help": "Where the model, tokenizer, card and "
+                                                                       "results go."})
+    seed: int = field(default=0, metadata={"help": "Seed of the generated task and of training."})
+    quick: bool = field(default=False, metadata={"help": "A much smaller run (under a minute), for smoke tests."})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Returns the exit status of `hf-seqrl demo` run with `argv` (default: sys.argv[1:])."""
+    from . import parse_command
+
+    args = parse_command("demo", DemoArguments, argv)
+    run_demo(args.output_dir, seed=args.seed, quick=args.quick)
+    return 0

@@ -1,0 +1,349 @@
+"""The model-family layer's shared part: the `ModelFamily` protocol, the rollout types, the EOS / pad / mask helpers
+and the pieces of the decode loop both families share.
+
+Trainers, rollouts and diagnostics call a `ModelFamily` (`hf_seqrl.models.family_for(model)`) and never branch on the
+model type. A family knows how a source (seq2seq) or prompt (causal) is read from a batch, how samples and the greedy
+row are decoded, how decoding continues from a given prefix, and which logits score given target tokens.
+
+Coordinates. Every method speaks in *target* coordinates: `targets[:, t]` is the t-th token the model writes (a
+seq2seq label, a causal completion token), and `logits[:, t]` its distribution given the source/prompt and
+`targets[:, :t]`. A batch is the dict the collator yields (`input_ids`, `attention_mask`, and `labels` when the
+dataset has them); a causal row holds prompt + completion with `labels` = -100 on the prompt. A *group* is the rows
+decoded or scored for one source: its `num_samples` samples, plus the greedy row or the gold row where there is one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from transformers import GenerationConfig
+
+from ..functional.sampling import argmax_or_sample
+
+
+def unwrap(model):
+    """Returns the model inside a DDP wrapper (`model.module`), or `model` itself."""
+    return model.module if hasattr(model, "module") else model
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Within the context, `model` is in eval mode (no dropout); its previous mode is restored on exit."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@dataclass
+class Rollout:
+    """Sequences decoded for a batch of `B` sources.
+
+    Attributes:
+        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens (decoder start token stripped),
+            `pad_token_id` after EOS; the `n` samples of a source are contiguous.
+        sample_mask (`torch.BoolTensor` of shape `(B*n, T)`): true up to and including each sample's EOS.
+        greedy_ids (`torch.LongTensor` of shape `(B, T')` or None): greedy decode of each source.
+        greedy_mask (`torch.BoolTensor` of shape `(B, T')` or None).
+        num_samples (`int`): `n`.
+    """
+
+    sample_ids: torch.Tensor
+    sample_mask: torch.Tensor
+    greedy_ids: torch.Tensor | None
+    greedy_mask: torch.Tensor | None
+    num_samples: int
+
+
+@dataclass
+class ScoredRollout:
+    """Output of the teacher-forced pass over a rollout.
+
+    Attributes:
+        sample_logits (`torch.Tensor` of shape `(B, n, T, V)`): decoder logits at the sampled positions (a view of
+            the forward's logits; `sample_logits[b, j]` belongs to row `b * n + j` of the samples).
+        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token (with grad).
+        gold_logits (`torch.Tensor` of shape `(B, T_gold, V)` or None): logits of the gold rows.
+        gold_logprobs (`torch.Tensor` of shape `(B, T_gold)` or None): log-prob of each gold token at temperature 1
+            (with grad; any value where the label is -100), from the same pass as `token_logprobs`. None where
+            the family computes only `gold_logits`.
+    """
+
+    sample_logits: torch.Tensor
+    token_logprobs: torch.Tensor
+    gold_logits: torch.Tensor | None
+    gold_logprobs: torch.Tensor | None = None
+
+
+def eos_ids(model) -> list[int]:
+    """Returns the EOS token ids of a model's generation config (a list, possibly empty)."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def completion_mask(token_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """Returns a bool mask, true up to and including the first EOS of each row (all true if no EOS).
+
+    Args:
+        token_ids (`torch.LongTensor` of shape `(N, T)`): decoded tokens without the decoder start token.
+    """
+    if not eos_token_ids:
+        return torch.ones_like(token_ids, dtype=torch.bool)
+    is_eos = torch.isin(token_ids, torch.tensor(eos_token_ids, device=token_ids.device))
+    eos_before = is_eos.long().cumsum(dim=-1) - is_eos.long()
+    return eos_before == 0
+
+
+def ended_with_eos(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """Returns a bool per row: whether its last counted token is an EOS (false when it hit the length limit).
+
+    Args:
+        token_ids (`torch.LongTensor` of shape `(N, T)`), mask (`torch.BoolTensor` of shape `(N, T)`).
+    """
+    if not eos_token_ids:
+        return torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)
+    last = (mask.long().sum(dim=1) - 1).clamp(min=0)
+    last_tokens = token_ids.gather(1, last.unsqueeze(1)).squeeze(1)
+    return torch.isin(last_tokens, torch.tensor(eos_token_ids, device=token_ids.device))
+
+
+def decoder_start_id(model) -> int:
+    """Returns the decoder start token id of an encoder-decoder model, or raises a clear error."""
+    start = model.generation_config.decoder_start_token_id
+    if start is None:
+        start = getattr(model.config, "decoder_start_token_id", None)
+    if isinstance(start, (list, tuple)):
+        start = start[0]
+    if start is None:
+        raise ValueError(
+            "The model has no decoder_start_token_id: set model.config.decoder_start_token_id and "
+            "model.generation_config.decoder_start_token_id (e.g. to the tokenizer's CLS/BOS id)."
+        )
+    return int(start)
+
+
+def pad_id(model) -> int:
+    """Returns the model's pad token id, or raises a clear error."""
+    pad = model.generation_config.pad_token_id
+    if pad is None:
+        pad = model.config.pad_token_id
+    if pad is None:
+        raise ValueError("The model has no pad_token_id: set model.config.pad_token_id and generation_config's.")
+    return int(pad)
+
+
+def shift_right(labels: torch.Tensor, start_id: int, pad: int) -> torch.Tensor:
+    """Returns decoder inputs for `labels`: the start token, then labels[:-1], with -100 replaced by pad.
+
+    Args:
+        labels (`torch.LongTensor` of shape `(N, T)`).
+    """
+    shifted = labels.new_full(labels.shape, pad)
+    shifted[:, 0] = start_id
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad)
+
+
+def right_pad(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
+    """Returns `x` `(N, T)` padded on the right with `value` to `(N, length)` (unchanged when `T >= length`)."""
+    if x.shape[1] >= length:
+        return x
+    return torch.nn.functional.pad(x, (0, length - x.shape[1]), value=value)
+
+
+def split_groups(ids: torch.Tensor, group: int, greedy_first: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns `(sample rows (B*n, T), greedy rows (B, T) or None)` of decoded rows `(B*group, T)` whose first row
+    per source is greedy when `greedy_first`."""
+    if not greedy_first:
+        return ids, None
+    grouped = ids.view(-1, group, ids.shape[-1])
+    return grouped[:, 1:].reshape(-1, ids.shape[-1]), grouped[:, 0]
+
+
+# Generation settings that add logits processors the decode loop does not implement, with their neutral values.
+UNSUPPORTED = {"num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
+               "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
+               "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
+               "min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+               "guidance_scale": 1.0, "exponential_decay_length_penalty": None, "watermarking_config": None}
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What the decode loop reads from a `GenerationConfig` (see `DecodeSettings.from_generation_config`)."""
+
+    start_id: int | None  # the decoder start token (None for decoder-only models)
+    pad_id: int
+    eos_ids: tuple[int, ...]
+    max_new_tokens: int
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    forced_bos_id: int | None = None
+    forced_eos_id: int | None = None
+
+    @classmethod
+    def from_generation_config(cls, config: GenerationConfig) -> "DecodeSettings":
+        """Returns the settings of `config` (from `rollout_generation_config`); raises on settings that would add
+        logits processors the loop does not implement."""
+        for name, neutral in UNSUPPORTED.items():
+            value = getattr(config, name, None)
+            if value is not None and value != neutral:
+                raise ValueError(
+                    f"The rollout decode does not implement generation_config.{name}={value!r} (samples must come "
+                    "from the model's own distribution): build the config with rollout_generation_config().")
+        eos = config.eos_token_id
+        eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        forced_eos = config.forced_eos_token_id
+        if isinstance(forced_eos, (list, tuple)):
+            if len(forced_eos) != 1:
+                raise ValueError("The rollout decode forces one EOS token: set forced_eos_token_id to one id.")
+            forced_eos = forced_eos[0]
+        if config.max_new_tokens is not None:
+            max_new = config.max_new_tokens
+        else:  # `generate` counts the decoder start token in max_length
+            max_new = (config.max_length if config.max_length is not None else 20) - 1
+        start = config.decoder_start_token_id
+        return cls(start_id=None if start is None else int(start), pad_id=int(config.pad_token_id), eos_ids=eos,
+                   max_new_tokens=max(int(max_new), 0), do_sample=bool(config.do_sample),
+                   temperature=1.0 if config.temperature is None else float(config.temperature),
+                   top_k=int(config.top_k or 0), top_p=1.0 if config.top_p is None else float(config.top_p),
+                   forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos)
+
+
+def lockstep_group() -> bool:
+    """Returns whether ranks must decode in lockstep: `torch.distributed` is initialized with world size > 1."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def any_rank_running(running: bool, device: torch.device) -> bool:
+    """Returns whether `running` is true on any rank (an all-reduce of one number)."""
+    flag = torch.tensor([float(running)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, sampled: torch.Tensor,
+                  uniforms: torch.Tensor) -> torch.Tensor:
+    """Returns the next token of every row: a forced token where one is due, else the argmax on greedy rows and a
+    sample elsewhere.
+
+    Args:
+        logits (`torch.Tensor` of shape `(N, V)`): next-token logits of the rows being decoded.
+        step (`int`): index of the token being chosen (0 = the first after the start token).
+        sampled (`torch.BoolTensor` of shape `(N,)`): the sample rows (the others take the argmax).
+        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): this step's uniform of each sample row, in order.
+    """
+    rows = logits.shape[0]
+    forced = settings.forced_bos_id if step == 0 else None
+    if step == settings.max_new_tokens - 1 and settings.forced_eos_id is not None:
+        forced = settings.forced_eos_id  # `generate` applies the EOS processor after the BOS one
+    if forced is not None:
+        return torch.full((rows,), int(forced), dtype=torch.long, device=logits.device)
+    if not settings.do_sample:
+        return logits.float().argmax(dim=-1)
+    return argmax_or_sample(logits, sampled, uniforms, settings.temperature, settings.top_k, settings.top_p)
+
+
+def rows_to_keep(running: torch.Tensor, compact_below: float) -> torch.Tensor | None:
+    """Returns the positions of the running rows among the rows being decoded when they are at most
+    `compact_below` of them (and at least one), else None: the decode then drops the ended rows from every
+    further forward (their KV cache, encoder states and mask rows)."""
+    kept = int(running.sum())
+    if kept == 0 or kept > compact_below * running.numel():
+        return None
+    return running.nonzero().squeeze(1)
+
+
+class ModelFamily:
+    """The interface; see the module docstring for its coordinates. Methods take unwrapped models unless noted."""
+
+    name: str = ""
+    auto_class: str = ""  # the transformers Auto class that loads a trained model of this family
+    # Whether `Seq2SeqTrainer.prediction_step`'s own generation reads this family's batches right (a causal batch holds
+    # prompt + completion, which it would continue; the trainers then generate through `generate`).
+    trainer_generates: bool = True
+
+    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
+        """Returns the `GenerationConfig` of rollouts: the model's own distribution, structural tokens only."""
+        raise NotImplementedError
+
+    def sample(self, model, batch: dict, generation_config, num_samples: int = 1, with_greedy: bool = False) -> Rollout:
+        """Returns `num_samples` samples per source and, with `with_greedy`, its greedy decode (in one decode; the
+        encoder runs once per source, a long prompt is read once)."""
+        raise NotImplementedError
+
+    def sample_from_prefix(self, model, batch: dict, prefix, generation_config, num_samples: int = 1,
+                           with_greedy: bool = False) -> Rollout:
+        """Returns what `sample` returns, every row starting with the forced target tokens `prefix` `(B, P)` (held
+        in the returned ids, mask true on them)."""
+        raise NotImplementedError
+
+    def score(self, model, batch: dict, sample_ids, num_samples: int, gold_labels=None,
+              temperature: float = 1.0) -> ScoredRollout:
+        """Returns the token log-probs (with grad) of `sample_ids` `(B*n, T)` under the (possibly wrapped) model;
+        `gold_logits` is aligned with `gold_labels` (the batch's `labels`) when they are given."""
+        raise NotImplementedError
+
+    def generate(self, model, batch: dict, **generate_kwargs):
+        """Returns `model.generate`'s output for the sources/prompts of `batch`, target tokens only for causal
+        models (the seq2seq output keeps its decoder start token, as `generate` returns it)."""
+        raise NotImplementedError
+
+    def continue_from(self, model, batch: dict, prefix, generation_config):
+        """Returns `(ids (N, T), mask (N, T))`: greedy/sampled targets that start with `prefix` `(N, k)` (pad after
+        EOS, mask true up to and including it)."""
+        raise NotImplementedError
+
+    def encode(self, model, batch: dict):
+        """Returns what every pass over `batch` reads (seq2seq: the encoder output, with grad when enabled)."""
+        raise NotImplementedError
+
+    def rotate(self, encoded, shifts: int = -1):
+        """Returns `encoded` with its sources rolled by `shifts` rows (each target then reads another source)."""
+        raise NotImplementedError
+
+    def select(self, encoded, index: torch.Tensor | None):
+        """Returns `encoded` with its rows gathered by `index` `(N,)` (row i reads source `index[i]`; gradients flow
+        back to the gathered rows); `None` returns it unchanged."""
+        raise NotImplementedError
+
+    def detach(self, encoded):
+        """Returns `encoded` cut from the graph (what no-grad passes over the same sources read)."""
+        raise NotImplementedError
+
+    def target_labels(self, batch: dict) -> torch.Tensor:
+        """Returns the gold targets of a batch in target coordinates, `(B, T)`, -100 after each row's last token."""
+        raise NotImplementedError
+
+    def target_forward(self, model, encoded, targets, group: int = 1, output_hidden_states: bool = False):
+        """Returns the model output whose `logits[:, t]` `(N, T, V)` score `targets[:, t]` `(B*group, T)` (the
+        teacher-forced pass; -100 read as pad) and, when asked, `hidden_states` `(N, T, d)`: the last layer at the
+        same positions, position t reading the input that precedes `targets[:, t]`."""
+        raise NotImplementedError
+
+    def input_embeddings(self, model):
+        """Returns the embedding module whose output feeds the target positions (perturbed by the diagnostics)."""
+        return model.get_input_embeddings()
+
+    def target_offset(self, encoded) -> int:
+        """Returns the position in the embedded rows of target position 0's input."""
+        return 0
+
+    def label_start_id(self, model) -> int | None:
+        """Returns the token that tokenized labels must not start with (the decoder start token), or None."""
+        return None
+
+    def structural_ids(self, model) -> list[int]:
+        """Returns token ids that start a target without being part of it (never an injected mistake)."""
+        return []

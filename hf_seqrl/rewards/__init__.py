@@ -1,0 +1,21 @@
+"""Sentence-level rewards, and how the trainers call them.
+
+The layers, each importing only those before it: `builtin` (BLEU, chrF, ROUGE, `get_reward`) < `convention` (the
+calling convention, `call_reward` and the checks) < `modules` (`evaluate` modules, `EvaluateReward`) < `combine`
+(`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker processes).
+
+A reward is a callable called with keywords, one value per prediction:
+
+    f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float]
+"""
+
+from .builtin import BUILTIN_REWARDS, SACREBLEU_INTERNALS, RewardFn, bleu_reward, chrf_reward, get_reward, rouge_reward
+from .combine import WeightedReward, as_reward, build_reward
+from .convention import call_reward, check_finite, check_reward_spec, is_evaluation_module, is_number, reward_name
+from .modules import EvaluateReward, accepts_reference_lists
+from .pool import PooledReward
+
+__all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "EvaluateReward", "PooledReward", "RewardFn", "WeightedReward",
+           "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "check_finite",
+           "check_reward_spec", "chrf_reward", "get_reward", "is_evaluation_module", "is_number", "reward_name",
+           "rouge_reward"]

@@ -1,0 +1,122 @@
+"""The reward calling convention, and the checks of what `reward_funcs` holds and what a reward returns.
+
+A reward is a callable called with keywords, one value per prediction:
+
+    f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float]
+
+`columns` holds every other column of the training rows (a length budget, a domain, a glossary, ...), one entry per
+prediction. A reward may declare `**kwargs` and read only what it needs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .builtin import BUILTIN_REWARDS, RewardFn
+
+
+def is_number(value: Any) -> bool:
+    """Returns True for a real number that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_evaluation_module(obj: Any) -> bool:
+    """Returns True for an `evaluate.EvaluationModule` (checked without importing `evaluate`)."""
+    evaluate = sys.modules.get("evaluate")
+    return evaluate is not None and isinstance(obj, evaluate.EvaluationModule)
+
+
+def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None:
+    """Raises a clear error if `spec` (what `reward_funcs` takes) or `weights` is invalid.
+
+    Built-in names are checked without importing the metric libraries.
+    """
+    items = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not items:
+        raise ValueError("reward_funcs is an empty list: name at least one reward, e.g. reward_funcs='bleu'.")
+    for item in items:
+        if callable(item) or is_evaluation_module(item) or (isinstance(item, str) and ":" in item):
+            continue
+        if not isinstance(item, str) or item not in BUILTIN_REWARDS:
+            raise ValueError(
+                f"reward_funcs: unknown reward {item!r}. Valid names: {', '.join(BUILTIN_REWARDS)}, a "
+                "'module:function' path, a callable, or an evaluate.EvaluationModule."
+            )
+    if weights is not None:
+        if len(weights) != len(items):
+            raise ValueError(
+                f"SeqRLConfig.reward_weights has {len(weights)} values for {len(items)} reward_funcs: give one weight "
+                "per reward, or None for equal weights."
+            )
+        if any(not math.isfinite(float(w)) for w in weights):
+            raise ValueError("SeqRLConfig.reward_weights must be finite numbers.")
+
+
+def reward_name(reward: Any) -> str:
+    """Returns a readable name of a reward spec."""
+    if isinstance(reward, str):
+        return reward
+    if is_evaluation_module(reward):
+        return reward.name
+    return getattr(reward, "__name__", None) or type(reward).__name__
+
+
+def call_reward(
+    reward_fn: RewardFn,
+    predictions: list[str],
+    references: list[list[str]],
+    sources: list[str] | None = None,
+    columns: dict[str, list] | None = None,
+    name: str | None = None,
+    batch_index: int | None = None,
+) -> list[float]:
+    """Returns `reward_fn(predictions=, references=, sources=, **columns)` as a list of floats, checked.
+
+    Accepts a list, tuple, numpy array or 1-D tensor of real numbers (a NaN or inf passes through; the caller
+    decides). A wrong count, a value that is not a real number (a string, None, a bool, a nested list), a tensor
+    that is not 1-D, or an exception inside the reward raises an error naming the reward, the index and the batch.
+    """
+    name = name or reward_name(reward_fn)
+    where = "" if batch_index is None else f" on batch {batch_index}"
+    try:
+        values = reward_fn(predictions=predictions, references=references, sources=sources, **(columns or {}))
+    except Exception as err:
+        hint = ""
+        if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
+            hint = (" (rewards are called with keywords: predictions, references, sources and every other dataset "
+                    "column; declare **kwargs to take the columns you do not use)")
+        raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}") from err
+    if hasattr(values, "detach"):
+        values = values.detach().cpu()
+    if hasattr(values, "ndim") and values.ndim != 1:
+        raise ValueError(f"reward {name!r} returned an array of shape {tuple(values.shape)}{where}: return one number "
+                         f"per prediction, shape ({len(predictions)},).")
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"reward {name!r} must return a list of numbers{where}, got {type(values).__name__}.")
+    values = list(values)
+    if len(values) != len(predictions):
+        raise ValueError(
+            f"reward {name!r} returned {len(values)} values for {len(predictions)} predictions{where}: it must return "
+            "exactly one float per prediction."
+        )
+    for i, value in enumerate(values):
+        if not is_number(value):
+            raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}) at index {i}{where}: every "
+                            "value must be a real number (int or float; not a string, None or a bool).")
+    return [float(v) for v in values]
+
+
+def check_finite(values: Sequence[float], name: str) -> None:
+    """Raises a clear error if any reward value is NaN or inf."""
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise ValueError(
+            f"reward {name!r} returned non-finite values (NaN or inf) at sample indices {bad[:10]}: fix the reward, "
+            "or set SeqRLConfig.nonfinite_rewards='drop' to give those samples zero advantage."
+        )
