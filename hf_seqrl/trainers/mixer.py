@@ -60,10 +60,6 @@ class MixerTrainer(SeqRLTrainer):
     algorithm_id = "mixer"
     method = Method("MIXER", "mixer", "cross-entropy on the first tokens of each target and REINFORCE on the sampled "
                     "rest, the sampled part growing over training", (RANZATO_2016,))
-
-    @classmethod
-    def method_for(cls, baseline=None) -> Method:
-        return cls.method
     model_families = ("seq2seq", "causal")
 
     def delta(self) -> int:

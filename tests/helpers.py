@@ -1,0 +1,136 @@
+"""Helpers shared by the tests: tiny models built from configs (no Hub), toy data, trainer arguments, and the
+measurements several tests make (parameters, held-out chrF, whole state dicts under sharding)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
+# What every test trainer runs with unless it says otherwise: a few logged steps, nothing saved or reported.
+TRAIN_DEFAULTS = dict(per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1, report_to=[],
+                      save_strategy="no", max_new_tokens=8, disable_tqdm=True, lr_scheduler_type="constant", seed=0,
+                      dataloader_pin_memory=False)
+
+
+def byt5_tokenizer():
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()
+
+
+def tiny_model(arch: str = "t5", seed: int = 0, dropout: float = 0.0, d_model: int = 32, layers: int = 1):
+    """Returns a tiny randomly initialized encoder-decoder whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
+    from hf_seqrl.models.tiny import build_tiny_model
+
+    # A BART bos distinct from eos, as in pretrained BARTs; ByT5 has none, so it borrows <unk> (2).
+    bos = {"bos_token_id": 2} if arch == "bart" else {}
+    return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, dropout=dropout, max_positions=128,
+                            pad_token_id=0, eos_token_id=1, seed=seed, **bos)
+
+
+def toy_pairs(n: int, seed: int = 0, task: str = "copy", alphabet: str = "abcdef", lengths=(3, 6)):
+    """Returns (sources, targets) of a toy string task: copy or reverse random letter strings."""
+    rng = random.Random(seed)
+    sources = ["".join(rng.choice(alphabet) for _ in range(rng.randint(*lengths))) for _ in range(n)]
+    targets = sources if task == "copy" else [s[::-1] for s in sources]
+    return sources, list(targets)
+
+
+def toy_dataset(tokenizer, sources, targets, references=None, with_labels=True):
+    from datasets import Dataset
+
+    columns = {"input_ids": [], "attention_mask": []}
+    enc = tokenizer(list(sources))
+    columns["input_ids"], columns["attention_mask"] = enc["input_ids"], enc["attention_mask"]
+    if with_labels:
+        columns["labels"] = tokenizer(text_target=list(targets))["input_ids"]
+    if references is not None:
+        columns["references"] = references
+    return Dataset.from_dict(columns)
+
+
+def whole_state_dict(model) -> dict:
+    """Returns the model's state dict with whole tensors on CPU: parameters partitioned by DeepSpeed ZeRO-3 are
+    gathered, FSDP2's DTensors made full (both collective: every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    def whole():
+        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().clone()
+                for name, value in model.state_dict().items()}
+
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            return whole()
+    return whole()
+
+
+def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2):
+    """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
+    from hf_seqrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, max_positions=128, pad_token_id=0,
+                            eos_token_id=1, seed=seed)
+
+
+def prompt_completion_dataset(tokenizer, n: int = 16, seed: int = 0, task: str = "reverse", alphabet: str = "abcd",
+                              lengths=(2, 5), **kwargs):
+    """Returns a tokenized causal-LM dataset of a toy string task: prompt `"<string>="`, completion its copy or
+    reversal (`hf_seqrl.data.tokenize_prompt_completion`)."""
+    from datasets import Dataset
+
+    from hf_seqrl.data import tokenize_prompt_completion
+
+    sources, targets = toy_pairs(n, seed=seed, task=task, alphabet=alphabet, lengths=lengths)
+    raw = Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
+    return raw.map(tokenize_prompt_completion, batched=True, remove_columns=raw.column_names,
+                   fn_kwargs=dict(tokenizer=tokenizer, **kwargs))
+
+
+def make_config(config_class, tmp_path, **kwargs):
+    """Returns `config_class(output_dir=tmp_path / "out", **TRAIN_DEFAULTS)` with `kwargs` on top."""
+    return config_class(**{"output_dir": str(tmp_path / "out"), **TRAIN_DEFAULTS, **kwargs})
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    """Returns a copy of the model's state dict (to compare before and after training)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def heldout_chrf(model, tokenizer, sources, references, max_new_tokens: int = 8) -> float:
+    """Returns the mean sentence chrF of the model's greedy outputs on `sources` against `references` (one string
+    or a list of strings per source)."""
+    from hf_seqrl.evaluation import generate_texts
+    from hf_seqrl.rewards import get_reward
+
+    predictions = generate_texts(model, tokenizer, list(sources), max_new_tokens=max_new_tokens, progress=False)
+    references = [[r] if isinstance(r, str) else list(r) for r in references]
+    return sum(get_reward("chrf")(predictions, references)) / len(predictions)
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Returns the p-value of Pearson's chi-square test of `counts` against `probs` (cells of probability > 0)."""
+    keep = probs > 0
+    expected = probs[keep] * counts.sum()
+    statistic = ((counts[keep] - expected) ** 2 / expected).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic.double() / 2))
+
+
+def skip_deepspeed_shm_build() -> None:
+    """Keeps DeepSpeed from compiling its `deepspeed_shm_comm` C++ op on CPU.
+
+    DeepSpeed's torch comm backend JIT-builds that op whenever `deepspeed.ops` reports it compatible, on every
+    machine whose extension cache (`~/.cache/torch_extensions`) lacks it: 1-10 minutes on a fresh machine. Only its
+    inference all-reduce uses it; ZeRO's collectives go through `torch.distributed` (gloo here). Call before the
+    process group or `deepspeed.initialize` is set up.
+    """
+    import deepspeed
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -1,0 +1,160 @@
+"""Rollouts on tiny T5, BART and Marian models: masks, greedy rows, log-probs with grad (decoding details in
+test_decoding.py)."""
+
+import pytest
+import torch
+
+from helpers import byt5_tokenizer, tiny_model
+from hf_seqrl import losses
+from hf_seqrl.models.base import completion_mask, decoder_start_id, pad_id, shift_right
+from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
+
+ARCHS = ["t5", "bart", "marian"]
+
+
+def test_completion_mask_counts_eos_not_after():
+    ids = torch.tensor([[5, 6, 1, 0, 0], [1, 0, 0, 0, 0], [5, 5, 5, 5, 5], [5, 1, 7, 1, 0]])
+    expected = [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert completion_mask(ids, [1]).int().tolist() == expected
+    # several EOS ids
+    assert completion_mask(torch.tensor([[5, 9, 1]]), [1, 9]).int().tolist() == [[1, 1, 0]]
+
+
+def test_shift_right():
+    labels = torch.tensor([[5, 6, 1, -100]])
+    assert shift_right(labels, 0, 0).tolist() == [[0, 5, 6, 1]]
+
+
+def batch(tokenizer):
+    enc = tokenizer(["hello", "abc", "a longer source"], return_tensors="pt", padding=True)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sample_rollout_shapes_masks_and_greedy_rows(arch):
+    tok = byt5_tokenizer()
+    model = tiny_model(arch)
+    ids, attn = batch(tok)
+    config = rollout_generation_config(model, max_new_tokens=7)
+    torch.manual_seed(0)
+    ro = sample_rollout(model, ids, attn, config, num_samples=3, with_greedy=True)
+    assert ro.sample_ids.shape[0] == 9 and ro.greedy_ids.shape[0] == 3
+    assert ro.sample_ids.shape[1] <= 7
+    # tokens after EOS are pad and never count; the EOS itself does
+    for row, mask in zip(ro.sample_ids, ro.sample_mask):
+        eos = (row == 1).nonzero()
+        if len(eos):
+            first = eos[0, 0].item()
+            assert mask[: first + 1].all() and not mask[first + 1:].any()
+            assert (row[first + 1:] == pad_id(model)).all()
+        else:
+            assert mask.all()
+    # greedy rows decoded inside the sampling call equal a separate greedy generate
+    greedy = model.generate(input_ids=ids, attention_mask=attn, do_sample=False, num_beams=1, max_new_tokens=7)[:, 1:]
+    length = min(greedy.shape[1], ro.greedy_ids.shape[1])
+    g = greedy[:, :length].masked_fill(~completion_mask(greedy, [1])[:, :length], pad_id(model))
+    assert torch.equal(ro.greedy_ids[:, :length], g)
+
+
+def test_rollout_config_drops_decoding_heuristics():
+    model = tiny_model("bart")
+    model.generation_config.num_beams = 4
+    model.generation_config.no_repeat_ngram_size = 3
+    model.generation_config.repetition_penalty = 1.5
+    config = rollout_generation_config(model, max_new_tokens=5, temperature=0.7, top_k=3, top_p=0.9)
+    assert config.num_beams == 1 and config.do_sample
+    assert not config.no_repeat_ngram_size and config.repetition_penalty in (None, 1.0)
+    assert (config.temperature, config.top_k, config.top_p) == (0.7, 3, 0.9)
+
+
+def naive_token_logprobs(model, ids, attn, sample_ids, n, temperature=1.0):
+    """Reference: encoder re-run for every sample row (no expansion hook)."""
+    start, pad = decoder_start_id(model), pad_id(model)
+    out = model(input_ids=ids.repeat_interleave(n, 0), attention_mask=attn.repeat_interleave(n, 0),
+                decoder_input_ids=shift_right(sample_ids, start, pad), use_cache=False)
+    return losses.token_logprobs_from_logits(out.logits, sample_ids, temperature), out.logits
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_score_rollout_matches_per_sample_encoding_and_gradients(arch):
+    tok = byt5_tokenizer()
+    model = tiny_model(arch)
+    ids, attn = batch(tok)
+    torch.manual_seed(1)
+    ro = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=6), num_samples=2)
+    adv = torch.tensor([0.5, -1.0, 0.2, 0.3, -0.4, 1.0])
+
+    def grads(logprobs):
+        model.zero_grad()
+        losses.policy_gradient_loss(logprobs, ro.sample_mask, adv, length_normalize=True).backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    scored = score_rollout(model, ids, attn, ro.sample_ids, 2, decoder_start_id(model), pad_id(model),
+                           temperature=0.8)
+    fast = grads(scored.token_logprobs)
+    ref_lp, _ = naive_token_logprobs(model, ids, attn, ro.sample_ids, 2, temperature=0.8)
+    torch.testing.assert_close(scored.token_logprobs, ref_lp, atol=1e-5, rtol=1e-5)
+    slow = grads(ref_lp)
+    assert fast.keys() == slow.keys() and any("encoder" in k or "shared" in k for k in fast)
+    for key in fast:
+        torch.testing.assert_close(fast[key], slow[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gold_rows_give_the_model_cross_entropy(arch):
+    tok = byt5_tokenizer()
+    model = tiny_model(arch)
+    ids, attn = batch(tok)
+    labels = tok(text_target=["olleh", "cba", "ecruos regnol a"], return_tensors="pt", padding=True)["input_ids"]
+    labels = labels.masked_fill(labels == 0, -100)
+    ro = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=4), num_samples=2)
+    scored = score_rollout(model, ids, attn, ro.sample_ids, 2, decoder_start_id(model), pad_id(model),
+                           gold_labels=labels, temperature=0.7)
+    expected = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    torch.testing.assert_close(losses.cross_entropy(scored.gold_logits, labels), expected, atol=1e-5, rtol=1e-5)
+    # The gold log-probs of the same pass are at temperature 1 while the samples' are at 0.7.
+    from_logprobs = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
+    torch.testing.assert_close(from_logprobs, expected, atol=1e-5, rtol=1e-5)
+    ref_lp, _ = naive_token_logprobs(model, ids, attn, ro.sample_ids, 2, temperature=0.7)
+    torch.testing.assert_close(scored.token_logprobs, ref_lp, atol=1e-5, rtol=1e-5)
+    # The same gradient as the model's own loss.
+    (g_pass,) = torch.autograd.grad(from_logprobs, model.lm_head.weight if arch != "t5" else model.shared.weight)
+    expected = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    (g_model,) = torch.autograd.grad(expected, model.lm_head.weight if arch != "t5" else model.shared.weight)
+    torch.testing.assert_close(g_pass, g_model, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decoding_uses_the_kv_cache_when_the_model_config_says_not_to(arch):
+    # `Trainer.__init__` sets `model.config.use_cache = False`; a model built from that config gets
+    # `generation_config.use_cache = False`, and `generate` would re-run the decoder over the whole prefix at every
+    # step (several times slower). Rollouts and evaluation decode one new position per step all the same.
+    from hf_seqrl.evaluation import generate_texts
+
+    tok = byt5_tokenizer()
+    trained = tiny_model(arch)
+    trained.config.use_cache = False  # what Trainer leaves in the config
+    model = type(trained)(trained.config).eval()
+    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        setattr(model.generation_config, key, getattr(model.config, key))
+    model.generation_config.bad_words_ids = None
+    model.generation_config.min_new_tokens = 4  # several decoder steps in `generate_texts` (greedy)
+    assert model.generation_config.use_cache is False
+    widths = []
+
+    def record(module, args, kwargs):
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        widths.append(ids.shape[1])
+
+    hook = model.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
+    ids, attn = batch(tok)
+    decodes = {
+        "sample_rollout": lambda: sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=6),
+                                                 num_samples=2, with_greedy=True),
+        "generate_texts": lambda: generate_texts(model, tok, ["abc", "de"], max_new_tokens=6, progress=False),
+    }
+    for name, decode in decodes.items():
+        widths.clear()
+        decode()
+        assert len(widths) > 1 and set(widths[1:]) == {1}, (name, widths)
+    hook.remove()
