@@ -294,18 +294,12 @@ def load_model(settings: Settings, folder: str):
 
 def to_dataset(rows: list[dict], tokenizer, settings: Settings):
     """Returns a `datasets.Dataset` with `input_ids`, `attention_mask`, `labels` and `references`."""
-    from datasets import Dataset
+    from hf_seqrl.cli.demo import to_dataset as rows_dataset
 
-    from hf_seqrl.data import strip_start_token
-
-    sources = tokenizer([r["source"] for r in rows], truncation=True, max_length=settings.max_source_tokens)
-    labels = tokenizer(text_target=[r["target"] for r in rows], truncation=True,
-                       max_length=settings.max_target_tokens)["input_ids"]
     # BERT wraps every text in [CLS] ... [SEP]; the decoder starts from [CLS] already, so the label starts with the
     # first word (else the model learns to emit a second [CLS] and the rollouts carry it).
-    labels = strip_start_token(labels, tokenizer.cls_token_id)
-    return Dataset.from_dict({"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"],
-                              "labels": labels, "references": [r["references"] for r in rows]})
+    return rows_dataset(rows, tokenizer, settings.max_source_tokens, settings.max_target_tokens,
+                        tokenizer.cls_token_id)
 
 
 # ---- evaluation ------------------------------------------------------------------------------------------
@@ -324,7 +318,7 @@ def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, de
     words = sum(len(r["references"][0].split()) for r in rows)
     out["length_ratio"] = round(sum(len(p.split()) for p in predictions) / max(words, 1), 3)
     if "bleu" in scores:  # BLEU = brevity penalty × n-gram precisions: the part of a BLEU change due to length
-        from hf_seqrl.metrics import bleu_brevity
+        from hf_seqrl.evaluation import bleu_brevity
 
         out["bleu_bp"] = round(bleu_brevity(predictions, [r["references"] for r in rows])["bp"], 4)
     # Share of distinct outputs: near 0 when the model writes one template whatever the source.
@@ -393,14 +387,6 @@ def training_args(config_class, settings: Settings, output_dir: str, seed: int, 
                         use_cpu=settings.device == "cpu", dataloader_pin_memory=False, disable_tqdm=False, **extra)
 
 
-def xe_trainer(model, tokenizer, dataset, args):
-    """Returns a plain cross-entropy `Seq2SeqTrainer` (its collator pads `labels` with -100)."""
-    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
-
-    return Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                          data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
-
-
 def stage_fields(stage: str) -> tuple[str, ...]:
     """Returns the settings that define a stage of C (and its cache)."""
     return C_FIELDS + (ANNEAL_FIELDS if stage == "C_annealed" else ())
@@ -434,6 +420,8 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
                              score_at_start=stage == "C_annealed")
     args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr,
                          settings.c_max_steps, warmup)
+    from hf_seqrl.cli.demo import xe_trainer
+
     trainer = xe_trainer(model, tokenizer, dataset, args)
     trainer.add_callback(stopper)
     clock = time.time()
@@ -488,6 +476,8 @@ def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir:
 
 def _xe_arm(ctx: "ArmContext"):
     from transformers import Seq2SeqTrainingArguments
+
+    from hf_seqrl.cli.demo import xe_trainer
 
     return xe_trainer(ctx.model, ctx.tokenizer, ctx.dataset, ctx.args(Seq2SeqTrainingArguments))
 

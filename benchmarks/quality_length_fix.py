@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import quality  # noqa: E402
 from hf_seqrl.evaluation import evaluate_model  # noqa: E402
-from hf_seqrl.metrics import bleu_brevity  # noqa: E402
+from hf_seqrl.evaluation import bleu_brevity  # noqa: E402
 
 DELTAS = (0.0, 0.5, 1.0, 1.5, 2.0)
 

@@ -46,7 +46,7 @@ _LAZY = {
 }
 
 # Submodules reachable as attributes (`hf_seqrl.losses`), by where they live.
-_MODULES = {"losses": "losses", "rewards": "rewards", "metrics": "metrics", "schedules": "schedules",
+_MODULES = {"losses": "losses", "rewards": "rewards", "metrics": "evaluation", "schedules": "schedules",
             "data": "data", "configs": "configs", "diagnostics": "diagnostics", "hub": "hub", "models": "models",
             "functional": "functional", "decoder_inputs": "functional.decoder_inputs", "sampling": "functional.sampling"}
 

@@ -1,6 +1,11 @@
 """Generation for evaluation and corpus metrics: a model's outputs on source texts (greedy or beam search), their
 corpus scores against every reference, and `build_compute_metrics` for `Seq2SeqTrainer`-style evaluation.
-`hf-seqrl evaluate` (`hf_seqrl.cli.evaluate`) runs them on a checkpoint and a data file."""
+`hf-seqrl evaluate` (`hf_seqrl.cli.evaluate`) runs them on a checkpoint and a data file.
+
+`corpus_scores` gives sacrebleu corpus BLEU / chrF (every reference of each source) and the mean sentence ROUGE F1,
+apart from the sentence rewards of training (`hf_seqrl.rewards`); `bleu_brevity` splits a BLEU change into a length
+change and a precision change. `hf_seqrl.metrics` names this module too.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,48 @@ import numpy as np
 import torch
 
 from .data import normalize_references, tokenize_sources
-from .metrics import corpus_scores
 from .models import family_for
 from .models.base import eval_mode
 from .rewards import BUILTIN_REWARDS, accepts_reference_lists, is_evaluation_module, is_number
+
+
+def corpus_scores(predictions: list[str], references: list[list[str]],
+                  names: Sequence[str] = ("bleu", "chrf")) -> dict[str, float]:
+    """Returns corpus-level scores in [0, 100] of `predictions` against every reference of each source.
+
+    `"bleu"` / `"chrf"`: sacrebleu corpus scores, one reference stream per reference slot (None where a source
+    has fewer references). ROUGE names: the mean over sentences of rouge-score F1 against the best reference
+    (stemming on), ×100.
+    """
+    scores = {}
+    for name in names:
+        if name in ("bleu", "chrf"):
+            from sacrebleu.metrics import BLEU, CHRF
+
+            streams = _reference_streams(references)
+            scores[name] = (BLEU() if name == "bleu" else CHRF()).corpus_score(predictions, streams).score
+        else:
+            from .rewards import get_reward
+
+            values = get_reward(name)(predictions=predictions, references=references, sources=None)
+            scores[name] = 100.0 * sum(values) / max(len(values), 1)
+    return scores
+
+
+def _reference_streams(references: list[list[str]]) -> list[list[str | None]]:
+    """sacrebleu's layout: one stream per reference slot, None where a source has fewer references."""
+    width = max(len(refs) for refs in references)
+    return [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
+
+
+def bleu_brevity(predictions: list[str], references: list[list[str]]) -> dict[str, float]:
+    """Returns corpus BLEU's brevity penalty `bp` (1 when the output is at least as long as the references) and
+    `ratio`, output over reference length in sacrebleu's tokens. Corpus BLEU is `bp` times its n-gram part, so
+    this splits a BLEU change into a length change and a precision change."""
+    from sacrebleu.metrics import BLEU
+
+    stat = BLEU().corpus_score(predictions, _reference_streams(references))
+    return {"bp": stat.bp, "ratio": stat.sys_len / max(stat.ref_len, 1)}
 
 
 def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int = 1, batch_size: int = 32,
@@ -48,7 +91,7 @@ def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int =
 def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequence[Sequence[str]],
                    metrics: Sequence[str] = ("bleu", "chrf"), **generate_kwargs) -> tuple[dict[str, float], list[str]]:
     """Returns `(scores, predictions)`: corpus scores in [0, 100] against every reference of each source
-    (`metrics.corpus_scores`), and the decoded outputs. `generate_kwargs` go to `generate_texts`."""
+    (`corpus_scores`), and the decoded outputs. `generate_kwargs` go to `generate_texts`."""
     unknown = [m for m in metrics if m not in BUILTIN_REWARDS]
     if unknown:
         raise ValueError(f"Unknown metric(s) {', '.join(unknown)}; choose from {', '.join(BUILTIN_REWARDS)}.")

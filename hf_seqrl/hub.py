@@ -79,11 +79,6 @@ def card_settings(args) -> dict[str, Any]:
     return settings
 
 
-def slug(text: str) -> str:
-    """Returns `text` lower-cased with every run of other characters than letters and digits replaced by `-`."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def project_url() -> str | None:
     """Returns the home page the installed hf-seqrl declares (`Home-page`, else the first `Project-URL`), or None."""
     try:

@@ -151,26 +151,33 @@ def build_model(tokenizer, settings: DemoSettings, max_new_tokens: int):
     return model
 
 
-def to_dataset(rows: list[dict], tokenizer):
-    """Returns a `datasets.Dataset` with `input_ids`, `attention_mask`, `labels` and all `references`."""
+def to_dataset(rows: list[dict], tokenizer, max_source_length: int | None = None, max_target_length: int | None = None,
+               decoder_start_token_id: int | None = None):
+    """Returns a `datasets.Dataset` with `input_ids`, `attention_mask`, `labels` (of each row's `target`, less a
+    leading `decoder_start_token_id`) and all `references` of `rows` (dicts with `source`, `target`, `references`)."""
     from datasets import Dataset
 
-    sources = tokenizer([r["source"] for r in rows])
-    labels = tokenizer(text_target=[r["target"] for r in rows])
+    from ..data import strip_start_token
+
+    sources = tokenizer([r["source"] for r in rows], truncation=max_source_length is not None,
+                        max_length=max_source_length)
+    labels = tokenizer(text_target=[r["target"] for r in rows], truncation=max_target_length is not None,
+                       max_length=max_target_length)["input_ids"]
     return Dataset.from_dict({"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"],
-                              "labels": labels["input_ids"], "references": [r["references"] for r in rows]})
+                              "labels": strip_start_token(labels, decoder_start_token_id),
+                              "references": [r["references"] for r in rows]})
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
 
 
-def corpus_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
+def greedy_scores(model, tokenizer, rows: list[dict], desc: str) -> dict[str, float]:
     """Returns greedy corpus BLEU and chrF of `model` on `rows`, against all references of each source."""
-    from .. import metrics
-    from ..evaluation import generate_texts
+    from ..evaluation import evaluate_model
 
-    hypotheses = generate_texts(model, tokenizer, [r["source"] for r in rows], batch_size=100, desc=desc)
-    return metrics.corpus_scores(hypotheses, [r["references"] for r in rows], ("bleu", "chrf"))
+    scores, _ = evaluate_model(model, tokenizer, [r["source"] for r in rows], [r["references"] for r in rows],
+                               ("bleu", "chrf"), batch_size=100, desc=desc)
+    return scores
 
 
 # ---- training --------------------------------------------------------------------------------------
@@ -188,7 +195,7 @@ def _training_args(config_class, work_dir: str, seed: int, steps: int, lr: float
                         dataloader_pin_memory=False, **extra)
 
 
-def _xe_trainer(model, tokenizer, dataset, args):
+def xe_trainer(model, tokenizer, dataset, args):
     """Returns a plain cross-entropy `Seq2SeqTrainer` (its collator pads `labels` with -100)."""
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
 
@@ -207,8 +214,8 @@ def warm_up(model, tokenizer, dataset, dev_rows, settings: DemoSettings, work_di
 
     args = _training_args(Seq2SeqTrainingArguments, work_dir, seed, settings.max_warmup_steps, settings.warmup_lr,
                           settings)
-    trainer = _xe_trainer(model, tokenizer, dataset, args)
-    stopper = PlateauStopper(lambda m: corpus_scores(m, tokenizer, dev_rows, "dev BLEU")["bleu"],
+    trainer = xe_trainer(model, tokenizer, dataset, args)
+    stopper = PlateauStopper(lambda m: greedy_scores(m, tokenizer, dev_rows, "dev BLEU")["bleu"],
                              settings.eval_every, settings.patience)
     trainer.add_callback(stopper)
     trainer.train()
@@ -253,7 +260,7 @@ def train_xe(model, tokenizer, dataset, settings: DemoSettings, work_dir: str, s
     from transformers import Seq2SeqTrainingArguments
 
     args = _training_args(Seq2SeqTrainingArguments, work_dir, seed, settings.compare_steps, settings.lr, settings)
-    trainer = _xe_trainer(model, tokenizer, dataset, args)
+    trainer = xe_trainer(model, tokenizer, dataset, args)
     trainer.train()
     return trainer.state.log_history
 
@@ -361,7 +368,7 @@ def compare(seed: int, settings: DemoSettings):
                "model": {"type": "MarianMTModel", "parameters": sum(p.numel() for p in model.parameters())}}
 
     def record(arm: str, trained, steps: int, clock: float, **extra) -> None:
-        scores = corpus_scores(trained, tokenizer, task["test"], f"test: {ARM_TITLES[arm]}")
+        scores = greedy_scores(trained, tokenizer, task["test"], f"test: {ARM_TITLES[arm]}")
         results["arms"][arm] = {"steps": steps, "seconds": time.time() - clock, **scores,
                                 "example_output": generate_texts(trained, tokenizer, [example["source"]],
                                                                  desc="example")[0],

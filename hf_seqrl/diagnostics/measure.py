@@ -13,7 +13,7 @@ from transformers import GenerationConfig
 
 from ..data import normalize_references, tokenize_sources, tokenize_targets
 from ..functional.logprobs import token_logprobs_from_logits
-from ..metrics import corpus_scores
+from ..evaluation import corpus_scores
 from ..models import family_for
 from ..models.base import completion_mask, ended_with_eos, eos_ids, eval_mode, pad_id
 from ..rewards import get_reward

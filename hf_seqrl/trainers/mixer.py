@@ -17,7 +17,7 @@ import torch
 from .. import losses
 from ..configs import MixerConfig
 from ..hub import Method, Paper
-from ..models.base import Rollout, pad_id
+from ..models.base import Rollout, pad_id, right_pad
 from ..schedules import mixer_delta
 from .policy_gradient import SeqRLTrainer
 
@@ -40,10 +40,6 @@ def prefix_lengths(labels: torch.Tensor, delta: int) -> torch.Tensor:
         labels (`torch.LongTensor` of shape `(B, T_max)`): gold targets, -100 at padding.
     """
     return ((labels != -100).sum(dim=1) - delta).clamp(min=0)
-
-
-def _pad_columns(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, length - x.shape[1]), value=value)
 
 
 class MixerTrainer(SeqRLTrainer):
@@ -135,9 +131,9 @@ class MixerTrainer(SeqRLTrainer):
         greedy_mask = torch.zeros_like(greedy_ids, dtype=torch.bool) if with_greedy else None
         for rows, part in parts:
             sample_rows = (rows.unsqueeze(1) * n + torch.arange(n, device=rows.device)).flatten()
-            sample_ids[sample_rows] = _pad_columns(part.sample_ids, width, pad)
-            sample_mask[sample_rows] = _pad_columns(part.sample_mask.long(), width, 0).bool()
+            sample_ids[sample_rows] = right_pad(part.sample_ids, width, pad)
+            sample_mask[sample_rows] = right_pad(part.sample_mask.long(), width, 0).bool()
             if with_greedy:
-                greedy_ids[rows] = _pad_columns(part.greedy_ids, width, pad)
-                greedy_mask[rows] = _pad_columns(part.greedy_mask.long(), width, 0).bool()
+                greedy_ids[rows] = right_pad(part.greedy_ids, width, pad)
+                greedy_mask[rows] = right_pad(part.greedy_mask.long(), width, 0).bool()
         return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, n)

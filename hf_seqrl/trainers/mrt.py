@@ -92,7 +92,7 @@ class MRTTrainer(SeqRLTrainer):
         pad = pad_id(unwrapped)
         token_ids, token_mask, is_sample = candidate_set(rollout.sample_ids, rollout.sample_mask, n, extra, pad)
         k = n + len(extra)
-        rewards, bad = self.score(token_ids, repeat_rows(text, k))
+        rewards, bad = self.compute_rewards(token_ids, repeat_rows(text, k))
         keep = losses.first_occurrence_mask(token_ids, k) & ~bad
         xe_labels = labels if args.rl_weight < 1 else None
         # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at.

@@ -204,7 +204,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     def rollout_batch(self, rollout, text: BatchText, unwrapped) -> RolloutBatch:
         """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad)."""
         args, n = self.args, rollout.num_samples
-        sample_rewards, bad = self.score(rollout.sample_ids, repeat_rows(text, n))
+        sample_rewards, bad = self.compute_rewards(rollout.sample_ids, repeat_rows(text, n))
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
         if args.center_advantages:
@@ -249,7 +249,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         metrics["rl/entropy"] = entropy.item()
         return loss
 
-    def score(self, token_ids, text: BatchText):
+    def compute_rewards(self, token_ids, text: BatchText):
         """Returns `(rewards, nonfinite)`: rewards of decoded `token_ids` (float tensor `(N,)`) and a bool mask.
 
         `text` holds one row per sequence of `token_ids` (see `repeat_rows`).
@@ -267,7 +267,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         """Returns `(baseline (B*n,), nonfinite mask (B*n,))` for the configured baseline."""
         n = rollout.num_samples
         if self.baseline == "greedy":
-            greedy, greedy_bad = self.score(rollout.greedy_ids, text)
+            greedy, greedy_bad = self.compute_rewards(rollout.greedy_ids, text)
             return greedy.repeat_interleave(n), bad | greedy_bad.repeat_interleave(n)
         if self.baseline == "mean":
             return losses.leave_one_out_baseline(sample_rewards, n), bad
@@ -310,7 +310,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             text = text._replace(references=self._decode_labels(inputs["labels"]))
         if text.references is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
-            rewards, _ = self.score(ids, text)
+            rewards, _ = self.compute_rewards(ids, text)
             # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
             self._metrics["eval"]["rl/reward"].extend(rewards.tolist())
 

@@ -86,7 +86,7 @@ def test_train_subcommand_runs_a_yaml_config(tmp_path, monkeypatch):
 
 def test_evaluate_subcommand_scores_against_every_reference(tmp_path, capsys):
     from helpers import byt5_tokenizer, tiny_model
-    from hf_seqrl.metrics import corpus_scores
+    from hf_seqrl.evaluation import corpus_scores
 
     model, tok = tiny_model("marian"), byt5_tokenizer()
     model.save_pretrained(tmp_path / "model")

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from helpers import SHARED_DATA, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+from helpers import REPO, SHARED_DATA, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl.data import load_pairs
 from hf_seqrl.cli.diagnose import main as diagnose_main
 from hf_seqrl.diagnostics import (DiagnosticsCallback, closest_references, format_summary, rejoin_delay, run_diagnostics,
@@ -216,7 +216,7 @@ def test_importing_the_package_leaves_matplotlib_unloaded():
     import sys
 
     code = "import sys, hf_seqrl.diagnostics; print('matplotlib' in sys.modules)"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
                          env={**os.environ, "PYTHONPATH": root})
     assert out.stdout.strip() == "False"

@@ -8,7 +8,7 @@ import sacrebleu
 import torch
 from rouge_score import rouge_scorer
 
-from hf_seqrl import data, metrics, rewards
+from hf_seqrl import data, evaluation, rewards
 from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, get_reward
 
 PREDS = [
@@ -136,10 +136,10 @@ def test_normalize_references():
 
 def test_bleu_brevity_by_hand():
     # 4 output tokens against 6 reference tokens: bp = exp(1 - 6/4) = exp(-0.5)
-    out = metrics.bleu_brevity(["a cat sat down"], [["the cat sat on the mat"]])
+    out = evaluation.bleu_brevity(["a cat sat down"], [["the cat sat on the mat"]])
     assert out["ratio"] == pytest.approx(4 / 6) and out["bp"] == pytest.approx(math.exp(-0.5))
     # as long as the closest reference or longer: no penalty; the second source has one reference only
-    out = metrics.bleu_brevity(["a cat sat on the mat", "a dog runs"], [["the cat sat on the mat", "cat"],
+    out = evaluation.bleu_brevity(["a cat sat on the mat", "a dog runs"], [["the cat sat on the mat", "cat"],
                                                                           ["a dog runs"]])
     assert out == {"bp": 1.0, "ratio": 1.0}
 
@@ -148,7 +148,7 @@ def test_corpus_scores_use_every_reference():
     preds = ["the cat sat on the mat", "a dog runs in a park"]
     refs = [["a cat sat on the mat", "the cat sat on the mat"], ["a dog runs through a park"]]
     streams = [["a cat sat on the mat", "a dog runs through a park"], ["the cat sat on the mat", None]]
-    scores = metrics.corpus_scores(preds, refs, ("bleu", "chrf", "rougeL"))
+    scores = evaluation.corpus_scores(preds, refs, ("bleu", "chrf", "rougeL"))
     assert scores["bleu"] == sacrebleu.corpus_bleu(preds, streams).score
     assert scores["chrf"] == sacrebleu.corpus_chrf(preds, streams).score
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)

@@ -12,7 +12,7 @@ from transformers.trainer_utils import EvalPrediction
 from helpers import tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import ReinforceTrainer, SCSTTrainer, SeqRLConfig
 from hf_seqrl.evaluation import build_compute_metrics
-from hf_seqrl.metrics import corpus_scores
+from hf_seqrl.evaluation import corpus_scores
 from hf_seqrl.rewards import EvaluateReward, build_reward, get_reward
 
 # evaluate parses a metric script's imports line by line: one `import` per line.
