@@ -51,10 +51,33 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     warmup_xe_steps (`int`, *optional*, defaults to `0`):
         Optimizer steps of plain teacher-forced cross-entropy (the `Seq2SeqTrainer` loss) before the trainer's own
         loss takes over.
+
+    > Text datasets (a dataset without `input_ids` is tokenized when the trainer is built)
+
+    source_column (`str`, *optional*, defaults to `None`):
+        Encoder-decoder models: the column of the source texts (`None`: `"source"`, else `"prompt"`).
+    target_column (`str`, *optional*, defaults to `None`):
+        Encoder-decoder models: the column of the targets, a string or a list of references per row (`None`:
+        `"target"`, else `"completion"`). Optional when a `references` column gives what rewards compare with.
+    max_source_length (`int`, *optional*, defaults to `None`), max_target_length (`int`, *optional*, defaults to
+    `None`):
+        Encoder-decoder models: truncate sources / targets to this many tokens.
+    max_prompt_length (`int`, *optional*, defaults to `None`), max_completion_length (`int`, *optional*, defaults
+    to `None`):
+        Decoder-only models (TRL's names): keep the last `max_prompt_length` tokens of a prompt (`prompt` column, text
+        or chat messages) and the first `max_completion_length` of a completion (`completion`, EOS kept).
     """
 
     warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
                                                               "trainer's own loss."})
+    source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})
+    target_column: str | None = field(default=None, metadata={"help": "Target column (default: target)."})
+    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
+    max_target_length: int | None = field(default=None, metadata={"help": "Truncate targets to this many tokens."})
+    max_prompt_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the prompt's last "
+                                                                           "tokens."})
+    max_completion_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the completion's "
+                                                                               "first tokens."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -125,7 +148,13 @@ class SeqRLConfig(SeqRLBaseConfig):
         Subtract `entropy_coef * mean token entropy` of the sampled sequences from the loss.
     kl_coef (`float`, *optional*, defaults to `0.0`):
         Add `kl_coef * KL(policy || reference)` on the sampled positions, the reference being a frozen copy of
-        the initial model (built only when > 0).
+        the initial model (built only when > 0). The reference pass runs in the policy pass's mode with the same
+        random draws, so that at equal weights the KL is exactly 0 with or without dropout.
+    disable_dropout (`bool`, *optional*, defaults to `True`):
+        Set every dropout probability of the model to 0 when the trainer is built (TRL's name). Rollouts decode
+        without dropout; with dropout left on, the scoring pass computes the log-probs of a randomly thinned network,
+        not of the distribution the samples came from, which biases the policy gradient, and a reused rollout's
+        ratios move even where the weights do not. See docs/math.md.
 
     > Clipped multi-update steps
 
@@ -138,6 +167,18 @@ class SeqRLConfig(SeqRLBaseConfig):
         Lower clipping range: the ratio is clipped to `[1 - epsilon, 1 + epsilon_high]` (only with `μ > 1`).
     epsilon_high (`float`, *optional*, defaults to `None`):
         Upper clipping range; `None` takes `epsilon`.
+
+    > Sample logs
+
+    log_completions (`bool`, *optional*, defaults to `False`):
+        At each training log (every `logging_steps`), gather every process's samples of the last optimizer step that
+        rolled out (source, references, sample, greedy decode, each reward's value, total reward, baseline,
+        advantage, whether it hit the length limit) on the main process, write them all to
+        `output_dir/completions/step-N.jsonl`, print some as a table, and hand them to the TensorBoard (text) and
+        W&B (table) integrations of `report_to` (TRL's name). See docs/metrics.md.
+    num_completions_to_print (`int`, *optional*, defaults to `None`):
+        Rows of that table printed on the console (TRL's name); `None` prints every row, `0` none (the file and the
+        integrations still get every row).
     """
 
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward_funcs."})
@@ -158,10 +199,16 @@ class SeqRLConfig(SeqRLBaseConfig):
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
+    disable_dropout: bool = field(default=True, metadata={"help": "Set the model's dropout to 0 (rollouts decode "
+                                                                   "without it; the scoring pass then matches)."})
     loss_normalization: str = field(default="sequence", metadata={"help": "sequence | token"})
     num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
+    log_completions: bool = field(default=False, metadata={"help": "Write, print and report the samples at each "
+                                                                    "log (output_dir/completions/step-N.jsonl)."})
+    num_completions_to_print: int | None = field(default=None, metadata={"help": "Sample rows printed at each log "
+                                                                                  "(None: all)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -215,6 +262,15 @@ class SeqRLConfig(SeqRLBaseConfig):
             raise ValueError(f"SeqRLConfig.epsilon must be > 0 (the clipping range), got {self.epsilon}.")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ValueError(f"SeqRLConfig.epsilon_high must be > 0 or None (= epsilon), got {self.epsilon_high}.")
+        if self.num_completions_to_print is not None and (isinstance(self.num_completions_to_print, bool) or
+                                                          int(self.num_completions_to_print) < 0):
+            raise ValueError(
+                "SeqRLConfig.num_completions_to_print must be a number of rows >= 0, or None to print every row, got "
+                f"{self.num_completions_to_print!r}.")
+        if self.log_completions and self.logging_strategy == "no":
+            raise ValueError(
+                "SeqRLConfig.log_completions=True writes the samples at each training log, but logging_strategy='no' "
+                "never logs: set logging_strategy='steps' (every logging_steps) or log_completions=False.")
 
 
 @dataclass

@@ -484,3 +484,69 @@ def check_dataset_columns(dataset, name: str, family=None) -> None:
         )
     if family is not None and family.name == "causal":
         check_causal_rows(dataset, name)
+
+
+# ---- text datasets as TRL's trainers take them: tokenized when a trainer is built ------------------------------
+
+SOURCE_COLUMNS, TARGET_COLUMNS = ("source", "prompt"), ("target", "completion")
+
+
+def _pick(columns: list[str], given: str | None, defaults: tuple[str, ...]) -> str | None:
+    if given is not None:
+        return given if given in columns else None
+    return next((name for name in defaults if name in columns), None)
+
+
+def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None):
+    """Returns `dataset` tokenized for a model of `family` when it holds text columns instead of `input_ids`
+    (one `datasets.map`, cached as `datasets` caches maps); tokenized datasets and other iterables are returned as
+    they are.
+
+    Encoder-decoder models read a source column (`args.source_column`; default `source`, else `prompt`) and a
+    target column (`args.target_column`; default `target`, else `completion`), decoder-only models the same pair
+    as prompt → completion (text or chat messages). The target may be left out when a `references` column gives
+    the rewards' references (RL without cross-entropy). Every other column stays and reaches the rewards; a
+    `references` column of the dataset is kept over the target's.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list) or "input_ids" in columns:
+        return dataset
+    source = _pick(columns, getattr(args, "source_column", None), SOURCE_COLUMNS)
+    target = _pick(columns, getattr(args, "target_column", None), TARGET_COLUMNS)
+    if source is None or (target is None and "references" not in columns):
+        raise ValueError(
+            f"{name} has no tokenized 'input_ids' and no text columns to tokenize (columns: {columns}): give "
+            "'source' and 'target' columns (encoder-decoder models; other names through source_column / "
+            "target_column) or 'prompt' and 'completion' (decoder-only models, as TRL takes them); 'references' may "
+            "stand in for the target. Or tokenize yourself with hf_seqrl.data.tokenize_pairs / "
+            "tokenize_prompt_completion.")
+    causal = family.name == "causal"
+    limits = ((getattr(args, "max_prompt_length", None), getattr(args, "max_completion_length", None)) if causal
+              else (getattr(args, "max_source_length", None), getattr(args, "max_target_length", None)))
+    keep_references = "references" in columns
+
+    def tokenize(batch):
+        if target is None:  # prompts / sources only: the rewards read `references`
+            out = {"sources": [source_text(value) for value in batch[source]]}
+            if causal:
+                ids = [prompt_token_ids(value, tokenizer, limits[0]) for value in batch[source]]
+                out.update(input_ids=ids, attention_mask=[[1] * len(row) for row in ids])
+            else:
+                enc = tokenizer(list(batch[source]), max_length=limits[0], truncation=limits[0] is not None)
+                out.update(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+            return out
+        out = tokenize_for(batch, family, tokenizer, source, target, limits[0], limits[1],
+                           decoder_start_token_id=decoder_start_token_id)
+        if keep_references:
+            out.pop("references", None)
+        return dict(out)
+
+    used = [c for c in (source, target) if c is not None and c not in ("references", "sources")]
+    return dataset.map(tokenize, batched=True, remove_columns=used, desc=f"{name}: tokenize")
+
+
+def source_text(value) -> str:
+    """Returns the text of a source or prompt cell: a string, or the user turns of a list of chat messages."""
+    if isinstance(value, str):
+        return value
+    return _message_text([m for m in value if m.get("role") == "user"] or value)

@@ -150,19 +150,22 @@ def render_model_card(
     algorithm_detail: str | None = None,
     license: str | None = None,
     model_class: str = "AutoModelForSeq2SeqLM",
+    adapter: bool = False,
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
     `method` is the algorithm that ran (`trainer.run_method()`, or `TrainerClass.method_for(baseline)`).
     `algorithm_detail` is appended to its name; `license` (an SPDX id such as
     `"apache-2.0"`) goes into the metadata when known. `model_class` is the transformers Auto class that loads the
-    model (`"AutoModelForCausalLM"` for a decoder-only model: its card shows a text-generation pipeline).
+    model (`"AutoModelForCausalLM"` for a decoder-only model: its card shows a text-generation pipeline); `adapter`: the
+    saved weights are a PEFT adapter of `base_model` (a Hub id or a local folder), loaded with `PeftModel`.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
     causal = model_class == "AutoModelForCausalLM"
     pipeline_tag = "text-generation" if causal else PIPELINES.get(task, "text2text-generation")
     datasets = list(datasets or [])
+    base_path = base_model if base_model and hub_id(base_model) is None else None  # a local folder
     base_model = hub_id(base_model)
     metrics = sorted((k, float(v)) for k, v in (metrics or {}).items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -192,6 +195,8 @@ def render_model_card(
         model_class=model_class,
         causal=causal,
         base_model=base_model,
+        base_path=base_path,
+        adapter=adapter,
         datasets=datasets,
         reward=_safe(reward),
         settings=[(k, _safe(v)) for k, v in settings.items()],

@@ -94,8 +94,10 @@ def prompt_completion_dataset(tokenizer, n: int = 16, seed: int = 0, task: str =
 
 
 def make_config(config_class, tmp_path, **kwargs):
-    """Returns `config_class(output_dir=tmp_path / "out", **TRAIN_DEFAULTS)` with `kwargs` on top."""
-    return config_class(**{"output_dir": str(tmp_path / "out"), **TRAIN_DEFAULTS, **kwargs})
+    """Returns `config_class(output_dir=tmp_path / "out", **TRAIN_DEFAULTS)` with `kwargs` on top (the defaults that
+    are fields of `config_class`)."""
+    defaults = {k: v for k, v in TRAIN_DEFAULTS.items() if k in config_class.__dataclass_fields__}
+    return config_class(**{"output_dir": str(tmp_path / "out"), **defaults, **kwargs})
 
 
 def params(model) -> dict[str, torch.Tensor]:

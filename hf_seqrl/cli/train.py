@@ -75,8 +75,6 @@ class ScriptArguments:
     train_file: str | None = field(default=None, metadata={"help": "json/jsonl/csv/tsv/txt training file."})
     validation_file: str | None = field(default=None, metadata={"help": "Validation file."})
     test_file: str | None = field(default=None, metadata={"help": "Test file (final evaluation)."})
-    source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})
-    target_column: str | None = field(default=None, metadata={"help": "Target column (default: target)."})
     source_lang: str | None = field(default=None, metadata={"help": "Source key of a translation column."})
     target_lang: str | None = field(default=None, metadata={"help": "Target key of a translation column."})
     source_prefix: str = field(default="", metadata={"help": "Prepended to every source (T5 task prefix)."})
@@ -84,12 +82,16 @@ class ScriptArguments:
         "help": "Decoder-only models: the prompt, with a {prompt} field that receives the source."})
     use_chat_template: bool = field(default=False, metadata={
         "help": "Decoder-only models: send the prompt as a user message through the tokenizer's chat template."})
-    max_source_length: int = field(default=256, metadata={"help": "Truncate sources to this many tokens."})
-    max_target_length: int = field(default=128, metadata={"help": "Truncate targets to this many tokens."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation rows."})
     max_test_samples: int | None = field(default=None, metadata={"help": "Keep the first N test rows."})
     eval_num_beams: int | None = field(default=None, metadata={"help": "Beams of the final evaluation."})
+    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of every weight."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input (0 under disable_dropout)."})
+    lora_target_modules: list[str] | None = field(default=None, metadata={
+        "help": "Module names the adapter wraps (default: peft's choice for the architecture)."})
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -165,7 +167,29 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
         # `accelerate launch --multi_gpu` on a machine without GPUs: run the processes on CPU over gloo.
         parser.set_defaults(use_cpu=True)
     script_args, training_args = parser.parse_args_into_dataclasses(argv)
+    # The data fields live in the trainer's config (a trainer tokenizes text datasets itself); the pipeline's
+    # defaults fill the lengths, and the script arguments read the same values.
+    for name, default in PIPELINE_DATA_DEFAULTS.items():
+        if getattr(training_args, name) is None:
+            setattr(training_args, name, default)
+        setattr(script_args, name, getattr(training_args, name))
     return script_args, training_args
+
+
+# The config's data fields as the pipeline reads them, with its defaults where the config has None.
+PIPELINE_DATA_DEFAULTS = {"source_column": None, "target_column": None, "max_source_length": 256,
+                          "max_target_length": 128}
+
+
+def peft_config_of(script_args: ScriptArguments, family):
+    """Returns the `peft.LoraConfig` that `use_peft` and the `lora_*` fields ask for, or None."""
+    if not script_args.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="SEQ_2_SEQ_LM" if family.name == "seq2seq" else "CAUSAL_LM", r=script_args.lora_r,
+                      lora_alpha=script_args.lora_alpha, lora_dropout=script_args.lora_dropout,
+                      target_modules=script_args.lora_target_modules)
 
 
 def load_model_and_tokenizer(script_args: ScriptArguments):
@@ -179,7 +203,9 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
     if script_args.tiny_model is not None:
         tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name, trust_remote_code=remote) \
             if script_args.tokenizer_name else ByT5Tokenizer()
-        positions = max(1024, script_args.max_source_length, script_args.max_target_length) + 2
+        lengths = [getattr(script_args, name, None) or PIPELINE_DATA_DEFAULTS[name]
+                   for name in ("max_source_length", "max_target_length")]
+        positions = max(1024, *lengths) + 2
         model = build_tiny_model(script_args.tiny_model, tokenizer=tokenizer, d_model=script_args.tiny_d_model,
                                  layers=script_args.tiny_layers, max_positions=positions)
         return model, tokenizer
@@ -247,7 +273,7 @@ def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer,
     rewards = {"reward_funcs": task_rewards(script_args)} if takes_rewards(script_args.algorithm) else {}
     trainer = trainer_class(script_args.algorithm)(
         model=model, args=training_args, train_dataset=splits["train"], eval_dataset=validation,
-        processing_class=tokenizer, **rewards,
+        processing_class=tokenizer, peft_config=peft_config_of(script_args, family_for(model)), **rewards,
         compute_metrics=None if validation is None else build_compute_metrics(
             tokenizer, task_metrics(script_args.task), validation["references"]),
     )

@@ -2,6 +2,12 @@
 
 Pure tensor kernels below `hf_seqrl.losses` (torch only). On CPU, forward and backward run over the logits in
 place, a block of rows at a time, so that a block stays in cache from one pass to the next.
+
+Banned tokens. Each kernel takes an optional `banned` bool mask broadcastable to the logits (e.g. `(V,)`, or `(T, V)`
+when the bans depend on the position): the distribution is then the softmax over the other entries (renormalized),
+the banned logits set to `torch.finfo(dtype).min` (not -inf: their probability is exactly 0 and `0 * log 0` stays 0,
+so that entropy, KL and gradients hold no NaN). The mask is applied to a block copy or a computed tensor, never to
+the logits in place.
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ def _row_blocks(x: torch.Tensor):
             yield key, x[key]
 
 
+def _ban(z: torch.Tensor, banned: torch.Tensor | None, key=None) -> torch.Tensor:
+    """Returns a copy of `z` with `finfo.min` at its banned entries (`banned[key]` with a key; `banned` expanded to
+    the logits' shape), or `z` itself when nothing is banned."""
+    if banned is None:
+        return z
+    return z.masked_fill(banned if key is None else banned[key], torch.finfo(z.dtype).min)
+
+
 def _scale(z: torch.Tensor, temperature, key=None) -> torch.Tensor:
     """Returns `z / temperature` for a float or a per-position temperature tensor (`temperature[key]` with a key);
     `z` itself at the float temperature 1."""
@@ -45,41 +59,43 @@ def _scale(z: torch.Tensor, temperature, key=None) -> torch.Tensor:
 
 
 class _BlockwiseTokenLogprobs(torch.autograd.Function):
-    """`log softmax(z)[y]` with `z = logits / temperature`, block by block, forward and backward.
+    """`z_y - logsumexp(z')` with `z = logits / temperature` and `z'` = `z` with its banned entries at `finfo.min`
+    (`z' = z` when `banned` is None), block by block, forward and backward.
 
-    Backward: d/dz (z_y - logsumexp(z)) = onehot(y) - softmax(z), times the incoming gradient, divided by
-    `temperature`; softmax(z) is recomputed per block from the saved logsumexp.
+    Backward: d/dz (z_y - logsumexp(z')) = onehot(y) - softmax(z'), times the incoming gradient, divided by
+    `temperature`; softmax(z') (0 at banned entries) is recomputed per block from the saved logsumexp.
     """
 
     @staticmethod
-    def forward(ctx, logits, token_ids, temperature):
+    def forward(ctx, logits, token_ids, temperature, banned):
         dtype = _compute_dtype(logits)
         out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)
         lse = torch.empty_like(out)
         for key, block in _row_blocks(logits):
-            z = _scale(block.to(dtype), temperature, key)
-            lse[key] = torch.logsumexp(z, dim=-1)
+            z = _scale(block.to(dtype), temperature, key)  # at temperature 1, float32 logits: the logits' own block
+            lse[key] = torch.logsumexp(_ban(z, banned, key), dim=-1)
             out[key] = z.gather(-1, token_ids[key].unsqueeze(-1)).squeeze(-1) - lse[key]
-        ctx.save_for_backward(logits, token_ids, lse)
+        ctx.save_for_backward(logits, token_ids, lse, banned)
         ctx.temperature = temperature
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        logits, token_ids, lse = ctx.saved_tensors
+        logits, token_ids, lse, banned = ctx.saved_tensors
         temperature = ctx.temperature
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         for key, block in _row_blocks(logits):
-            z = _scale(block.to(lse.dtype), temperature, key)
+            z = _ban(_scale(block.to(lse.dtype), temperature, key), banned, key)
             g = grad_out[key].unsqueeze(-1)
-            scores = (z - lse[key].unsqueeze(-1)).exp_().mul_(-g)  # -g * softmax(z), a new tensor: logits untouched
+            scores = (z - lse[key].unsqueeze(-1)).exp_().mul_(-g)  # -g * softmax(z'), a new tensor: logits untouched
             scores.scatter_add_(-1, token_ids[key].unsqueeze(-1), g)
             grad[key] = _scale(scores, temperature, key)
-        return grad, None, None
+        return grad, None, None, None
 
 
 def token_logprobs_from_logits(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float | torch.Tensor = 1.0
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float | torch.Tensor = 1.0,
+    banned: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns `log softmax(logits / temperature)` at `token_ids`, without materializing the log-softmax.
 
@@ -92,6 +108,10 @@ def token_logprobs_from_logits(
             `(N, T)`): tokens whose log-probs are wanted (any value where masked).
         temperature (`float`, or `torch.Tensor` broadcastable to `logits.shape[:-1]`): one temperature for every
             position, or one per position (e.g. `(N, 1)`: one per row).
+        banned (`torch.BoolTensor` broadcastable to `logits.shape`, e.g. `(V,)` or `(T, V)`, *optional*): entries
+            outside the distribution. The log-probs are then those of the softmax over the other entries
+            (renormalized), and banned logits get no gradient. A banned token's own value is its scaled logit
+            minus that normalizer: finite (no sampled token is banned; a pad after EOS may be, and stays harmless).
 
     Returns: `torch.Tensor` of the shape of `token_ids`.
     """
@@ -99,43 +119,81 @@ def token_logprobs_from_logits(
     ids = token_ids.clamp(min=0).reshape(positions)
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(device=logits.device, dtype=_compute_dtype(logits)).expand(positions)
+    if banned is not None:
+        banned = banned.to(device=logits.device, dtype=torch.bool).expand(logits.shape)  # a view: no copy
     if logits.device.type in BLOCKWISE_DEVICES:
-        return _BlockwiseTokenLogprobs.apply(logits, ids, temperature).view(token_ids.shape)
+        return _BlockwiseTokenLogprobs.apply(logits, ids, temperature, banned).view(token_ids.shape)
     z = _scale(logits.to(_compute_dtype(logits)), temperature)  # float32 first: bf16/fp16 would round z / t
     chosen = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    return (chosen - torch.logsumexp(z, dim=-1)).view(token_ids.shape)
+    return (chosen - torch.logsumexp(_ban(z, banned), dim=-1)).view(token_ids.shape)
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, banned: torch.Tensor | None = None) -> torch.Tensor:
     """Returns the entropy `-sum_v p_v log p_v` of the next-token distribution at each position.
 
     Without autograd on CPU it runs block by block (see `token_logprobs_from_logits`).
 
     Args:
         logits (`torch.Tensor` of shape `(..., T, V)`, e.g. `(N, T, V)`): decoder logits.
+        banned (`torch.BoolTensor` broadcastable to `logits.shape`, *optional*): entries outside the distribution
+            (`p = 0` there, the others renormalized), as in `token_logprobs_from_logits`.
 
     Returns: `torch.Tensor` of shape `logits.shape[:-1]`, e.g. `(N, T)`.
     """
     dtype = _compute_dtype(logits)
+    if banned is not None:
+        banned = banned.to(device=logits.device, dtype=torch.bool).expand(logits.shape)
     if logits.device.type not in BLOCKWISE_DEVICES or (torch.is_grad_enabled() and logits.requires_grad):
-        logp = F.log_softmax(logits.to(dtype), dim=-1)
+        logp = F.log_softmax(_ban(logits.to(dtype), banned), dim=-1)
         return -(logp.exp() * logp).sum(dim=-1)
     out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)
     for key, block in _row_blocks(logits):
-        logp = F.log_softmax(block.to(dtype), dim=-1)
+        logp = F.log_softmax(_ban(block.to(dtype), banned, key), dim=-1)
         out[key] = -(logp.exp() * logp).sum(dim=-1)
     return out
 
 
-def token_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+def token_kl(logits: torch.Tensor, ref_logits: torch.Tensor, banned: torch.Tensor | None = None) -> torch.Tensor:
     """Returns `KL(p || q) = sum_v p_v (log p_v - log q_v)` at each position (exact, over the vocabulary).
 
     Args:
         logits (`torch.Tensor` of shape `(N, T, V)`): policy logits `p` (with grad).
         ref_logits (`torch.Tensor` of shape `(N, T, V)`): reference logits `q` (no grad).
+        banned (`torch.BoolTensor` broadcastable to `logits.shape`, *optional*): entries outside both distributions
+            (`p = q = 0` there, the others renormalized), as in `token_logprobs_from_logits`.
 
     Returns: `torch.Tensor` of shape `(N, T)`.
     """
-    logp = F.log_softmax(logits.float(), dim=-1)
-    logq = F.log_softmax(ref_logits.float(), dim=-1)
+    if banned is not None:
+        banned = banned.to(device=logits.device, dtype=torch.bool)
+    logp = F.log_softmax(_ban(logits.float(), banned), dim=-1)
+    logq = F.log_softmax(_ban(ref_logits.float(), banned), dim=-1)
     return (logp.exp() * (logp - logq)).sum(dim=-1)
+
+
+def group_logprobs(logits: torch.Tensor, rows: torch.Tensor, sample_ids: torch.Tensor, num_samples: int,
+                   temperature: float, banned: torch.Tensor | None = None, with_gold: bool = False):
+    """Returns what the scoring pass reads from the logits of its groups of rows, in one pass over them:
+    `(sample_logits, sample_logprobs, gold_logits, gold_logprobs, sample_banned)`.
+
+    Args:
+        logits (`torch.Tensor` of shape `(B, G, L, V)`): the forward's logits, `G = num_samples (+ 1 gold row)`.
+        rows (`torch.LongTensor` of shape `(B, G, L)`): the tokens they score (gold row last when `with_gold`).
+        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): the samples, `T <= L`.
+        temperature (`float`): the samples' temperature; the gold row is scored at temperature 1.
+        banned (`torch.BoolTensor` of shape `(V,)` or `(L, V)`, *optional*): tokens outside the distribution.
+
+    Returns: `sample_logits` `(B, n, T, V)` (a view), the samples' log-probs `(B*n, T)`, the gold row's logits and
+    log-probs `(B, L, V)` / `(B, L)` (None without gold), and the mask of the sample positions.
+    """
+    t_sample = sample_ids.shape[1]
+    sample_logits = logits[:, :num_samples, :t_sample]  # a view: the scoring reads the logits in place
+    sample_banned = banned if banned is None or banned.dim() == 1 else banned[:t_sample]
+    if not with_gold:
+        return (sample_logits, token_logprobs_from_logits(sample_logits, sample_ids, temperature, sample_banned),
+                None, None, sample_banned)
+    row_temperature = logits.new_full((logits.shape[1], 1), temperature, dtype=torch.float32)
+    row_temperature[num_samples] = 1.0
+    logprobs = token_logprobs_from_logits(logits, rows, row_temperature, banned)
+    return (sample_logits, logprobs[:, :num_samples, :t_sample].flatten(0, 1), logits[:, num_samples],
+            logprobs[:, num_samples], sample_banned)

@@ -15,6 +15,7 @@ decoded or scored for one source: its `num_samples` samples, plus the greedy row
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from transformers import GenerationConfig
 
 from ..functional.sampling import argmax_or_sample
+from .bans import TokenBans, ban_logits
 
 
 def unwrap(model):
@@ -66,18 +68,23 @@ class ScoredRollout:
 
     Attributes:
         sample_logits (`torch.Tensor` of shape `(B, n, T, V)`): decoder logits at the sampled positions (a view of
-            the forward's logits; `sample_logits[b, j]` belongs to row `b * n + j` of the samples).
-        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token (with grad).
-        gold_logits (`torch.Tensor` of shape `(B, T_gold, V)` or None): logits of the gold rows.
+            the forward's logits, banned entries included; `sample_logits[b, j]` belongs to row `b * n + j` of the
+            samples).
+        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token (with grad), under the
+            distribution the samples were drawn from (banned tokens excluded).
+        gold_logits (`torch.Tensor` of shape `(B, T_gold, V)` or None): logits of the gold rows (unmasked).
         gold_logprobs (`torch.Tensor` of shape `(B, T_gold)` or None): log-prob of each gold token at temperature 1
-            (with grad; any value where the label is -100), from the same pass as `token_logprobs`. None where
-            the family computes only `gold_logits`.
+            (with grad; any value where the label is -100), from the same pass as `token_logprobs` and under the
+            same bans. None where the family computes only `gold_logits`.
+        banned (`torch.BoolTensor` of shape `(V,)` or `(T, V)`, or None): the entries of `sample_logits` outside the
+            rollout distribution (`TokenBans.mask`), for the entropy and KL kernels' `banned` argument.
     """
 
     sample_logits: torch.Tensor
     token_logprobs: torch.Tensor
     gold_logits: torch.Tensor | None
     gold_logprobs: torch.Tensor | None = None
+    banned: torch.Tensor | None = None
 
 
 def eos_ids(model) -> list[int]:
@@ -172,9 +179,9 @@ def split_groups(ids: torch.Tensor, group: int, greedy_first: bool) -> tuple[tor
 # Generation settings that add logits processors the decode loop does not implement, with their neutral values.
 UNSUPPORTED = {"num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
                "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
-               "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
-               "min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-               "guidance_scale": 1.0, "exponential_decay_length_penalty": None, "watermarking_config": None}
+               "sequence_bias": None, "min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+               "eta_cutoff": 0.0, "guidance_scale": 1.0, "exponential_decay_length_penalty": None,
+               "watermarking_config": None}
 
 
 @dataclass(frozen=True)
@@ -191,11 +198,12 @@ class DecodeSettings:
     top_p: float = 1.0
     forced_bos_id: int | None = None
     forced_eos_id: int | None = None
+    bans: TokenBans = TokenBans()  # masked before every choice, greedy rows included
 
     @classmethod
     def from_generation_config(cls, config: GenerationConfig) -> "DecodeSettings":
         """Returns the settings of `config` (from `rollout_generation_config`); raises on settings that would add
-        logits processors the loop does not implement."""
+        logits processors the loop does not implement, and on bans that are no logit mask."""
         for name, neutral in UNSUPPORTED.items():
             value = getattr(config, name, None)
             if value is not None and value != neutral:
@@ -218,7 +226,8 @@ class DecodeSettings:
                    max_new_tokens=max(int(max_new), 0), do_sample=bool(config.do_sample),
                    temperature=1.0 if config.temperature is None else float(config.temperature),
                    top_k=int(config.top_k or 0), top_p=1.0 if config.top_p is None else float(config.top_p),
-                   forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos)
+                   forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos,
+                   bans=TokenBans.from_generation_config(config))
 
 
 def lockstep_group() -> bool:
@@ -236,7 +245,7 @@ def any_rank_running(running: bool, device: torch.device) -> bool:
 def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, sampled: torch.Tensor,
                   uniforms: torch.Tensor) -> torch.Tensor:
     """Returns the next token of every row: a forced token where one is due, else the argmax on greedy rows and a
-    sample elsewhere.
+    sample elsewhere, both over the logits with the tokens `settings.bans` bans at `step` masked out.
 
     Args:
         logits (`torch.Tensor` of shape `(N, V)`): next-token logits of the rows being decoded.
@@ -250,6 +259,7 @@ def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, sam
         forced = settings.forced_eos_id  # `generate` applies the EOS processor after the BOS one
     if forced is not None:
         return torch.full((rows,), int(forced), dtype=torch.long, device=logits.device)
+    logits = ban_logits(logits, settings.bans.ids_at(step, logits.shape[-1]))
     if not settings.do_sample:
         return logits.float().argmax(dim=-1)
     return argmax_or_sample(logits, sampled, uniforms, settings.temperature, settings.top_k, settings.top_p)
@@ -275,7 +285,8 @@ class ModelFamily:
     trainer_generates: bool = True
 
     def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
-        """Returns the `GenerationConfig` of rollouts: the model's own distribution, structural tokens only."""
+        """Returns the `GenerationConfig` of rollouts: the model's own distribution, structural tokens and the
+        model's single-token bans (`TokenBans`) only."""
         raise NotImplementedError
 
     def sample(self, model, batch: dict, generation_config, num_samples: int = 1, with_greedy: bool = False) -> Rollout:
@@ -291,8 +302,9 @@ class ModelFamily:
 
     def score(self, model, batch: dict, sample_ids, num_samples: int, gold_labels=None,
               temperature: float = 1.0) -> ScoredRollout:
-        """Returns the token log-probs (with grad) of `sample_ids` `(B*n, T)` under the (possibly wrapped) model;
-        `gold_logits` is aligned with `gold_labels` (the batch's `labels`) when they are given."""
+        """Returns the token log-probs (with grad) of `sample_ids` `(B*n, T)` under the (possibly wrapped) model,
+        the tokens that `generation_config(model, ...)` bans out of the softmax; `gold_logits` is aligned with
+        `gold_labels` (the batch's `labels`) when they are given."""
         raise NotImplementedError
 
     def generate(self, model, batch: dict, **generate_kwargs):
@@ -303,6 +315,11 @@ class ModelFamily:
     def continue_from(self, model, batch: dict, prefix, generation_config):
         """Returns `(ids (N, T), mask (N, T))`: greedy/sampled targets that start with `prefix` `(N, k)` (pad after
         EOS, mask true up to and including it)."""
+        raise NotImplementedError
+
+    def prompts(self, model, batch: dict):
+        """Returns the sources (seq2seq) or prompts (causal) of `batch`: ids `(B, P)`, pad where masked, and their
+        mask `(B, P)`."""
         raise NotImplementedError
 
     def encode(self, model, batch: dict):
@@ -347,3 +364,45 @@ class ModelFamily:
     def structural_ids(self, model) -> list[int]:
         """Returns token ids that start a target without being part of it (never an injected mistake)."""
         return []
+
+
+# Module attributes that hold a dropout probability read at forward time (BART / Marian `dropout`,
+# `activation_dropout`, attention `dropout`, Llama / Qwen2 `attention_dropout`, `layerdrop`), besides `nn.Dropout`.
+DROPOUT_ATTRIBUTE = re.compile(r"(^|_)(dropout|layerdrop)(_rate|_prob|_p)?$")
+
+
+def disable_dropout(model) -> int:
+    """Sets every dropout probability of `model` to 0 (in place) and returns how many it changed: `nn.Dropout`
+    modules (LoRA's included) and the float rates that modules read at forward time. The config is left as it is,
+    so a saved model keeps its dropout."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            changed += module.p != 0
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if isinstance(value, float) and DROPOUT_ATTRIBUTE.search(name):
+                changed += value != 0
+                setattr(module, name, 0.0)
+    return changed
+
+
+def rng_state(device: torch.device) -> tuple:
+    """Returns the state of the RNGs a forward on `device` draws from (the CPU's, and the device's own)."""
+    device = torch.device(device)
+    own = torch.get_device_module(device.type).get_rng_state(device) if device.type not in ("cpu", "meta") else None
+    return torch.get_rng_state(), own
+
+
+@contextlib.contextmanager
+def replayed_rng(state: tuple, device: torch.device):
+    """Within the context, the RNGs draw what they drew after `rng_state(device)` returned `state` (the same dropout
+    masks as that forward's); outside it they are left as they were."""
+    device = torch.device(device)
+    cpu, own = state
+    devices = [device] if own is not None else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if own is not None else "cuda"):
+        torch.set_rng_state(cpu)
+        if own is not None:
+            torch.get_device_module(device.type).set_rng_state(own, device)
+        yield

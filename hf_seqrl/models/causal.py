@@ -10,11 +10,14 @@ their EOS, nothing before or after.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from ..functional.logprobs import token_logprobs_from_logits
+from ..functional.logprobs import group_logprobs
 from ..functional.sampling import draw_uniforms
+from .bans import TokenBans, token_ban_settings
 from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
                    completion_mask, eos_ids, eval_mode, lockstep_group, pad_id, right_pad, rows_to_keep, split_groups,
                    unwrap)
@@ -79,15 +82,17 @@ def causal_generation_config(model, max_new_tokens: int | None, temperature: flo
                              top_p: float = 1.0, max_length: int | None = None) -> GenerationConfig:
     """Returns a generation config that samples completions from the model's own distribution.
 
-    As `seq2seq.rollout_generation_config` does for seq2seq models: only EOS, pad and BOS are kept from the model's
-    generation config; penalties, beams and minimum lengths are dropped. `max_length` (the Seq2SeqTrainer's
-    `generation_max_length`) counts completion tokens here, since prompts differ in length.
+    As `seq2seq.rollout_generation_config` does for seq2seq models: only EOS, pad, BOS and the single-token bans
+    (`bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens` at the first completion token) are kept from the
+    model's generation config; penalties, beams and minimum lengths are dropped. `max_length` (the
+    Seq2SeqTrainer's `generation_max_length`) counts completion tokens here, since prompts differ in length.
     """
     base = model.generation_config
     budget = max_new_tokens or max_length or base.max_new_tokens or 20
     return GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=top_k, top_p=top_p,
                             eos_token_id=base.eos_token_id if base.eos_token_id is not None else model.config.eos_token_id,
-                            pad_token_id=pad_id(model), bos_token_id=base.bos_token_id, max_new_tokens=budget)
+                            pad_token_id=pad_id(model), bos_token_id=base.bos_token_id, max_new_tokens=budget,
+                            **token_ban_settings(base))
 
 
 def _strip_prompt(sequences: torch.Tensor, prompt_width: int, model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,8 +135,8 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group: 
 
 @torch.no_grad()
 def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig,
-                  group: int = 1, greedy_first: bool = False,
-                  compact_below: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+                  group: int = 1, greedy_first: bool = False, compact_below: float = 0.5,
+                  prefix_length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns `(completion ids (B*group, T), mask)`: each prompt continued `group` times, pad after EOS.
 
     A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
@@ -140,9 +145,12 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models. The
     uniforms of the draws are one `torch.rand((max_new_tokens, sampled rows))` call on the global RNG per decode
     (`sampling.draw_uniforms`), as the seq2seq rollouts draw them. Ended rows leave the forward once the running
-    rows are at most `compact_below` of those in it (0: never), as in `seq2seq.decode`.
+    rows are at most `compact_below` of those in it (0: never), as in `seq2seq.decode`. The tokens the config bans
+    are masked before every choice; `prefix_length` completion tokens already end the prompts (a forced prefix),
+    which the position of `begin_suppress_tokens` counts.
     """
     settings = DecodeSettings.from_generation_config(generation_config)
+    settings = dataclasses.replace(settings, bans=settings.bans.after_prefix(prefix_length))
     pad, eos = pad_id(model), torch.tensor(eos_ids(model), device=prompt_ids.device)
     cache, logits, mask = _prefill(model, prompt_ids, prompt_mask, group)
     rows, steps, device = logits.shape[0], settings.max_new_tokens, logits.device
@@ -219,7 +227,8 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     context_ids, context_mask = append_prefix(prompt_ids, prompt_mask, prefix_ids)
     group = num_samples + int(with_greedy)
     with eval_mode(model):
-        ids, mask = decode_causal(model, context_ids, context_mask, generation_config, group, greedy_first=with_greedy)
+        ids, mask = decode_causal(model, context_ids, context_mask, generation_config, group, greedy_first=with_greedy,
+                                  prefix_length=0 if prefix_ids is None else prefix_ids.shape[1])
     if context_ids is not prompt_ids:
         ids = torch.cat([prefix_ids.repeat_interleave(group, dim=0), ids], dim=1)
         mask = completion_mask(ids, eos_ids(model))
@@ -256,8 +265,11 @@ def completion_forward(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 
 def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
                  sample_ids: torch.Tensor, num_samples: int, pad: int, gold_labels: torch.Tensor | None = None,
-                 temperature: float = 1.0) -> ScoredRollout:
+                 temperature: float = 1.0, bans: TokenBans | None = None) -> ScoredRollout:
     """Returns the token log-probs of sampled completions (with grad) in one teacher-forced forward.
+
+    The log-probs of the samples (at `temperature`) and, with `gold_labels`, of the gold completions (at temperature
+    1) come from one pass over the logits, both under `bans` (the rollout's `TokenBans`; the logits stay unmasked).
 
     Args:
         model: the (possibly DDP-wrapped) causal LM.
@@ -265,7 +277,9 @@ def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled completions, pad after EOS.
         gold_labels (`torch.LongTensor` of shape `(B, L)`, -100 on prompt and padding) or None: with them the gold
             completion of each source is scored in the same forward, and `gold_logits` `(B, L, V)` is aligned with
-            `gold_labels` (position `t` predicts `gold_labels[:, t]`; zeros where it is -100).
+            `gold_labels` (position `t` predicts `gold_labels[:, t]`; zeros where it is -100), and `gold_logprobs`
+            `(B, L)` likewise.
+        bans (`TokenBans`, *optional*): what the rollout decode banned (`CausalFamily.score` reads the model's).
     """
     prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
     batch, t_sample = prompt_ids.shape[0], sample_ids.shape[1]
@@ -279,18 +293,21 @@ def score_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
         group += 1
     logits = completion_forward(model, prompt_ids, prompt_mask, rows.flatten(0, 1).clamp(min=0), group).logits
     logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
-    sample_logits = logits[:, :num_samples, :t_sample]  # a view: the scoring reads the logits in place
-    gold_logits = None
-    if gold is not None:
-        gold_logits = _align_to_labels(logits[:, num_samples, : gold.shape[1]], gold, gold_labels)
-    token_logprobs = token_logprobs_from_logits(sample_logits, sample_ids, temperature)
-    return ScoredRollout(sample_logits, token_logprobs, gold_logits)
+    banned = None if bans is None else bans.mask(logits.shape[2], logits.shape[3], logits.device)
+    sample_logits, token_logprobs, gold_logits, gold_logprobs, sample_banned = group_logprobs(
+        logits, rows, sample_ids, num_samples, temperature, banned, with_gold=gold is not None)
+    if gold is None:
+        return ScoredRollout(sample_logits, token_logprobs, None, banned=sample_banned)
+    width = gold.shape[1]
+    return ScoredRollout(sample_logits, token_logprobs, _align_to_labels(gold_logits[:, :width], gold, gold_labels),
+                         _align_to_labels(gold_logprobs[:, :width], gold, gold_labels), sample_banned)
 
 
 def _align_to_labels(completion_logits: torch.Tensor, gold: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Returns logits `(B, L, V)` placed at the positions of `labels` `(B, L)` that hold the completion (zeros
-    elsewhere), from the completion-ordered `completion_logits` `(B, T, V)` of `gold` `(B, T)`."""
-    aligned = completion_logits.new_zeros(labels.shape + completion_logits.shape[-1:])
+    """Returns logits `(B, L, V)` (or log-probs `(B, L)`) placed at the positions of `labels` `(B, L)` that hold the
+    completion (zeros elsewhere), from the completion-ordered `completion_logits` `(B, T, V)` (or `(B, T)`) of
+    `gold` `(B, T)`."""
+    aligned = completion_logits.new_zeros(labels.shape + completion_logits.shape[2:])
     return aligned.index_put((labels != -100).nonzero(as_tuple=True), completion_logits[gold != -100])
 
 
@@ -312,8 +329,10 @@ class CausalFamily(ModelFamily):
                                     generation_config, num_samples, with_greedy, prefix_ids=prefix)
 
     def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
+        # The bans of the rollout config this family builds from the model's generation config.
+        bans = TokenBans.from_generation_config(self.generation_config(unwrap(model), None))
         return score_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
-                                   sample_ids, num_samples, pad_id(unwrap(model)), gold_labels, temperature)
+                                   sample_ids, num_samples, pad_id(unwrap(model)), gold_labels, temperature, bans)
 
     def prompts(self, model, batch):
         """Returns the left-padded prompts `(ids (B, P), mask (B, P))` of a batch."""

@@ -17,7 +17,9 @@ The decode loop, what `generate(do_sample=True)` does for a rollout without what
   (`EncoderDecoderCache`) is then repeated to the `B * group` rows, whose first-step logits are the same.
 - Tokens are chosen by `hf_seqrl.sampling` (inverse CDF, one uniform per row per step) instead of
   `torch.multinomial` (one exponential variate per vocabulary entry); greedy rows take the argmax.
-- Only the processors a rollout config can ask for: temperature / top-k / top-p, and forced BOS / EOS tokens.
+- Only the processors a rollout config can ask for: temperature / top-k / top-p, forced BOS / EOS tokens, and the
+  model's single-token bans (`bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`) as a logit mask, which the
+  scoring pass applies too (`TokenBans`).
 - The loop stops when every row has ended (EOS) or at the length limit.
 - Once at most half of the rows in the forward still run, the ended rows leave it (`compact_below`).
 
@@ -30,13 +32,15 @@ sharded layers all-gather their weights inside each forward and every rank must 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..functional.logprobs import token_logprobs_from_logits
+from ..functional.logprobs import group_logprobs
 from ..functional.sampling import draw_uniforms
+from .bans import TokenBans, token_ban_settings
 from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
                    completion_mask, decoder_start_id, eos_ids, eval_mode, lockstep_group, pad_id, right_pad,
                    rows_to_keep, shift_right, split_groups, unwrap)
@@ -52,9 +56,11 @@ def rollout_generation_config(
 ) -> GenerationConfig:
     """Returns a generation config that samples from the model's own distribution.
 
-    Only structural tokens are kept from the model's generation config (start, EOS, pad, forced BOS/EOS);
-    beam search, repetition penalties, n-gram blocking and minimum lengths are dropped: the log-probs of
-    the policy gradient must be those of the distribution the samples were drawn from. Decoding always uses the
+    Only structural tokens (start, EOS, pad, forced BOS/EOS) and the single-token bans (`bad_words_ids`,
+    `suppress_tokens`, `begin_suppress_tokens`: a logit mask that the scoring pass applies too) are kept from the
+    model's generation config; beam search, repetition penalties, n-gram blocking and minimum lengths are dropped:
+    the log-probs of the policy gradient must be those of the distribution the samples were drawn from. A
+    multi-token `bad_words_ids` entry raises a ValueError (no fixed mask can ban it). Decoding always uses the
     KV cache: `Trainer` sets `model.config.use_cache = False` (`TrainingArguments.use_cache` defaults to
     `False`), and a model built from that config, or loaded from a checkpoint without `generation_config.json`,
     would otherwise inherit `use_cache=False` and re-run the decoder over the whole prefix at every step.
@@ -73,6 +79,7 @@ def rollout_generation_config(
         bos_token_id=base.bos_token_id,
         forced_bos_token_id=base.forced_bos_token_id,
         forced_eos_token_id=base.forced_eos_token_id,
+        **token_ban_settings(base),
     )
     if max_new_tokens is not None:
         kwargs["max_new_tokens"] = max_new_tokens
@@ -207,6 +214,8 @@ def _decoded_rollout(model, input_ids, attention_mask, generation_config, num_sa
     """Returns the `Rollout` of one decode of every row in eval mode; with `prefix_ids` `(B, P)`, each row holds
     the forced prefix then its continuation (mask true on the prefix)."""
     settings = DecodeSettings.from_generation_config(generation_config)
+    if prefix_ids is not None:  # the decode counts steps from the prefix's end, the bans count target positions
+        settings = dataclasses.replace(settings, bans=settings.bans.after_prefix(prefix_ids.shape[1]))
     group = num_samples + int(with_greedy)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -283,18 +292,21 @@ def score_rollout(
     pad: int,
     gold_labels: torch.Tensor | None = None,
     temperature: float = 1.0,
+    bans: TokenBans | None = None,
 ) -> ScoredRollout:
     """Returns token log-probs of the sampled sequences (with grad) in one teacher-forced forward.
 
     The encoder runs once per source; the decoder scores the `n` samples of each source and, if
     `gold_labels` is given, the gold target too (for the mixed cross-entropy term). The log-probs of the samples
-    (at `temperature`) and of the gold tokens (at temperature 1) come from one pass over the logits.
+    (at `temperature`) and of the gold tokens (at temperature 1) come from one pass over the logits, both under
+    `bans` (the rollout's `TokenBans`: banned tokens out of the softmax, the logits themselves left unmasked).
 
     Args:
         model: the (possibly DDP-wrapped or FSDP2-sharded) encoder-decoder model.
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
         gold_labels (`torch.LongTensor` of shape `(B, T_gold)`, -100 at padding) or None.
+        bans (`TokenBans`, *optional*): what the rollout decode banned (`Seq2SeqFamily.score` reads the model's).
     """
     batch = input_ids.shape[0]
     t_sample = sample_ids.shape[1]
@@ -316,17 +328,14 @@ def score_rollout(
             use_cache=False,
         ).logits
     logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
-    sample_logits = logits[:, :num_samples, :t_sample]  # a view: the scoring reads the logits in place
+    banned = None if bans is None else bans.mask(logits.shape[2], logits.shape[3], logits.device)
+    sample_logits, token_logprobs, gold_logits, gold_logprobs, sample_banned = group_logprobs(
+        logits, rows, sample_ids, num_samples, temperature, banned, with_gold=gold_labels is not None)
     if gold_labels is None:
-        token_logprobs = token_logprobs_from_logits(sample_logits, sample_ids, temperature)
-        return ScoredRollout(sample_logits, token_logprobs, None)
-    # One pass over every row, the gold row of each source at temperature 1.
-    row_temperature = logits.new_full((group, 1), temperature, dtype=torch.float32)
-    row_temperature[num_samples] = 1.0
-    logprobs = token_logprobs_from_logits(logits, rows, row_temperature)
+        return ScoredRollout(sample_logits, token_logprobs, None, banned=sample_banned)
     t_gold = gold_labels.shape[1]
-    return ScoredRollout(sample_logits, logprobs[:, :num_samples, :t_sample].flatten(0, 1),
-                         logits[:, num_samples, :t_gold], logprobs[:, num_samples, :t_gold])
+    return ScoredRollout(sample_logits, token_logprobs, gold_logits[:, :t_gold], gold_logprobs[:, :t_gold],
+                         sample_banned)
 
 
 class Seq2SeqFamily(ModelFamily):
@@ -347,8 +356,10 @@ class Seq2SeqFamily(ModelFamily):
 
     def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
         inner = unwrap(model)
+        # The bans of the rollout config this family builds from the model's generation config.
+        bans = TokenBans.from_generation_config(self.generation_config(inner, None))
         return score_rollout(model, batch["input_ids"], batch.get("attention_mask"), sample_ids, num_samples,
-                             decoder_start_id(inner), pad_id(inner), gold_labels, temperature)
+                             decoder_start_id(inner), pad_id(inner), gold_labels, temperature, bans)
 
     def generate(self, model, batch, **generate_kwargs):
         return model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
@@ -360,6 +371,11 @@ class Seq2SeqFamily(ModelFamily):
         out = model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                              generation_config=generation_config, decoder_input_ids=forced)
         return strip_decoded(out, model)
+
+    def prompts(self, model, batch):
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        return ids.masked_fill(~mask, pad_id(unwrap(model))), mask
 
     def encode(self, model, batch):
         out = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),

@@ -10,12 +10,13 @@ A reward is a callable called with keywords, one value per prediction:
 """
 
 from .builtin import BUILTIN_REWARDS, SACREBLEU_INTERNALS, RewardFn, bleu_reward, chrf_reward, get_reward, rouge_reward
-from .combine import WeightedReward, as_reward, build_reward
-from .convention import call_reward, check_finite, check_reward_spec, is_evaluation_module, is_number, reward_name
+from .combine import WeightedReward, as_reward, build_reward, unique_names
+from .convention import (call_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
+                         is_evaluation_module, is_number, reward_name)
 from .modules import EvaluateReward, accepts_reference_lists
 from .pool import PooledReward
 
 __all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "EvaluateReward", "PooledReward", "RewardFn", "WeightedReward",
-           "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "check_finite",
-           "check_reward_spec", "chrf_reward", "get_reward", "is_evaluation_module", "is_number", "reward_name",
-           "rouge_reward"]
+           "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "call_reward_parts",
+           "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
+           "is_number", "reward_name", "rouge_reward", "unique_names"]

@@ -27,13 +27,34 @@ class WeightedReward:
         k = len(self.rewards)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0 / k] * k
         self.__name__ = "+".join(f"{w:g}*{n}" for w, n in zip(self.weights, self.names))
+        self.part_names = unique_names(self.names)
+
+    def parts(self, predictions, references, sources=None, **columns) -> dict[str, list[float]]:
+        """Returns each reward's values, keyed by `part_names` (the rewards' names, a repeated one numbered)."""
+        return {key: call_reward(fn, predictions, references, sources, columns, name=name)
+                for key, fn, name in zip(self.part_names, self.rewards, self.names)}
+
+    def combine(self, parts: dict[str, list[float]]) -> list[float]:
+        """Returns the weighted sum of `parts` (from `parts`): what calling this reward returns."""
+        total = [0.0] * len(parts[self.part_names[0]])
+        for key, weight in zip(self.part_names, self.weights):
+            total = [t + weight * v for t, v in zip(total, parts[key])]
+        return total
 
     def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
-        total = [0.0] * len(predictions)
-        for fn, name, weight in zip(self.rewards, self.names, self.weights):
-            values = call_reward(fn, predictions, references, sources, columns, name=name)
-            total = [t + weight * v for t, v in zip(total, values)]
-        return total
+        return self.combine(self.parts(predictions, references, sources, **columns))
+
+
+def unique_names(names: Sequence[str]) -> list[str]:
+    """Returns `names` with each repeat of a name numbered (`bleu`, `bleu_2`), so that every part has its key."""
+    unique: list[str] = []
+    for name in names:
+        key, count = name, 1
+        while key in unique:
+            count += 1
+            key = f"{name}_{count}"
+        unique.append(key)
+    return unique
 
 
 def build_reward(spec: Any, weights: Sequence[float] | None = None) -> RewardFn:

@@ -82,27 +82,74 @@ def call_reward(
     """
     name = name or reward_name(reward_fn)
     where = "" if batch_index is None else f" on batch {batch_index}"
+    values = _invoke(reward_fn, name, where, predictions, references, sources, columns)
+    return _checked_values(values, len(predictions), name, where)
+
+
+def call_reward_parts(
+    reward_fn: RewardFn,
+    predictions: list[str],
+    references: list[list[str]],
+    sources: list[str] | None = None,
+    columns: dict[str, list] | None = None,
+    name: str | None = None,
+    batch_index: int | None = None,
+) -> dict[str, list[float]]:
+    """Returns the values of each part of `reward_fn`, by the part's name, each checked as `call_reward` checks.
+
+    A reward that combines several (`WeightedReward`, `PooledReward`) has a `parts` method, called with the same
+    keywords as the reward, returning `{name: values}`, and a `combine(parts)` method returning what a call of the
+    reward returns (`combine_parts`); any other reward is its own single part, named `name`. Every part is scored
+    once.
+    """
+    name = name or reward_name(reward_fn)
+    if not callable(getattr(reward_fn, "parts", None)):
+        return {name: call_reward(reward_fn, predictions, references, sources, columns, name, batch_index)}
+    where = "" if batch_index is None else f" on batch {batch_index}"
+    parts = _invoke(reward_fn.parts, name, where, predictions, references, sources, columns)
+    if not isinstance(parts, dict) or not parts:
+        raise TypeError(f"reward {name!r}: parts() must return a non-empty dict of name -> values{where}, got "
+                        f"{type(parts).__name__}.")
+    return {part: _checked_values(values, len(predictions), part, where) for part, values in parts.items()}
+
+
+def combine_parts(reward_fn: RewardFn, parts: dict[str, list[float]]) -> list[float]:
+    """Returns the reward values that `parts` (from `call_reward_parts(reward_fn, ...)`) make: the reward's own
+    `combine(parts)` (a weighted sum), or the one part of a single reward."""
+    if callable(getattr(reward_fn, "parts", None)):
+        return reward_fn.combine(parts)
+    (values,) = parts.values()
+    return values
+
+
+def _invoke(reward_fn, name: str, where: str, predictions, references, sources, columns):
+    """Returns what `reward_fn` returns when called by the convention; an exception inside it is re-raised as a
+    RuntimeError naming the reward and the batch."""
     try:
-        values = reward_fn(predictions=predictions, references=references, sources=sources, **(columns or {}))
+        return reward_fn(predictions=predictions, references=references, sources=sources, **(columns or {}))
     except Exception as err:
         hint = ""
         if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
             hint = (" (rewards are called with keywords: predictions, references, sources and every other dataset "
                     "column; declare **kwargs to take the columns you do not use)")
         raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}") from err
+
+
+def _checked_values(values, count: int, name: str, where: str) -> list[float]:
+    """Returns `values` (a reward's output for `count` predictions) as a list of floats, or raises a clear error."""
     if hasattr(values, "detach"):
         values = values.detach().cpu()
     if hasattr(values, "ndim") and values.ndim != 1:
         raise ValueError(f"reward {name!r} returned an array of shape {tuple(values.shape)}{where}: return one number "
-                         f"per prediction, shape ({len(predictions)},).")
+                         f"per prediction, shape ({count},).")
     if hasattr(values, "tolist"):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"reward {name!r} must return a list of numbers{where}, got {type(values).__name__}.")
     values = list(values)
-    if len(values) != len(predictions):
+    if len(values) != count:
         raise ValueError(
-            f"reward {name!r} returned {len(values)} values for {len(predictions)} predictions{where}: it must return "
+            f"reward {name!r} returned {len(values)} values for {count} predictions{where}: it must return "
             "exactly one float per prediction."
         )
     for i, value in enumerate(values):

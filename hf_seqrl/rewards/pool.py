@@ -7,18 +7,21 @@ from typing import Any
 
 from .builtin import RewardFn
 from .combine import build_reward
-from .convention import call_reward, reward_name
+from .convention import call_reward_parts, combine_parts, reward_name
 
 
 _WORKER_REWARDS: dict[str, RewardFn] = {}
 
 
-def _score_chunk(spec: Any, weights: Sequence[float] | None, predictions, references, sources, columns) -> list[float]:
-    """Worker side of `PooledReward`: builds the reward once per process (keeping its caches) and scores a chunk."""
+def _score_chunk(spec: Any, weights: Sequence[float] | None, predictions, references, sources,
+                 columns) -> dict[str, list[float]]:
+    """Worker side of `PooledReward`: builds the reward once per process (keeping its caches) and returns each of
+    its parts' values on a chunk."""
     key = repr((spec, weights))
     if key not in _WORKER_REWARDS:
         _WORKER_REWARDS[key] = build_reward(spec, weights)
-    return call_reward(_WORKER_REWARDS[key], predictions, references, sources, columns)
+    reward = _WORKER_REWARDS[key]
+    return call_reward_parts(reward, predictions, references, sources, columns, name=reward_name(reward))
 
 
 class PooledReward:
@@ -28,7 +31,8 @@ class PooledReward:
     large batch of summaries turns into a noticeable part of a step. Chunks are contiguous, so the samples of
     a source usually land in the same worker and share its prepared references. The pool (spawned, so it
     shares nothing with torch or CUDA state) starts on first use and lives until the process exits. Values
-    are exactly those of the in-process reward.
+    are exactly those of the in-process reward. The workers return each part's values (`parts`), which `combine`
+    sums with the weights as the in-process reward does.
 
     Args:
         spec: what `build_reward` takes; callables must be picklable (module-level functions, not lambdas).
@@ -62,16 +66,25 @@ class PooledReward:
             atexit.register(self._pool.shutdown, cancel_futures=True)
         return self._pool
 
-    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+    def parts(self, predictions, references, sources=None, **columns) -> dict[str, list[float]]:
+        """Returns each part's values, by name, as `call_reward_parts` gives them for the in-process reward."""
         if len(predictions) < self.min_pairs:
-            return call_reward(self.local, predictions, references, sources, columns, name=self.__name__)
+            return call_reward_parts(self.local, predictions, references, sources, columns, name=self.__name__)
         size = -(-len(predictions) // self.workers)
         chunks = [slice(start, start + size) for start in range(0, len(predictions), size)]
         futures = [self._executor().submit(_score_chunk, self.spec, self.weights, list(predictions[c]),
                                            list(references[c]), None if sources is None else list(sources[c]),
                                            {k: list(v[c]) for k, v in columns.items()})
                    for c in chunks]
-        return [value for future in futures for value in future.result()]
+        chunk_parts = [future.result() for future in futures]
+        return {key: [value for part in chunk_parts for value in part[key]] for key in chunk_parts[0]}
+
+    def combine(self, parts: dict[str, list[float]]) -> list[float]:
+        """Returns the reward values that `parts` make (the in-process reward's weighted sum)."""
+        return combine_parts(self.local, parts)
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+        return self.combine(self.parts(predictions, references, sources, **columns))
 
     def __getstate__(self):
         state = self.__dict__.copy()

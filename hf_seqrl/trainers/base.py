@@ -20,9 +20,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from .. import losses
-from ..data import TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, check_rows, normalize_references
+from ..data import (TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, check_rows, normalize_references,
+                    tokenize_text_dataset)
 from ..hub import Method, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
+from ..models.base import disable_dropout
+from .adapters import base_model_name, is_peft_model, with_adapter
 from .inputs import BatchText, check_model_family, load_tokenizer_for
 
 STATE_FILE = "seqrl_state.json"
@@ -74,7 +77,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         return self.method_for(None)
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, **kwargs):
+                 processing_class=None, peft_config=None, **kwargs):
         if args is None:
             args = self.config_class(output_dir="tmp_trainer")
         if not isinstance(args, self.config_class):
@@ -82,10 +85,20 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                 f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(args).__name__}: "
                 f"{self.config_class.__name__} accepts every Seq2SeqTrainingArguments field plus its own."
             )
+        model = with_adapter(model, peft_config)
+        if getattr(args, "disable_dropout", False):
+            disable_dropout(model)
         family = family_for(model)
         check_model_family(family, self.model_families, type(self).__name__)
         if processing_class is None:
             processing_class = load_tokenizer_for(model)
+        start = family.label_start_id(model)
+        train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, processing_class, args, start)
+        if isinstance(eval_dataset, dict):
+            eval_dataset = {split: tokenize_text_dataset(data, split, family, processing_class, args, start)
+                            for split, data in eval_dataset.items()}
+        else:
+            eval_dataset = tokenize_text_dataset(eval_dataset, "eval_dataset", family, processing_class, args, start)
         if train_dataset is not None:
             check_dataset_columns(train_dataset, "train_dataset", family)
             check_rows(train_dataset, "train_dataset")
@@ -241,7 +254,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
             method=self.run_method(),
             task=task or getattr(self, "card_task", "translation"),
-            base_model=finetuned_from or getattr(model.config, "_name_or_path", None),
+            base_model=finetuned_from or base_model_name(model),
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
             reward=self.reward_label,
             settings=card_settings(args),
@@ -249,6 +262,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             curve=training_curve(self.state.log_history),
             repo_id=args.hub_model_id,
             model_class=self.family.auto_class,
+            adapter=is_peft_model(model),
         )
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,

@@ -1,8 +1,12 @@
-"""What a trainer takes in: the model and tokenizer checks, the dataset checks, and the text columns of a batch."""
+"""What a trainer takes in: the model and tokenizer checks, the dataset checks, and the text columns of a batch
+(and what scoring its sequences with the rewards gives)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
 
 
 def check_model_family(family, supported: tuple[str, ...], trainer: str) -> None:
@@ -19,6 +23,35 @@ class BatchText(NamedTuple):
     references: list[list[str]] | None
     sources: list[str] | None
     columns: dict[str, list]  # every other non-model column, one entry per row
+
+
+class RewardValues(NamedTuple):
+    """The rewards of `N` decoded sequences, one row of `BatchText` each, every reward function scored once."""
+
+    predictions: list[str]  # the decoded sequences
+    values: list[float]  # the reward of each, as the reward returned it (NaN / inf kept)
+    parts: dict[str, list[float]]  # each reward function's values by name (a single reward: its own name)
+    rewards: torch.Tensor  # `(N,)` float32, 0 where the reward is not finite
+    nonfinite: torch.Tensor  # `(N,)` bool
+
+    def select(self, rows: torch.Tensor) -> RewardValues:
+        """Returns the values of the sequences where the bool tensor `rows` `(N,)` is true."""
+        keep = rows.tolist()
+
+        def pick(values):
+            return [v for v, k in zip(values, keep) if k]
+
+        return RewardValues(pick(self.predictions), pick(self.values),
+                            {name: pick(values) for name, values in self.parts.items()}, self.rewards[rows],
+                            self.nonfinite[rows])
+
+    def part_rewards(self) -> dict[str, torch.Tensor]:
+        """Returns each part as a float32 tensor `(N,)`, 0 on the sequences whose reward is not finite (as in
+        `rewards`, so that the parts' weighted sum is `rewards`)."""
+        import torch
+
+        return {name: torch.tensor(values, dtype=torch.float32, device=self.rewards.device).masked_fill(
+            self.nonfinite, 0.0) for name, values in self.parts.items()}
 
 
 def repeat_rows(text: BatchText, n: int) -> BatchText:

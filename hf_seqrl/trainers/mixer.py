@@ -76,22 +76,22 @@ class MixerTrainer(SeqRLTrainer):
         labels, delta = self.family.target_labels(inputs), self.delta()  # target coordinates (causal: completions)
         prefixes = prefix_lengths(labels, delta)
         rollout = self.sample_continuations(unwrapped, inputs, labels, prefixes)
-        batch = self.rollout_batch(rollout, text, unwrapped)
+        batch = self.rollout_batch(rollout, text, unwrapped, inputs)
         gold = inputs["labels"] if args.rl_weight < 1 else None
-        scored = self.family.score(model, inputs, batch.sample_ids, n, gold, args.temperature)
+        scored = self.score_policy(model, inputs, batch.sample_ids, n, gold)
         positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
         prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
         continuation_mask = batch.sample_mask & ~prefix_mask
         # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
         prefix_logprobs = None if args.temperature == 1.0 else losses.token_logprobs_from_logits(
-            scored.sample_logits, batch.sample_ids)
+            scored.sample_logits, batch.sample_ids, banned=scored.banned)
         mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
                                        prefix_logprobs)
         xe_loss = None if gold is None else self._xe_from_logits(scored.gold_logits, gold, scored.gold_logprobs)
         loss = losses.mix_losses(mixer_loss, xe_loss, args.rl_weight)
         metrics = dict(batch.metrics)
         loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, continuation_mask,
-                                     metrics)
+                                     metrics, scored.banned)
         target_tokens = (labels != -100).sum().clamp(min=1)
         metrics.update({"rl/pg_loss": mixer_loss.item(), "mixer/delta": float(delta),
                         "mixer/prefix_fraction": (prefixes.sum() / target_tokens).item()})

@@ -92,11 +92,13 @@ class MRTTrainer(SeqRLTrainer):
         pad = pad_id(unwrapped)
         token_ids, token_mask, is_sample = candidate_set(rollout.sample_ids, rollout.sample_mask, n, extra, pad)
         k = n + len(extra)
-        rewards, bad = self.compute_rewards(token_ids, repeat_rows(text, k))
+        candidates = self.reward_values(token_ids, repeat_rows(text, k))
+        rewards, bad = candidates.rewards, candidates.nonfinite
         keep = losses.first_occurrence_mask(token_ids, k) & ~bad
         xe_labels = labels if args.rl_weight < 1 else None
         # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at.
-        scored = self.family.score(model, inputs, token_ids, k, None if args.mrt_include_reference else xe_labels)
+        scored = self.score_policy(model, inputs, token_ids, k, None if args.mrt_include_reference else xe_labels,
+                                   temperature=1.0)
         seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, token_mask, args.length_normalize)
         risk = losses.minimum_risk_loss(seq_logprobs, rewards, k, args.mrt_alpha, keep)
         xe_loss = None
@@ -108,10 +110,15 @@ class MRTTrainer(SeqRLTrainer):
             else:
                 xe_loss = self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
-        metrics = self.sample_metrics(rewards[is_sample], bad[is_sample], rollout.sample_ids, rollout.sample_mask,
-                                      unwrapped)
+        samples = candidates.select(is_sample)
+        metrics = self.sample_metrics(samples.rewards, samples.nonfinite, rollout.sample_ids, rollout.sample_mask,
+                                      unwrapped, samples.part_rewards())
+        if self.completions is not None:  # the samples' rows; no baseline or advantage in MRT
+            self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
+                                    greedy_ids=rollout.greedy_ids)
         sampled_tokens = token_mask & is_sample.unsqueeze(1)  # entropy and KL on the sampled positions, as elsewhere
-        loss = self.add_regularizers(loss, inputs, token_ids, k, scored.sample_logits, sampled_tokens, metrics)
+        loss = self.add_regularizers(loss, inputs, token_ids, k, scored.sample_logits, sampled_tokens, metrics,
+                                     scored.banned)
         with torch.no_grad():
             q = losses.candidate_distribution(seq_logprobs, k, args.mrt_alpha, keep)
         metrics.update({

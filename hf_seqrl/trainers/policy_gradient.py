@@ -8,6 +8,7 @@ rollout serves several clipped updates (`reuse`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -16,10 +17,13 @@ import torch
 from .. import losses
 from ..configs import SeqRLConfig
 from ..hub import Method, Paper
-from ..models.base import ended_with_eos, eos_ids
-from ..rewards import PooledReward, build_reward, call_reward, check_finite, check_reward_spec, reward_name
+from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
+                       reward_name)
+from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
-from .inputs import BatchText, repeat_rows
+from .completions import CompletionLog, completion_rows
+from .inputs import BatchText, RewardValues, repeat_rows
 from .reuse import RolloutBatch, RolloutReuse
 
 RENNIE_2017 = Paper(key="rennie2017scst", cite="Rennie et al., 2017", url="https://arxiv.org/abs/1612.00563",
@@ -115,17 +119,44 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                           else build_reward(reward_funcs, self.args.reward_weights))
         self.reward_label = reward_name(self.reward_fn)
         self.baseline_ema: float | None = None
-        self.ref_model = self._build_ref_model() if self.args.kl_coef > 0 else None
+        self.ref_model, self.reference_adapter = None, None
+        if self.args.kl_coef > 0:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            if is_peft_model(unwrapped):  # the same network with its adapter off (or a frozen copy): no second copy
+                self.reference_adapter = add_reference_adapter(unwrapped)
+            else:
+                self.ref_model = self._build_ref_model()
         self._rollout_config = None
+        self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
         self.reuse = RolloutReuse(self.args.num_iterations) if self.args.num_iterations > 1 else None
+        self.completions = CompletionLog() if self.args.log_completions else None
 
     # ---- set-up helpers -------------------------------------------------------------------------
 
     def _build_ref_model(self):
         ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).to(self.args.device)
-        ref.eval()
         ref.requires_grad_(False)
         return ref
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Within the context, yields the KL reference model: the frozen copy, or the policy itself with its adapter
+        off (or its frozen reference adapter active)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        training = unwrapped.training
+        with reference_of(unwrapped, self.reference_adapter) as reference:
+            yield reference
+        unwrapped.train(training)
+
+    def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None):
+        """Returns the family's scoring pass of `token_ids` under the policy (with grad; at `temperature`, default the
+        rollout's), remembering its random state so that the reference pass draws the same dropout masks."""
+        self._policy_rng = rng_state(self.args.device)
+        temperature = self.args.temperature if temperature is None else temperature
+        return self.family.score(model, inputs, token_ids, group, gold_labels, temperature)
 
     @property
     def rollout_config(self):
@@ -171,7 +202,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         if batch is None:
             batch = self.roll_out(unwrapped, inputs, text)
         labels = inputs.get("labels") if args.rl_weight < 1 else None
-        scored = self.family.score(model, inputs, batch.sample_ids, n, labels, args.temperature)
+        scored = self.score_policy(model, inputs, batch.sample_ids, n, labels)
         mask, adv, metrics = batch.sample_mask, batch.advantages, dict(batch.metrics)
         if self.reuse is None:
             pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,
@@ -188,7 +219,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             metrics.update({"rl/clip_fraction": clip_fraction.item(), "rl/ratio_mean": ratio_mean.item()})
         xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(pg_loss, xe_loss, args.rl_weight)
-        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, mask, metrics)
+        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, mask, metrics,
+                                     scored.banned)
         metrics["rl/pg_loss"] = pg_loss.item()
         if xe_loss is not None:
             metrics["rl/xe_loss"] = xe_loss.item()
@@ -199,29 +231,37 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
         n = self.args.num_samples
         rollout = self.family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=self.baseline == "greedy")
-        return self.rollout_batch(rollout, text, unwrapped)
+        return self.rollout_batch(rollout, text, unwrapped, inputs)
 
-    def rollout_batch(self, rollout, text: BatchText, unwrapped) -> RolloutBatch:
-        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad)."""
+    def rollout_batch(self, rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
+        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts)."""
         args, n = self.args, rollout.num_samples
-        sample_rewards, bad = self.compute_rewards(rollout.sample_ids, repeat_rows(text, n))
+        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
+        sample_rewards, bad = samples.rewards, samples.nonfinite
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
         if args.center_advantages:
             adv = losses.center_advantages(adv, ~bad)
         if args.scale_rewards:
             adv = losses.scale_advantages(adv)
-        metrics = self.sample_metrics(sample_rewards, bad, rollout.sample_ids, rollout.sample_mask, unwrapped)
+        metrics = self.sample_metrics(sample_rewards, bad, rollout.sample_ids, rollout.sample_mask, unwrapped,
+                                      samples.part_rewards())
         metrics.update({
             "rl/baseline_reward": baseline_rewards.mean().item(),
             "rl/advantage_abs": adv.abs().mean().item(),
             "rl/advantage_mean": adv.mean().item(),
             "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item(),
         })
+        if self.completions is not None:
+            self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
+                                    baseline_rewards, adv, rollout.greedy_ids)
         return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics)
 
-    def sample_metrics(self, sample_rewards, bad, sample_ids, sample_mask, unwrapped) -> dict[str, float]:
-        """Returns the `rl/*` metrics of the sampled sequences: reward, length, degenerate shares."""
+    def sample_metrics(self, sample_rewards, bad, sample_ids, sample_mask, unwrapped,
+                       part_rewards: dict | None = None) -> dict[str, float]:
+        """Returns the `rl/*` metrics of the sampled sequences: reward, each reward function's mean and std
+        (`part_rewards`, `RewardValues.part_rewards`), length, degenerate shares."""
         metrics = {
             "rl/phase": 1.0,
             "rl/reward": sample_rewards.mean().item(),
@@ -231,19 +271,23 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
             "rl/frac_truncated": (~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))).float().mean().item(),
         }
+        for name, values in (part_rewards or {}).items():
+            metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
+            metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
         if self.args.nonfinite_rewards == "drop":
             metrics["rl/nonfinite_rewards"] = float(bad.sum().item())
         return metrics
 
-    def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict):
-        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens; records both."""
+    def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict, banned=None):
+        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens; records both. Both are
+        those of the rollout distribution: `banned` (`ScoredRollout.banned`) entries excluded."""
         args = self.args
         with torch.set_grad_enabled(args.entropy_coef > 0):
-            entropy = losses.masked_mean(losses.token_entropy(logits).flatten(), token_mask.flatten(), 0)
+            entropy = losses.masked_mean(losses.token_entropy(logits, banned).flatten(), token_mask.flatten(), 0)
         if args.entropy_coef > 0:
             loss = loss - args.entropy_coef * entropy
-        if self.ref_model is not None:
-            kl = self._kl(inputs, token_ids, group, logits, token_mask)
+        if args.kl_coef > 0:
+            kl = self._kl(inputs, token_ids, group, logits, token_mask, banned)
             loss = loss + args.kl_coef * kl
             metrics["rl/kl"] = kl.item()
         metrics["rl/entropy"] = entropy.item()
@@ -254,14 +298,46 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
         `text` holds one row per sequence of `token_ids` (see `repeat_rows`).
         """
+        scored = self.reward_values(token_ids, text)
+        return scored.rewards, scored.nonfinite
+
+    def reward_values(self, token_ids, text: BatchText) -> RewardValues:
+        """Returns the decoded `token_ids` `(N, T)`, their rewards and each reward function's values (scored once;
+        the rewards are the parts' weighted sum). `text` holds one row per sequence (see `repeat_rows`)."""
         predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
-        values = call_reward(self.reward_fn, predictions, text.references, text.sources, text.columns,
-                             name=self.reward_label, batch_index=self.state.global_step)
+        parts = call_reward_parts(self.reward_fn, predictions, text.references, text.sources, text.columns,
+                                  name=self.reward_label, batch_index=self.state.global_step)
+        values = combine_parts(self.reward_fn, parts)
         if self.args.nonfinite_rewards == "error":
             check_finite(values, self.reward_label)
         rewards = torch.tensor(values, dtype=torch.float32, device=token_ids.device)
         bad = ~torch.isfinite(rewards)
-        return rewards.masked_fill(bad, 0.0), bad
+        return RewardValues(predictions, values, parts, rewards.masked_fill(bad, 0.0), bad)
+
+    def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_ids, sample_mask, unwrapped,
+                           baselines=None, advantages=None, greedy_ids=None) -> None:
+        """Keeps the rows of a micro-batch's samples for the sample log (`hf_seqrl.trainers.completions`).
+
+        Args:
+            text: the batch's `B` rows; samples: the `B*n` samples' `RewardValues`.
+            sample_ids, sample_mask (`(B*n, T)`): the samples, for the length-limit flag.
+            baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
+        """
+        n = sample_ids.shape[0] // len(text.references)
+        decode = self.processing_class.batch_decode
+        sources = text.sources
+        if sources is None and inputs is not None:  # no `sources` column: the model's own input, decoded
+            sources = decode(self.family.prompts(unwrapped, inputs)[0], skip_special_tokens=True)
+        greedy = None if greedy_ids is None else decode(greedy_ids, skip_special_tokens=True)
+        per_sample = repeat_rows(text._replace(sources=sources), n)
+        truncated = ~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))
+        rows = completion_rows(
+            self.state.global_step + 1, self.args.process_index, n, samples.predictions, per_sample.references,
+            samples.parts, samples.values, per_sample.sources,
+            None if greedy is None else [g for g in greedy for _ in range(n)],
+            None if baselines is None else baselines.tolist(), None if advantages is None else advantages.tolist(),
+            truncated.tolist(), per_sample.columns)
+        self.completions.add(self.state.global_step, rows)
 
     def baseline_rewards(self, sample_rewards, bad, rollout, text: BatchText):
         """Returns `(baseline (B*n,), nonfinite mask (B*n,))` for the configured baseline."""
@@ -279,12 +355,17 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             return torch.full_like(sample_rewards, current), bad
         return torch.zeros_like(sample_rewards), bad
 
-    def _kl(self, inputs, token_ids, group: int, logits, token_mask):
-        """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`."""
+    def _kl(self, inputs, token_ids, group: int, logits, token_mask, banned=None):
+        """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`.
+
+        The reference runs in the policy's mode (train or eval) and replays the policy pass's random draws: with
+        dropout on, both passes thin the same units, so the KL measures the weights' difference only."""
         # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
-        with torch.no_grad(), self.accelerator.autocast():
-            ref = self.family.score(self.ref_model, inputs, token_ids, group, temperature=self.args.temperature)
-        kl = losses.token_kl(logits, ref.sample_logits)
+        with self.reference() as reference, torch.no_grad(), self.accelerator.autocast(), \
+                replayed_rng(self._policy_rng, self.args.device):
+            reference.train(self.model.training)
+            ref = self.family.score(reference, inputs, token_ids, group, temperature=self.args.temperature)
+        kl = losses.token_kl(logits, ref.sample_logits, banned)
         return losses.masked_mean(kl.flatten(), token_mask.flatten(), 0)
 
     def _decode_labels(self, labels):
@@ -301,6 +382,15 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                     f"Row {i} of the batch has no reference: its labels are all -100/padding. Fix or drop that row."
                 )
         return [[t] for t in texts]
+
+    # ---- sample logs ------------------------------------------------------------------------------
+
+    def log(self, logs, start_time=None):
+        """`SeqRLBaseTrainer.log`; with `log_completions`, a periodic training log first publishes the samples of
+        the last rollout (evaluation logs and the end-of-training summary carry `*_runtime` keys and do not)."""
+        if self.completions is not None and not any(key.endswith("_runtime") for key in logs):
+            self.completions.publish(self)
+        super().log(logs, start_time)
 
     # ---- evaluation: greedy/beam reward next to the usual metrics ---------------------------------
 

@@ -192,13 +192,14 @@ def run_professor_forcing(output_dir: str):
 
 
 def run_mixer(output_dir: str):
-    """Returns the trainer after 2 steps of MIXER (Δ = 2: gold prefixes, sampled last tokens) on the `one_step` data."""
+    """Returns the trainer after 2 steps of MIXER (Δ = 2: gold prefixes, sampled last tokens) on the `one_step` data,
+    its samples logged (`OUT/mixer/completions/step-N.jsonl`, written by the main rank)."""
     from hf_seqrl import MixerConfig, MixerTrainer
 
     args = MixerConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
                        num_samples=2, baseline="greedy", mixer_delta=2, learning_rate=1e-2, logging_steps=1,
                        report_to=[], save_strategy="no", disable_tqdm=True, seed=0, dataloader_pin_memory=False,
-                       use_cpu=True)
+                       use_cpu=True, log_completions=True, num_completions_to_print=0)
     tokenizer = byt5_tokenizer()
     trainer = MixerTrainer(model=tiny_model("t5", seed=1), args=args, reward_funcs=overlap_reward,
                            train_dataset=one_step_data(tokenizer), processing_class=tokenizer)

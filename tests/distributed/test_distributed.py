@@ -220,12 +220,15 @@ def mixer_and_pf_results(tmp_path_factory):
     results, out = run_worker(tmp_path_factory.mktemp("dist_mixer_pf"), ("mixer", "pf"), "mixer_and_pf")
     for rank in (0, 1):
         results[f"discriminator{rank}"] = torch.load(out / f"pf_discriminator_rank{rank}.pt")
+    results["mixer_completions"] = {path.name: [json.loads(line) for line in path.read_text().splitlines()]
+                                    for path in sorted((out / "mixer" / "completions").glob("*.jsonl"))}
     return results
 
 
 def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
     """Both train on 2 processes: the ranks end with identical models (and, for professor forcing, identical
-    discriminators, whose gradients are averaged over the ranks), and log finite metrics averaged over them."""
+    discriminators, whose gradients are averaged over the ranks), and log finite metrics averaged over them. MIXER's
+    sample log holds, at each logging step, the samples of both ranks (batch 4 x 2 samples x 2 processes)."""
 
     from helpers import tiny_model
 
@@ -240,6 +243,12 @@ def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
         assert torch.equal(value, results["discriminator1"][name]), name
     mixer = [h for h in results["mixer0"]["log_history"] if "mixer/delta" in h]
     assert len(mixer) == 2 and all(h["mixer/delta"] == 2.0 and math.isfinite(h["rl/reward"]) for h in mixer)
+    completions = results["mixer_completions"]
+    assert sorted(completions) == ["step-1.jsonl", "step-2.jsonl"]
+    for log, rows in zip(mixer, completions.values()):
+        assert len(rows) == 4 * 2 * 2 and [row["process"] for row in rows] == [0] * 8 + [1] * 8
+        assert all(row["greedy"] is not None and math.isfinite(row["advantage"]) for row in rows)
+        assert sum(row["reward"] for row in rows) / 16 == pytest.approx(log["rl/reward"], abs=1e-6)  # all ranks
     pf = [h for h in results["pf0"]["log_history"] if "pf/d_loss" in h]
     assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
 

@@ -357,3 +357,11 @@ def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
     assert "| `num_samples` | `4` |" in card and "| `eval_chrf` | 40 |" in card and "| `rl/reward` |" in card
     assert "## How to use" in card and "## Framework versions" in card and "@inproceedings{kool2019buy4," in card
     assert "using [hf-seqrl](https://example.org/hf-seqrl)," in card
+
+
+def test_card_names_the_local_folder_a_model_came_from_and_how_to_load_an_adapter(tmp_path):
+    card = render_model_card(model_name="m", method=method_of("SCST"), base_model=str(tmp_path), adapter=True)
+    assert f"starting from the local folder `{tmp_path}`" in card and "built from its config" not in card
+    assert "base_model" not in front_matter(card)  # the metadata names Hub ids only
+    assert f'base = AutoModelForSeq2SeqLM.from_pretrained("{tmp_path}")' in card
+    assert 'PeftModel.from_pretrained(base, "m")' in card

@@ -9,7 +9,7 @@ import torch
 from rouge_score import rouge_scorer
 
 from hf_seqrl import data, evaluation, rewards
-from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, get_reward
+from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, call_reward_parts, combine_parts, get_reward
 
 PREDS = [
     "the cat sat on the mat",
@@ -79,6 +79,27 @@ def test_weighted_combination():
     assert combo(PREDS, REFS) == pytest.approx([0.25 * x + 0.75 * y for x, y in zip(b, r)])
     equal = build_reward(["bleu", "rougeL"])
     assert equal(PREDS, REFS) == pytest.approx([(x + y) / 2 for x, y in zip(b, r)])
+
+
+def test_reward_parts_sum_with_the_weights_to_the_total_exactly():
+    combo = build_reward(["bleu", "rougeL", "bleu"], [0.25, 0.7, 0.05])
+    parts = call_reward_parts(combo, PREDS, REFS, name="combo", batch_index=3)
+    # a repeated reward gets a numbered key; every part holds the reward's own values
+    assert list(parts) == ["bleu_reward", "rougeL_reward", "bleu_reward_2"]
+    assert parts["bleu_reward"] == parts["bleu_reward_2"] == get_reward("bleu")(PREDS, REFS)
+    assert parts["rougeL_reward"] == get_reward("rougeL")(PREDS, REFS)
+    total = combine_parts(combo, parts)
+    assert total == combo(PREDS, REFS)  # bitwise: the same sums in the same order
+    assert total == [0.0 + 0.25 * b + 0.7 * r + 0.05 * b2 for b, r, b2 in zip(*parts.values())]
+    # a single reward is its own one part, named as the trainer names it
+    single = build_reward("chrf")
+    assert call_reward_parts(single, PREDS, REFS, name="chrf_reward") == {"chrf_reward": single(PREDS, REFS)}
+    assert combine_parts(single, {"chrf_reward": [0.5]}) == [0.5]
+    # a part that breaks the convention is named, and the combination that called it
+    broken = build_reward(["bleu", lambda predictions, **_: [1.0]], [0.5, 0.5])
+    with pytest.raises(RuntimeError, match=r"reward '0.5\*bleu_reward\+0.5\*<lambda>' raised ValueError on batch 3: "
+                                           r"reward '<lambda>' returned 1 values for 5"):
+        call_reward_parts(broken, PREDS, REFS, name=broken.__name__, batch_index=3)
 
 
 def test_callable_and_module_path_rewards():
@@ -181,6 +202,11 @@ def test_pooled_reward_equals_in_process(spec):
         assert pooled(predictions, references) == build_reward(spec)(predictions, references)
         # below min_pairs it scores in-process, same values
         assert pooled(predictions[:3], references[:3]) == build_reward(spec)(predictions[:3], references[:3])
+        # the workers return each part's values, which the pool sums with the weights as the in-process reward
+        local = build_reward(spec)
+        parts = call_reward_parts(pooled, predictions, references)
+        assert parts == call_reward_parts(local, predictions, references, name=pooled.__name__)
+        assert combine_parts(pooled, parts) == local(predictions, references)
     finally:
         if pooled._pool is not None:
             pooled._pool.shutdown()

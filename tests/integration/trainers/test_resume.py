@@ -15,8 +15,9 @@ from hf_seqrl.trainers.base import STATE_FILE, last_complete_checkpoint
 WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
 
 
-def worker(out, kill_at=-1, resume=False, num_iterations=1, trainer="reinforce", model="seq2seq"):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RESUME_WORKER_MODEL=model)
+def worker(out, kill_at=-1, resume=False, num_iterations=1, trainer="reinforce", model="seq2seq", lora=False):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RESUME_WORKER_MODEL=model,
+               RESUME_WORKER_LORA="1" if lora else "0")
     return subprocess.run([sys.executable, WORKER, str(out), str(kill_at), "1" if resume else "0", str(num_iterations),
                            trainer], env=env, capture_output=True, text=True, timeout=300)
 
@@ -127,3 +128,24 @@ def test_causal_model_sigkill_during_rl_then_resume_matches_uninterrupted_run(tm
         assert torch.equal(params[key], full_params[key]), key
     histories = [json.loads((folder / "history.json").read_text()) for folder in (full, interrupted)]
     assert histories[0]["rewards"] == histories[1]["rewards"] and len(histories[0]["rewards"]) == 10
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_with_a_lora_adapter_matches_uninterrupted_run(tmp_path):
+    """A LoRA adapter (KL reference: the adapter off) killed during RL resumes from its adapter checkpoint and ends
+    with the adapter and rewards of an uninterrupted run."""
+    pytest.importorskip("peft")
+    full = worker(tmp_path / "full", lora=True)
+    assert full.returncode == 0, full.stderr[-2000:]
+    killed = worker(tmp_path / "cut", kill_at=17, lora=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert (tmp_path / "cut" / "checkpoint-15" / "adapter_model.safetensors").exists()
+    resumed = worker(tmp_path / "cut", resume=True, lora=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full_params, params = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
+    assert any("lora_B" in key for key in full_params)
+    for key in full_params:
+        assert torch.equal(params[key], full_params[key]), key
+    histories = [json.loads((tmp_path / run / "history.json").read_text()) for run in ("full", "cut")]
+    assert histories[0] == histories[1]
+

@@ -1,0 +1,208 @@
+"""Sample logs (`SeqRLConfig.log_completions`): the rows of a rollout, gathered, written, printed and reported.
+
+Each process keeps the rows of the last optimizer step that rolled out (`CompletionLog.add`; a new step replaces
+the old rows, so memory stays one step's samples). At each training log, `CompletionLog.publish` gathers every
+process's rows on the main process, which writes them all to `output_dir/completions/step-N.jsonl` (N: the
+optimizer step of the log), prints `num_completions_to_print` of them as a table, and hands them to the TensorBoard
+(`add_text`, a markdown table) and W&B (`wandb.Table`) callbacks when those are active. Rows are written once: a
+log with no rollout since the last one (warm-up, the reused steps of `num_iterations > 1`) writes no file.
+
+The rest are pure functions of the rows (`completion_rows`, `table`, `table_text`, `markdown_table`,
+`write_jsonl`), tested without a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+COMPLETIONS_DIR = "completions"
+MAX_COLUMN_CHARS = 1000  # a dataset column's value goes into a row when its JSON is at most this long
+# What the console table shows (the file, TensorBoard and W&B get every column of `table`).
+CONSOLE_COLUMNS = ("source", "references", "prediction", "greedy", "reward", "advantage", "truncated")
+
+
+def json_safe(value: Any) -> Any:
+    """Returns `value` as JSON can hold it: NaN and inf become None, tensors and arrays lists, tuples lists."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    return value
+
+
+def small_columns(columns: dict[str, Any]) -> dict[str, Any]:
+    """Returns the entries of `columns` (one row's other dataset columns) that JSON holds in at most
+    `MAX_COLUMN_CHARS` characters; larger or unserializable values are left out."""
+    kept = {}
+    for name, value in columns.items():
+        value = json_safe(value)
+        try:
+            if len(json.dumps(value)) <= MAX_COLUMN_CHARS:
+                kept[name] = value
+        except (TypeError, ValueError):
+            continue
+    return kept
+
+
+def completion_rows(step: int, process_index: int, num_samples: int, predictions: Sequence[str],
+                    references: Sequence[Sequence[str]], parts: dict[str, Sequence[float]],
+                    rewards: Sequence[float], sources: Sequence[str] | None = None,
+                    greedy: Sequence[str] | None = None, baselines: Sequence[float] | None = None,
+                    advantages: Sequence[float] | None = None, truncated: Sequence[bool] | None = None,
+                    columns: dict[str, Sequence[Any]] | None = None) -> list[dict]:
+    """Returns one JSON-ready dict per sample: `step`, `process`, `sample` (its index among its source's
+    `num_samples`), `source`, `references`, `prediction`, `greedy`, `rewards` (each reward's value by name),
+    `reward`, `baseline`, `advantage`, `truncated` and, when the batch has other small columns, `columns`.
+
+    Every sequence argument holds one entry per sample (`N = B * num_samples`, a source's samples contiguous; see
+    `repeat_rows`); `parts` maps each reward's name to its `N` values, `rewards` holds the total. Missing ones
+    (`sources`, `greedy`, `baselines`, `advantages`, `truncated`) are None in every row; non-finite numbers are None.
+    """
+    def at(values, i):
+        return None if values is None else values[i]
+
+    rows = []
+    for i, prediction in enumerate(predictions):
+        row = {
+            "step": step,
+            "process": process_index,
+            "sample": i % num_samples,
+            "source": at(sources, i),
+            "references": list(references[i]),
+            "prediction": prediction,
+            "greedy": at(greedy, i),
+            "rewards": {name: json_safe(float(values[i])) for name, values in parts.items()},
+            "reward": json_safe(float(rewards[i])),
+            "baseline": None if baselines is None else json_safe(float(baselines[i])),
+            "advantage": None if advantages is None else json_safe(float(advantages[i])),
+            "truncated": None if truncated is None else bool(truncated[i]),
+        }
+        extra = small_columns({name: values[i] for name, values in (columns or {}).items()})
+        if extra:
+            row["columns"] = extra
+        rows.append(row)
+    return rows
+
+
+def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[list[str], list[list[Any]]]:
+    """Returns `(column names, cells)` of the rows flattened for a table: `step`, `process`, `source`, `references`
+    (joined by " | "), `prediction`, `greedy`, `reward/<name>` per reward, `reward`, `baseline`, `advantage`,
+    `truncated`, or only those of `columns`; a column that is None in every row is left out."""
+    reward_names = list(dict.fromkeys(name for row in rows for name in row["rewards"]))
+    flat = [{"step": row["step"], "process": row["process"], "source": row["source"],
+             "references": " | ".join(row["references"]), "prediction": row["prediction"], "greedy": row["greedy"],
+             **{f"reward/{name}": row["rewards"].get(name) for name in reward_names},
+             "reward": row["reward"], "baseline": row["baseline"], "advantage": row["advantage"],
+             "truncated": row["truncated"]} for row in rows]
+    names = [name for name in (flat[0] if flat else {}) if (columns is None or name in columns)
+             and any(f[name] is not None for f in flat)]
+    return names, [[f[name] for name in names] for f in flat]
+
+
+def _cell(value: Any, width: int | None = None) -> str:
+    text = f"{value:.4f}" if isinstance(value, float) else "" if value is None else str(value)
+    text = " ".join(text.split())  # one line per row
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def table_text(rows: Sequence[dict], width: int = 40) -> str:
+    """Returns the rows as a plain text table (`CONSOLE_COLUMNS`, text cut to `width` characters, numbers to 4
+    decimals), for consoles without `rich`."""
+    names, cells = table(rows, CONSOLE_COLUMNS)
+    texts = [names] + [[_cell(value, width) for value in row] for row in cells]
+    widths = [max(len(row[j]) for row in texts) for j in range(len(names))]
+    lines = ["  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip() for row in texts]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """Returns the rows as a markdown table (what TensorBoard's text tab renders)."""
+    names, cells = table(rows)
+
+    def line(values):
+        return "| " + " | ".join(_cell(v).replace("|", "\\|") for v in values) + " |"
+
+    return "\n".join([line(names), "|" + "---|" * len(names), *(line(row) for row in cells)])
+
+
+def write_jsonl(rows: Sequence[dict], path: str) -> None:
+    """Writes one JSON object per row to `path` (its folder created), atomically."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def print_table(rows: Sequence[dict], step: int) -> None:
+    """Prints the rows' `CONSOLE_COLUMNS` as a table: with `rich` when it is installed, else as `table_text`."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(f"completions at step {step}\n{table_text(rows)}", flush=True)
+        return
+    names, cells = table(rows, CONSOLE_COLUMNS)
+    shown = Table(title=f"completions at step {step}", show_lines=True)
+    for name in names:
+        shown.add_column(name)
+    for row in cells:
+        shown.add_row(*(_cell(value) for value in row))
+    Console().print(shown)
+
+
+class CompletionLog:
+    """One process's rows of the last optimizer step that rolled out, until a training log publishes them."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+        self.step: int | None = None
+
+    def add(self, step: int, rows: list[dict]) -> None:
+        """Keeps `rows` of optimizer step `step` (0-based, as `state.global_step` reads during the step): the rows
+        of an earlier step are dropped, those of the same step's other micro-batches kept."""
+        if step != self.step:
+            self.rows, self.step = [], step
+        self.rows.extend(rows)
+
+    def publish(self, trainer) -> list[dict]:
+        """Gathers every process's kept rows on the main process, which writes, prints and reports them; returns
+        the gathered rows (on every process). Collective: every process calls it at the same log."""
+        from accelerate.utils import gather_object
+
+        rows, self.rows, self.step = self.rows, [], None
+        if trainer.accelerator.num_processes > 1:
+            rows = gather_object(rows)
+        if not rows or not trainer.is_world_process_zero():
+            return rows
+        step, args = trainer.state.global_step, trainer.args
+        write_jsonl(rows, os.path.join(args.output_dir, COMPLETIONS_DIR, f"step-{step}.jsonl"))
+        limit = args.num_completions_to_print
+        if limit is None or limit > 0:
+            print_table(rows if limit is None else rows[:limit], step)
+        report(rows, step, trainer.callback_handler.callbacks)
+        return rows
+
+
+def report(rows: Sequence[dict], step: int, callbacks) -> None:
+    """Hands the rows to the active TensorBoard (a markdown table as text, tag `completions`) and W&B (a
+    `wandb.Table` under `completions`) callbacks."""
+    from transformers.integrations import TensorBoardCallback, WandbCallback
+
+    for callback in callbacks:
+        if isinstance(callback, TensorBoardCallback) and callback.tb_writer is not None:
+            callback.tb_writer.add_text("completions", markdown_table(rows), step)
+        elif isinstance(callback, WandbCallback) and getattr(callback, "_initialized", False) \
+                and callback._wandb is not None:
+            names, cells = table(rows)
+            callback._wandb.log({"completions": callback._wandb.Table(columns=names, data=cells),
+                                 "train/global_step": step})
