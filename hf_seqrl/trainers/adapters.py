@@ -55,11 +55,17 @@ def add_reference_adapter(model) -> str | None:
     state = {k.replace(f".{adapter}.", f".{REFERENCE_ADAPTER}."): v for k, v in model.state_dict().items()
              if f".{adapter}." in k}
     model.load_state_dict(state, strict=False)
-    model.set_adapter(adapter)  # the trained adapter stays the active, trainable one; the copy is frozen
-    for name, p in model.named_parameters():
-        if f".{REFERENCE_ADAPTER}." in name:
-            p.requires_grad_(False)
+    activate(model, adapter, frozen=REFERENCE_ADAPTER)  # the trained adapter stays the active, trainable one
     return REFERENCE_ADAPTER
+
+
+def activate(model, adapter: str, frozen: str) -> None:
+    """Makes `adapter` the active adapter of `model` and keeps the adapter `frozen` out of training (peft's
+    `set_adapter` marks the adapter it activates trainable)."""
+    model.set_adapter(adapter)
+    for name, p in model.named_parameters():
+        if f".{frozen}." in name:
+            p.requires_grad_(False)
 
 
 @contextlib.contextmanager
@@ -71,11 +77,8 @@ def reference_of(model, reference_adapter: str | None):
             yield model
         return
     active = model.active_adapter
-    model.set_adapter(reference_adapter)
+    activate(model, reference_adapter, frozen=reference_adapter)
     try:
         yield model
     finally:
-        model.set_adapter(active)
-        for name, p in model.named_parameters():
-            if f".{reference_adapter}." in name:
-                p.requires_grad_(False)
+        activate(model, active, frozen=reference_adapter)

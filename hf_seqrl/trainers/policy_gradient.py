@@ -145,11 +145,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         if self.ref_model is not None:
             yield self.ref_model
             return
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        training = unwrapped.training
-        with reference_of(unwrapped, self.reference_adapter) as reference:
+        with reference_of(self.accelerator.unwrap_model(self.model), self.reference_adapter) as reference:
             yield reference
-        unwrapped.train(training)
 
     def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None):
         """Returns the family's scoring pass of `token_ids` under the policy (with grad; at `temperature`, default the
