@@ -91,6 +91,7 @@ class Settings:
     rl_weight: float = 0.7
     center_advantages: bool = False  # RL arms: subtract the batch mean of the advantages
     rl_temperature: float = 1.0  # RL arms: sampling temperature of the rollouts (log-probabilities at the same one)
+    disable_dropout: bool = True  # RL arms and MRT: SeqRLConfig.disable_dropout (false: C's dropout stays on)
     ss_min_ratio: float = 0.75
     clip_iterations: int = 2  # scst_clip: optimizer steps per rollout (the token ratio clipped to 1 ± clip_epsilon)
     clip_epsilon: float = 0.2  # scst_clip
@@ -505,7 +506,8 @@ def _rl_arm(arm: str):
             if arm == "scst_clip" else {}
         args = ctx.args(SeqRLConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
                         max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
-                        temperature=settings.rl_temperature, **RL_ARMS[arm], **clipped)
+                        temperature=settings.rl_temperature, disable_dropout=settings.disable_dropout,
+                        **RL_ARMS[arm], **clipped)
         return SCSTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
                            processing_class=ctx.tokenizer)
 
@@ -521,7 +523,8 @@ def _mrt_arm(ctx: "ArmContext"):
     settings = ctx.settings
     args = ctx.args(MRTConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
                     max_new_tokens=settings.max_new_tokens, temperature=settings.rl_temperature,
-                    num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha, mrt_include_greedy=True)
+                    num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha, mrt_include_greedy=True,
+                    disable_dropout=settings.disable_dropout)
     return MRTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
                       processing_class=ctx.tokenizer)
 
@@ -744,7 +747,7 @@ def _cached(path: str, compute):
 REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
 ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
-            "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",),
+            "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
             **dict.fromkeys(("clip_iterations", "clip_epsilon"), ("scst_clip",)),
             **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",)), "pf_adversarial_weight": ("pf",)}
 

@@ -18,6 +18,12 @@ that of the cross-entropy step on as many target sequences as the 4-sample step.
     python benchmarks/speed.py --device cuda        # on a GPU
 
 Writes benchmarks/results/speed.json and prints a table.
+
+`--rollout-batching` times instead whole optimizer steps of `SCSTTrainer` at `gradient_accumulation_steps=4`, every
+micro-batch decoding on its own (`steps_per_generation=1`) against one decode for all four
+(`steps_per_generation=4`); each arm runs in a fresh process, the arms in turn (`--rounds`), and the table gives the
+decode time per generated token and the optimizer step time (medians over the timed steps of every round).
+Writes benchmarks/results/speed_rollout_batching.json.
 """
 
 from __future__ import annotations
@@ -326,6 +332,100 @@ def run_group(shape, task, batch, repeats, device, threads, arms=ARMS):
     return results
 
 
+ROLLOUT_ARMS = {"per_micro_batch": 1, "batched": 4}  # arm: steps_per_generation, at gradient_accumulation_steps=4
+
+
+def rollout_arm(steps_per_generation: int, shape: str, task: str, batch: int, repeats: int, device: str) -> dict:
+    """Returns the per-step decode time, tokens decoded and step time of `repeats` timed optimizer steps of
+    `SCSTTrainer` (after one untimed step) with `steps_per_generation` (one process per call: a fresh model)."""
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from hf_seqrl import SCSTTrainer, SeqRLConfig
+
+    model, tok = build(shape, device)
+    accumulation = 4
+    src, attn, labels, refs = batch_for(task, batch * accumulation * (repeats + 1), SHAPES[shape]["vocab"], "cpu")
+    data = Dataset.from_dict({"input_ids": src.tolist(), "attention_mask": attn.tolist(), "labels": labels.tolist(),
+                              "references": refs})
+    ends, decode_s, tokens = [], [0.0], [0]
+
+    class StepEnds(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            ends.append((time.perf_counter(), 0.0, 0))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            ends.append((time.perf_counter(), decode_s[0], tokens[0]))
+
+    with tempfile.TemporaryDirectory() as out:
+        args = SeqRLConfig(output_dir=out, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                           max_steps=repeats + 1, learning_rate=1e-7, max_new_tokens=TASKS[task]["tgt_len"],
+                           steps_per_generation=steps_per_generation, report_to=[], save_strategy="no",
+                           logging_steps=10**6, disable_tqdm=True, use_cpu=device == "cpu",
+                           dataloader_pin_memory=False, seed=0)
+        trainer = SCSTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                              reward_funcs=reward_fn(task), callbacks=[StepEnds()])
+        sample = trainer.family.sample
+
+        def timed_sample(*a, **k):
+            timer = Timer(device)
+            with timer("decode"):
+                rollout = sample(*a, **k)
+            decode_s[0] += timer.parts["decode"]
+            # Tokens written, EOS included (the greedy row's too): the same in both arms, whatever the padding.
+            tokens[0] += int(rollout.sample_mask.sum()) + (0 if rollout.greedy_mask is None
+                                                            else int(rollout.greedy_mask.sum()))
+            return rollout
+
+        trainer.family.sample = timed_sample
+        trainer.train()
+    steps = [(t1 - t0, d1 - d0, n1 - n0) for (t0, d0, n0), (t1, d1, n1) in zip(ends, ends[1:])][1:]
+    return {"step_s": [s for s, _, _ in steps], "decode_s": [d for _, d, _ in steps],
+            "tokens": [n for _, _, n in steps]}
+
+
+def run_rollout_batching(args) -> None:
+    """Runs the `ROLLOUT_ARMS` in turn, each in a fresh process, `args.rounds` times; prints and writes the table."""
+    shape, task, batch, repeats = ("t5-small", "translation", 2, 1) if args.quick else ("marian-base", "translation",
+                                                                                         8, 3)
+    runs, started = {arm: [] for arm in ROLLOUT_ARMS}, time.perf_counter()
+    for _ in range(args.rounds):
+        for arm, steps in ROLLOUT_ARMS.items():
+            cmd = [sys.executable, __file__, "--device", args.device, "--threads", str(args.threads),
+                   "--_rollout_arm", str(steps), shape, task, str(batch), str(repeats)] + (["--quick"] * args.quick)
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            runs[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    rows = {}
+    for arm, rounds in runs.items():
+        step_s = [s for r in rounds for s in r["step_s"]]
+        per_token = [d / n for r in rounds for d, n in zip(r["decode_s"], r["tokens"])]
+        rows[arm] = {"steps_per_generation": ROLLOUT_ARMS[arm], "step_s": statistics.median(step_s),
+                     "decode_s": statistics.median(d for r in rounds for d in r["decode_s"]),
+                     "decode_ms_per_token": 1000 * statistics.median(per_token), "rounds": rounds}
+    base = rows["per_micro_batch"]
+    print(f"{'arm':16s} {'steps/gen':>9s} {'rows/decode':>11s} {'decode s':>9s} {'ms/token':>9s} {'step s':>8s} "
+          f"{'decode vs':>9s} {'step vs':>8s}")
+    for arm, row in rows.items():
+        row["decode_vs_per_micro_batch"] = row["decode_s"] / base["decode_s"]
+        row["step_vs_per_micro_batch"] = row["step_s"] / base["step_s"]
+        print(f"{arm:16s} {row['steps_per_generation']:9d} {batch * row['steps_per_generation']:11d} "
+              f"{row['decode_s']:9.3f} {row['decode_ms_per_token']:9.3f} {row['step_s']:8.3f} "
+              f"{row['decode_vs_per_micro_batch']:9.2f} {row['step_vs_per_micro_batch']:8.2f}")
+    output = args.output if args.output_set else os.path.join(HERE, "results", "speed_rollout_batching.json")
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump({"device": args.device, "quick": args.quick, "shape": shape, "task": task, "batch": batch,
+                   "gradient_accumulation_steps": 4, "max_new_tokens": TASKS[task]["tgt_len"], "threads": args.threads,
+                   "timed_steps_per_round": repeats, "rounds": args.rounds, "torch": torch.__version__,
+                   "command": " ".join(["python", "benchmarks/speed.py", *sys.argv[1:]]),
+                   "wall_s": round(time.perf_counter() - started, 1), "arms": rows}, f, indent=1)
+    print(f"\nwrote {output}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -337,10 +437,23 @@ def main():
     parser.add_argument("--summarization-batch", type=int, default=None, help="override the plan's batch size")
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--rollout-batching", action="store_true",
+                        help="time SCSTTrainer steps with steps_per_generation 1 and 4 (gradient accumulation 4)")
+    parser.add_argument("--rounds", type=int, default=2, help="--rollout-batching: processes per arm, in turn")
     parser.add_argument("--_group", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--_rollout_arm", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.output_set = "--output" in sys.argv
     if args.quick:
         TASKS.update(QUICK_TASKS)
+    torch.set_num_threads(args.threads)
+    if args._rollout_arm:
+        steps, shape, task, batch, repeats = args._rollout_arm
+        print(json.dumps(rollout_arm(int(steps), shape, task, int(batch), int(repeats), args.device)), flush=True)
+        return
+    if args.rollout_batching:
+        run_rollout_batching(args)
+        return
     if args._group:
         shape, task, batch, repeats = args._group
         for row in run_group(shape, task, int(batch), int(repeats), args.device, args.threads):

@@ -130,6 +130,17 @@ class SeqRLConfig(SeqRLBaseConfig):
     temperature (`float`, *optional*, defaults to `1.0`), top_k (`int`, defaults to `0` = off),
     top_p (`float`, defaults to `1.0` = off):
         Sampling distribution of the rollouts. Log-probabilities are taken at the same temperature.
+    steps_per_generation (`int`, *optional*, defaults to `None`):
+        Micro-batches whose rollouts one decode serves (TRL's name). With gradient accumulation, the sources of
+        `steps_per_generation` consecutive micro-batches of an optimizer step are decoded together before the first
+        of them trains, which reads the weights once per token for all of them; each micro-batch then scores and
+        trains on its own samples as before. Must divide `gradient_accumulation_steps`. `None` (or 1): every
+        micro-batch decodes on its own (TRL's default is `gradient_accumulation_steps`). Either way each sample row
+        draws from its own key (seed, process, optimizer step, row), so the samples and gradients do not depend on
+        this setting.
+    generation_batch_size (`int`, *optional*, defaults to `None`):
+        The same in sources over all processes (TRL's name): `per_device_train_batch_size` × processes ×
+        `steps_per_generation`. Set either field; the other is derived.
 
     > Loss
 
@@ -195,6 +206,10 @@ class SeqRLConfig(SeqRLBaseConfig):
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off)."})
+    steps_per_generation: int | None = field(default=None, metadata={"help": "Micro-batches decoded together (must "
+                                                                              "divide gradient_accumulation_steps)."})
+    generation_batch_size: int | None = field(default=None, metadata={"help": "Sources decoded together over all "
+                                                                               "processes (or steps_per_generation)."})
     rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE."})
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
@@ -271,6 +286,35 @@ class SeqRLConfig(SeqRLBaseConfig):
             raise ValueError(
                 "SeqRLConfig.log_completions=True writes the samples at each training log, but logging_strategy='no' "
                 "never logs: set logging_strategy='steps' (every logging_steps) or log_completions=False.")
+        self._resolve_generation_batch()
+
+    def _resolve_generation_batch(self) -> None:
+        """Derives `steps_per_generation` from `generation_batch_size` or the other way round (when either is set)
+        and checks that they agree with each other and with the batch and accumulation sizes."""
+        name = type(self).__name__
+        if self.steps_per_generation is None and self.generation_batch_size is None:
+            return
+        per_step = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size is not None:
+            if self.generation_batch_size < 1 or self.generation_batch_size % per_step:
+                raise ValueError(
+                    f"{name}.generation_batch_size={self.generation_batch_size} must be a multiple of "
+                    f"per_device_train_batch_size x processes = {per_step}: set it to {per_step} x the micro-batches "
+                    "one decode serves, or set steps_per_generation instead.")
+            derived = self.generation_batch_size // per_step
+            if self.steps_per_generation not in (None, derived):
+                raise ValueError(
+                    f"{name}.generation_batch_size={self.generation_batch_size} means steps_per_generation={derived} "
+                    f"(with {per_step} sources per micro-batch over all processes), but steps_per_generation="
+                    f"{self.steps_per_generation}: set only one of the two.")
+            self.steps_per_generation = derived
+        steps = self.steps_per_generation
+        if steps < 1 or self.gradient_accumulation_steps % steps:
+            raise ValueError(
+                f"{name}.steps_per_generation={steps} must divide gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}: one decode serves micro-batches of one optimizer step (for "
+                "rollouts that serve several optimizer steps, use num_iterations).")
+        self.generation_batch_size = per_step * steps
 
 
 @dataclass
@@ -395,12 +439,14 @@ class MixerConfig(SeqRLConfig):
         if self.mixer_increment_steps < 1:
             raise ValueError(f"MixerConfig.mixer_increment_steps must be >= 1, got {self.mixer_increment_steps}.")
         refused = {"length_normalize": self.length_normalize, "loss_normalization": self.loss_normalization != "sequence",
-                   "num_iterations": self.num_iterations != 1}
+                   "num_iterations": self.num_iterations != 1,
+                   "steps_per_generation": (self.steps_per_generation or 1) != 1}
         for name, is_set in refused.items():
             if is_set:
                 raise ValueError(
                     f"MixerConfig.{name}={getattr(self, name)!r}: MIXER sums the log-probs of each row's prefix and "
-                    f"continuation, one update per rollout; leave {name} at its default.")
+                    f"continuation, one update per rollout of each micro-batch's own gold prefixes; leave {name} at "
+                    "its default.")
 
 
 @dataclass

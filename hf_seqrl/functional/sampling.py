@@ -1,9 +1,14 @@
-"""Sampling from next-token logits by inverse CDF, one uniform per row. Imports torch only.
+"""Sampling from next-token logits by inverse CDF, one uniform per row, and where the uniforms come from. Imports
+torch only.
 
 `generate(do_sample=True)` warps the logits (temperature, then top-k, then top-p), takes their softmax and calls
 `torch.multinomial`, which draws an exponential variate per vocabulary entry. Here the same warped distribution is
 sampled from one uniform `u` per row: the chosen token is the first whose cumulative probability reaches `u`.
 Same distribution, `V` times fewer random numbers, and a draw that is a plain function of `u` (testable by hand).
+
+The uniforms come either from the global RNG (`draw_uniforms`) or from a counter-based hash of a key per row and the
+step (`keyed_uniforms`): a row's draws then depend on its key alone, not on which other rows share its decode, so
+a decode of several micro-batches at once samples what the micro-batches sample one by one.
 
 Shapes: `N` rows (sequences being decoded), `V` vocabulary size.
 """
@@ -117,3 +122,61 @@ def draw_uniforms(steps: int, rows: int, device: torch.device | str,
     """Returns uniforms in (0, 1] of shape `(steps, rows)`: one `torch.rand((steps, rows))` call on `device`'s
     RNG (the global one unless `generator` is given), so the RNG moves on by exactly that draw."""
     return 1.0 - torch.rand((steps, rows), device=device, generator=generator)
+
+
+MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """Returns `x * constant mod 2**32` for int64 `x` in [0, 2**32), without int64 overflow (16-bit halves)."""
+    low, high = constant & 0xFFFF, constant >> 16
+    return (x * low + ((x * high) & 0xFFFF) * 65536) & MASK32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """Returns the `lowbias32` hash of each value of int64 `x` in [0, 2**32) (C. Wellons' integer hash: a bijection
+    of the 32-bit integers whose every output bit depends on every input bit)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def stream_key(*parts: int) -> int:
+    """Returns a 32-bit key folding the integers `parts` (e.g. seed, process, optimizer step) into one:
+    `k = mix32(k ^ part)` from `k = 0`, each part taken mod 2**32."""
+    key = torch.zeros((), dtype=torch.long)
+    for part in parts:
+        key = mix32(key ^ (int(part) & MASK32))
+    return int(key)
+
+
+def row_keys(stream: int, first_row: int, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Returns the keys of rows `first_row .. first_row + rows - 1` of a stream: `mix32(stream ^ row)`, int64 of
+    shape `(rows,)`; distinct rows of one stream get distinct keys (`mix32` is a bijection)."""
+    index = torch.arange(first_row, first_row + rows, dtype=torch.long, device=device)
+    return mix32((index & MASK32) ^ (stream & MASK32))
+
+
+def keyed_uniforms(keys: torch.Tensor, steps: int) -> torch.Tensor:
+    """Returns uniforms in (0, 1] of shape `(steps, R)`: `u[t, r] = (mix32(mix32(keys[r] ^ mix32(t + 1))) + 1) / 2**32`
+    (float64), a function of the row's key and the step only.
+
+    Args:
+        keys (`torch.LongTensor` of shape `(R,)`): values in [0, 2**32), e.g. from `row_keys`.
+    """
+    step_hash = mix32(torch.arange(1, steps + 1, dtype=torch.long, device=keys.device)).unsqueeze(1)
+    hashed = mix32(mix32(keys.unsqueeze(0) ^ step_hash))
+    return (hashed.to(torch.float64) + 1.0) / 2.0**32
+
+
+def rollout_uniforms(steps: int, rows: int, device: torch.device | str,
+                     keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns the uniforms of a decode, `(steps, rows)`: `keyed_uniforms(keys, steps)` when `keys` `(rows,)` are
+    given, else `draw_uniforms(steps, rows, device)` (the global RNG)."""
+    if keys is None:
+        return draw_uniforms(steps, rows, device)
+    if keys.shape != (rows,):
+        raise ValueError(f"rollout_uniforms: {rows} sample rows need {rows} keys, got shape {tuple(keys.shape)}.")
+    return keyed_uniforms(keys.to(device), steps)

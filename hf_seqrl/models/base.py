@@ -61,6 +61,39 @@ class Rollout:
     greedy_mask: torch.Tensor | None
     num_samples: int
 
+    def split(self, sources: list[int]) -> list["Rollout"]:
+        """Returns the rollouts of consecutive parts of the batch, `sources[k]` sources each (summing to `B`), every
+        part cut to the width of its longest sequence, greedy rows included (as a decode of that part alone returns
+        it)."""
+        parts, start, n = [], 0, self.num_samples
+        for count in sources:
+            rows = slice(start * n, (start + count) * n)
+            sample_ids, sample_mask = self.sample_ids[rows], self.sample_mask[rows]
+            width = counted_width(sample_mask)
+            greedy_ids = greedy_mask = None
+            if self.greedy_ids is not None:
+                greedy_ids, greedy_mask = self.greedy_ids[start:start + count], self.greedy_mask[start:start + count]
+                width = max(width, counted_width(greedy_mask))
+                greedy_ids, greedy_mask = greedy_ids[:, :width], greedy_mask[:, :width]
+            parts.append(Rollout(sample_ids[:, :width], sample_mask[:, :width], greedy_ids, greedy_mask, n))
+            start += count
+        if start * n != self.sample_ids.shape[0]:
+            raise ValueError(f"Rollout.split: the parts hold {start} sources, the rollout {self.sample_ids.shape[0] // n}.")
+        return parts
+
+
+def counted_width(mask: torch.Tensor) -> int:
+    """Returns the number of columns up to the longest row's last counted token of `mask` `(N, T)` (at least 1)."""
+    return max(int(mask.sum(dim=1).max()) if mask.numel() else 1, 1)
+
+
+def pad_columns(x: torch.Tensor, length: int, value: int, side: str) -> torch.Tensor:
+    """Returns `x` `(N, T)` padded with `value` to `(N, length)` on the `"left"` or `"right"`."""
+    if x.shape[1] >= length:
+        return x
+    width = length - x.shape[1]
+    return torch.nn.functional.pad(x, (width, 0) if side == "left" else (0, width), value=value)
+
 
 @dataclass
 class ScoredRollout:
@@ -162,9 +195,7 @@ def shift_right(labels: torch.Tensor, start_id: int, pad: int) -> torch.Tensor:
 
 def right_pad(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
     """Returns `x` `(N, T)` padded on the right with `value` to `(N, length)` (unchanged when `T >= length`)."""
-    if x.shape[1] >= length:
-        return x
-    return torch.nn.functional.pad(x, (0, length - x.shape[1]), value=value)
+    return pad_columns(x, length, value, "right")
 
 
 def split_groups(ids: torch.Tensor, group: int, greedy_first: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -283,16 +314,30 @@ class ModelFamily:
     # Whether `Seq2SeqTrainer.prediction_step`'s own generation reads this family's batches right (a causal batch holds
     # prompt + completion, which it would continue; the trainers then generate through `generate`).
     trainer_generates: bool = True
+    # Where `join_prompts` pads sources/prompts: where padding leaves the other tokens' positions as they are.
+    prompt_padding_side: str = "right"
 
     def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
         """Returns the `GenerationConfig` of rollouts: the model's own distribution, structural tokens and the
         model's single-token bans (`TokenBans`) only."""
         raise NotImplementedError
 
-    def sample(self, model, batch: dict, generation_config, num_samples: int = 1, with_greedy: bool = False) -> Rollout:
+    def sample(self, model, batch: dict, generation_config, num_samples: int = 1, with_greedy: bool = False,
+               keys: torch.Tensor | None = None) -> Rollout:
         """Returns `num_samples` samples per source and, with `with_greedy`, its greedy decode (in one decode; the
-        encoder runs once per source, a long prompt is read once)."""
+        encoder runs once per source, a long prompt is read once). `keys` `(B*n,)` (`sampling.row_keys`) make each
+        sample row's draws a function of its key (`sampling.keyed_uniforms`); without them the global RNG draws."""
         raise NotImplementedError
+
+    def join_prompts(self, model, batches: list[dict]) -> dict:
+        """Returns one batch whose `sample` decodes the sources/prompts of `batches` in order (the tokens of each
+        row as its own batch gives them): their `prompts`, padded to one width on `prompt_padding_side`."""
+        parts = [self.prompts(model, batch) for batch in batches]
+        width = max(ids.shape[1] for ids, _ in parts)
+        pad, side = pad_id(unwrap(model)), self.prompt_padding_side
+        ids = torch.cat([pad_columns(ids, width, pad, side) for ids, _ in parts])
+        mask = torch.cat([pad_columns(mask.long(), width, 0, side) for _, mask in parts])
+        return {"input_ids": ids, "attention_mask": mask}
 
     def sample_from_prefix(self, model, batch: dict, prefix, generation_config, num_samples: int = 1,
                            with_greedy: bool = False) -> Rollout:

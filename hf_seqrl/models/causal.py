@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from ..functional.logprobs import group_logprobs
-from ..functional.sampling import draw_uniforms
+from ..functional.sampling import rollout_uniforms
 from .bans import TokenBans, token_ban_settings
 from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
                    completion_mask, eos_ids, eval_mode, lockstep_group, pad_id, right_pad, rows_to_keep, split_groups,
@@ -136,7 +136,7 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group: 
 @torch.no_grad()
 def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig,
                   group: int = 1, greedy_first: bool = False, compact_below: float = 0.5,
-                  prefix_length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                  prefix_length: int = 0, keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns `(completion ids (B*group, T), mask)`: each prompt continued `group` times, pad after EOS.
 
     A plain decode loop over the model's KV cache: the first row of each group is greedy when `greedy_first`, the
@@ -144,7 +144,8 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     an EOS or `max_new_tokens` tokens. It does what `generate` does for these rows without its per-step machinery
     (processors, stopping criteria, model-kwargs updates), which dominates the step time of small models. The
     uniforms of the draws are one `torch.rand((max_new_tokens, sampled rows))` call on the global RNG per decode
-    (`sampling.draw_uniforms`), as the seq2seq rollouts draw them. Ended rows leave the forward once the running
+    (`sampling.draw_uniforms`), as the seq2seq rollouts draw them, or with `keys` (one per sampled row) the
+    `sampling.keyed_uniforms` of each row's key. Ended rows leave the forward once the running
     rows are at most `compact_below` of those in it (0: never), as in `seq2seq.decode`. The tokens the config bans
     are masked before every choice; `prefix_length` completion tokens already end the prompts (a forced prefix),
     which the position of `begin_suppress_tokens` counts.
@@ -160,9 +161,9 @@ def decode_causal(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ge
     if not settings.do_sample:
         sampled = torch.zeros_like(sampled)
     # Each row's uniform per step (the sampled rows' in order; greedy rows read none).
-    row_uniforms = torch.ones((steps, rows), device=device)
+    row_uniforms = torch.ones((steps, rows), dtype=torch.float64, device=device)
     if sampled.any():
-        row_uniforms[:, sampled] = draw_uniforms(steps, int(sampled.sum()), device)
+        row_uniforms[:, sampled] = rollout_uniforms(steps, int(sampled.sum()), device, keys).to(torch.float64)
     positions = position_ids(mask)[:, -1:]
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     active = torch.arange(rows, device=device)  # the rows in the forward (ended rows leave it, as in `decode`)
@@ -208,7 +209,7 @@ def append_prefix(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 @torch.no_grad()
 def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor | None,
                   generation_config: GenerationConfig, num_samples: int = 1, with_greedy: bool = False,
-                  prefix_ids: torch.Tensor | None = None) -> Rollout:
+                  prefix_ids: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> Rollout:
     """Returns `num_samples` sampled completions per prompt and, if `with_greedy`, the greedy completion.
 
     One decode in eval mode (`decode_causal`) over every prompt's group of rows: the argmax on each source's greedy
@@ -221,6 +222,7 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
         prefix_ids (`torch.LongTensor` of shape `(B, K)`, *optional*): completion tokens every row of a prompt
             starts with (MIXER's gold prefix): they are read after the prompt, and the returned completions hold
             them followed by the decoded continuation.
+        keys (`torch.LongTensor` of shape `(B*num_samples,)`, *optional*): the sample rows' keys (`decode_causal`).
     """
     pad = pad_id(model)
     prompt_ids, prompt_mask = split_prompts(input_ids, attention_mask, labels, pad)
@@ -228,7 +230,7 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     group = num_samples + int(with_greedy)
     with eval_mode(model):
         ids, mask = decode_causal(model, context_ids, context_mask, generation_config, group, greedy_first=with_greedy,
-                                  prefix_length=0 if prefix_ids is None else prefix_ids.shape[1])
+                                  prefix_length=0 if prefix_ids is None else prefix_ids.shape[1], keys=keys)
     if context_ids is not prompt_ids:
         ids = torch.cat([prefix_ids.repeat_interleave(group, dim=0), ids], dim=1)
         mask = completion_mask(ids, eos_ids(model))
@@ -316,13 +318,14 @@ class CausalFamily(ModelFamily):
 
     name, auto_class = "causal", "AutoModelForCausalLM"
     trainer_generates = False
+    prompt_padding_side = "left"  # positions count from each row's first attended token
 
     def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
         return causal_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length)
 
-    def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False):
+    def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False, keys=None):
         return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
-                                    generation_config, num_samples, with_greedy)
+                             generation_config, num_samples, with_greedy, keys=keys)
 
     def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
         return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),

@@ -39,7 +39,7 @@ from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..functional.logprobs import group_logprobs
-from ..functional.sampling import draw_uniforms
+from ..functional.sampling import rollout_uniforms
 from .bans import TokenBans, token_ban_settings
 from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
                    completion_mask, decoder_start_id, eos_ids, eval_mode, lockstep_group, pad_id, right_pad,
@@ -190,6 +190,7 @@ def sample_rollout(
     generation_config: GenerationConfig,
     num_samples: int = 1,
     with_greedy: bool = False,
+    keys: torch.Tensor | None = None,
 ) -> Rollout:
     """Returns `num_samples` sampled sequences per source and, if `with_greedy`, the greedy decode.
 
@@ -199,18 +200,19 @@ def sample_rollout(
 
     Randomness: one `torch.rand((max_new_tokens, B * num_samples))` from the global RNG of the inputs' device,
     drawn at the start whatever the samples' lengths. Seeding before a rollout reproduces it, and consecutive
-    rollouts draw fresh uniforms.
+    rollouts draw fresh uniforms. With `keys` `(B * num_samples,)` (`sampling.row_keys`), each sample row's uniforms
+    are `sampling.keyed_uniforms` of its key instead: its tokens do not depend on the other rows of the decode.
 
     Args:
         model: an unwrapped encoder-decoder `PreTrainedModel` (FSDP2-sharded models included).
         input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
         generation_config: from `rollout_generation_config`.
     """
-    return _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy)
+    return _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy, keys=keys)
 
 
 def _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy,
-                     prefix_ids: torch.Tensor | None = None) -> Rollout:
+                     prefix_ids: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> Rollout:
     """Returns the `Rollout` of one decode of every row in eval mode; with `prefix_ids` `(B, P)`, each row holds
     the forced prefix then its continuation (mask true on the prefix)."""
     settings = DecodeSettings.from_generation_config(generation_config)
@@ -219,7 +221,7 @@ def _decoded_rollout(model, input_ids, attention_mask, generation_config, num_sa
     group = num_samples + int(with_greedy)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    uniforms = draw_uniforms(settings.max_new_tokens, input_ids.shape[0] * num_samples, input_ids.device)
+    uniforms = rollout_uniforms(settings.max_new_tokens, input_ids.shape[0] * num_samples, input_ids.device, keys)
     with eval_mode(model):
         ids = decode(model, input_ids, attention_mask, settings, group, with_greedy, uniforms, prefix_ids)
     mask = completion_mask(ids, list(settings.eos_ids))
@@ -346,9 +348,9 @@ class Seq2SeqFamily(ModelFamily):
     def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
         return rollout_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length=max_length)
 
-    def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False):
+    def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False, keys=None):
         return sample_rollout(model, batch["input_ids"], batch.get("attention_mask"), generation_config, num_samples,
-                              with_greedy=with_greedy)
+                              with_greedy=with_greedy, keys=keys)
 
     def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
         return sample_from_prefix(model, batch["input_ids"], batch.get("attention_mask"), prefix, generation_config,

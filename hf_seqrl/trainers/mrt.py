@@ -75,6 +75,9 @@ class MRTTrainer(SeqRLTrainer):
     model_families = ("seq2seq", "causal")
     default_baseline = "none"  # no baseline to name: the renormalization over candidates plays its part
 
+    def rollout_with_greedy(self) -> bool:
+        return self.args.mrt_include_greedy
+
     def rl_loss(self, model, inputs, text: BatchText):
         """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
         args, n = self.args, self.args.num_samples
@@ -84,7 +87,7 @@ class MRTTrainer(SeqRLTrainer):
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
-        rollout = self.family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=args.mrt_include_greedy)
+        rollout = self.sample_rollout(unwrapped, inputs)
         extra = [(rollout.greedy_ids, rollout.greedy_mask)] if args.mrt_include_greedy else []
         if args.mrt_include_reference:
             targets = self.family.target_labels(inputs)  # the label in target coordinates (a causal completion)

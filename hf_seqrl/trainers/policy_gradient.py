@@ -17,12 +17,13 @@ import torch
 from .. import losses
 from ..configs import SeqRLConfig
 from ..hub import Method, Paper
-from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..models.base import Rollout, ended_with_eos, eos_ids, replayed_rng, rng_state
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        reward_name)
 from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
+from .generation import RolloutKeys, RolloutsAhead, model_inputs
 from .inputs import BatchText, RewardValues, repeat_rows
 from .reuse import RolloutBatch, RolloutReuse
 
@@ -129,6 +130,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         self._rollout_config = None
         self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
         self.reuse = RolloutReuse(self.args.num_iterations) if self.args.num_iterations > 1 else None
+        self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
+        self.rollouts_ahead = RolloutsAhead()
         self.completions = CompletionLog() if self.args.log_completions else None
 
     # ---- set-up helpers -------------------------------------------------------------------------
@@ -165,6 +168,16 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             )
         return self._rollout_config
 
+    @property
+    def uses_rollouts(self) -> bool:
+        """Whether a step after the warm-up decodes at all (not when nothing a rollout gives would reach the loss)."""
+        args = self.args
+        return not (args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0)
+
+    def rollout_with_greedy(self) -> bool:
+        """Returns whether a rollout decodes each source's greedy row beside its samples."""
+        return self.baseline == "greedy"
+
     def _get_train_sampler(self, train_dataset=None):
         if self.reuse is None:
             return super()._get_train_sampler(train_dataset)
@@ -175,7 +188,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         args = self.args
-        if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
+        if not self.uses_rollouts:
             # Nothing a rollout produces would reach the loss: skip decoding and train as Seq2SeqTrainer does.
             self._record("train", {"rl/phase": 1.0})
             return self.per_batch_mean_loss(model, inputs)
@@ -226,9 +239,43 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
         """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
+        return self.rollout_batch(self.sample_rollout(unwrapped, inputs), text, unwrapped, inputs)
+
+    # ---- rollouts: one decode per micro-batch, or per `steps_per_generation` micro-batches ---------------------
+
+    def sample_rollout(self, unwrapped, inputs) -> Rollout:
+        """Returns the rollout of a micro-batch: the one decoded ahead with other micro-batches of its optimizer step
+        (`steps_per_generation > 1`), else one decoded now."""
+        rollout = self.rollouts_ahead.take(inputs["input_ids"])
+        return rollout if rollout is not None else self.decode_rollouts(unwrapped, [inputs])[0]
+
+    def decode_rollouts(self, unwrapped, batches: list[dict]) -> list[Rollout]:
+        """Returns the rollouts of `batches` (micro-batches of the current optimizer step, in order) from one decode,
+        every sample row drawing from its own key (`RolloutKeys`)."""
+        sizes = [batch["input_ids"].shape[0] for batch in batches]
+        joined = batches[0] if len(batches) == 1 else self.family.join_prompts(unwrapped, batches)
         n = self.args.num_samples
-        rollout = self.family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=self.baseline == "greedy")
-        return self.rollout_batch(rollout, text, unwrapped, inputs)
+        keys = self.rollout_keys.next(self.state.global_step, sum(sizes), n, joined["input_ids"].device)
+        rollout = self.family.sample(unwrapped, joined, self.rollout_config, n, with_greedy=self.rollout_with_greedy(),
+                                     keys=keys)
+        return [rollout] if len(batches) == 1 else rollout.split(sizes)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """`Trainer.get_batch_samples` (the micro-batches of one optimizer step); with `steps_per_generation > 1`, also
+        decodes their rollouts, `steps_per_generation` micro-batches per decode, before the first of them trains."""
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        steps = self.args.steps_per_generation or 1
+        ahead = []
+        if steps > 1 and self.phase == "rl" and self.uses_rollouts and not (
+                self.reuse is not None and self.reuse.holds(self.state.global_step)):
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            inputs = [model_inputs(batch, self.args.device) for batch in batches]
+            for start in range(0, len(inputs), steps):
+                group = inputs[start:start + steps]
+                ahead += [(batch["input_ids"], rollout)
+                          for batch, rollout in zip(group, self.decode_rollouts(unwrapped, group))]
+        self.rollouts_ahead.reset(ahead)
+        return batches, num_items_in_batch
 
     def rollout_batch(self, rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
         """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);

@@ -124,6 +124,12 @@ class RolloutReuse:
                 "RepeatBlockSampler does; a custom sampler or an IterableDataset does not).")
         return entry["batch"], slot
 
+    def holds(self, global_step: int) -> bool:
+        """Returns whether the rollouts of optimizer step `global_step` are kept from an earlier step of its cycle
+        (checked on the first slot: a cycle's slots are rolled out together)."""
+        entry = self.slots.get(0)
+        return entry is not None and entry["cycle"] == global_step // self.num_iterations
+
     def keep(self, global_step: int, slot: int, input_ids: torch.Tensor, batch: RolloutBatch) -> None:
         """Keeps the rollout of `slot` for the rest of its cycle (nothing to keep after the cycle's last step)."""
         if global_step % self.num_iterations != self.num_iterations - 1:

@@ -38,3 +38,26 @@ def test_quick_speed_benchmark_runs_every_arm(tmp_path):
     assert "vs ref" in header and "decode vs" in header and "mem vs XE" in header
     seqrl_lines = [line.split() for line in result.stdout.splitlines() if " seqrl_" in line]
     assert len(seqrl_lines) == 4 and all(math.isfinite(float(value)) for line in seqrl_lines for value in line[-3:])
+
+
+@pytest.mark.slow
+def test_quick_rollout_batching_benchmark_times_both_arms(tmp_path):
+    output = tmp_path / "speed_rollout_batching.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "--rollout-batching", "--quick",
+                             "--threads", "1", "--rounds", "1", "--output", str(output)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = json.loads(output.read_text())
+    arms = data["arms"]
+    assert set(arms) == {"per_micro_batch", "batched"}
+    assert arms["per_micro_batch"]["steps_per_generation"] == 1 and arms["batched"]["steps_per_generation"] == 4
+    for row in arms.values():
+        assert row["step_s"] > 0 and row["decode_s"] > 0 and row["decode_ms_per_token"] > 0
+        # a timed step decodes 4 micro-batches x 2 sources x (1 sample + greedy), at most 16 tokens each
+        assert 0 < row["rounds"][0]["tokens"][0] <= 4 * 2 * 2 * 16
+    # the same samples in both arms (per-row keys), so the same tokens written
+    assert arms["batched"]["rounds"][0]["tokens"] == arms["per_micro_batch"]["rounds"][0]["tokens"]
+    assert arms["per_micro_batch"]["decode_vs_per_micro_batch"] == 1.0
+    assert "rows/decode" in result.stdout and data["command"].startswith("python benchmarks/speed.py --rollout-batching")

@@ -5,7 +5,8 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from helpers import chi_square_p_value
-from hf_seqrl.functional.sampling import (argmax_or_sample, draw_uniforms, inverse_cdf_sample, sample_tokens, warp_logits)
+from hf_seqrl.functional.sampling import (argmax_or_sample, draw_uniforms, inverse_cdf_sample, keyed_uniforms, mix32,
+                                          rollout_uniforms, row_keys, sample_tokens, stream_key, warp_logits)
 
 INF = float("inf")
 
@@ -108,3 +109,56 @@ def test_argmax_or_sample_draws_on_the_sampled_rows_only():
     assert argmax_or_sample(logits, torch.zeros(3, dtype=torch.bool), torch.empty(0)).tolist() == [2, 0, 2]
     every = argmax_or_sample(logits, torch.ones(3, dtype=torch.bool), torch.tensor([0.05, 0.95, 0.5]))
     assert every.tolist() == [0, 2, 2]
+
+
+def lowbias32(x: int) -> int:
+    """The integer hash spelled out on Python ints (arbitrary precision, reduced mod 2**32 after each product)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) % 2**32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) % 2**32
+    return x ^ (x >> 16)
+
+
+def test_mix32_is_lowbias32_without_int64_overflow():
+    values = [0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1]
+    assert mix32(torch.tensor(values)).tolist() == [lowbias32(v) for v in values]
+    assert lowbias32(1) == 0x688990C0 and lowbias32(0) == 0
+
+
+def test_keys_fold_their_parts_and_rows_of_a_stream_are_numbered_alike_whatever_the_split():
+    assert stream_key(7, 1, 42) == lowbias32(lowbias32(lowbias32(7) ^ 1) ^ 42)
+    stream = stream_key(7, 1, 42)
+    keys = row_keys(stream, 0, 10)
+    assert keys.tolist() == [lowbias32(stream ^ row) for row in range(10)]
+    assert torch.equal(row_keys(stream, 4, 3), keys[4:7])
+    assert len(set(keys.tolist())) == 10
+
+
+def test_keyed_uniforms_depend_on_the_row_key_and_step_only():
+    keys = row_keys(stream_key(0, 0, 0), 0, 6)
+    u = keyed_uniforms(keys, 5)
+    k, t = int(keys[2]), 3  # step 3 hashes t + 1 = 4
+    assert u[t, 2].item() == (lowbias32(lowbias32(k ^ lowbias32(4))) + 1) / 2**32
+    assert torch.equal(keyed_uniforms(keys[[4, 2]], 5), u[:, [4, 2]])  # other rows of the decode change nothing
+    assert torch.equal(keyed_uniforms(keys, 8)[:5], u)  # nor does the length limit
+    assert u.dtype == torch.float64 and 0 < u.min() and u.max() <= 1
+
+
+def test_keyed_uniforms_are_uniform_and_uncorrelated_across_steps():
+    u = keyed_uniforms(row_keys(stream_key(3), 0, 4000), 6)
+    counts = torch.histc(u.flatten(), bins=20, min=0, max=1)
+    assert chi_square_p_value(counts, torch.full((20,), 1 / 20)) > 1e-3
+    for t in range(5):
+        assert abs(torch.corrcoef(u[t:t + 2])[0, 1].item()) < 0.05
+
+
+def test_rollout_uniforms_take_keys_or_the_global_rng():
+    torch.manual_seed(0)
+    drawn = rollout_uniforms(4, 3, "cpu")
+    torch.manual_seed(0)
+    assert torch.equal(drawn, draw_uniforms(4, 3, "cpu"))
+    keys = row_keys(5, 0, 3)
+    assert torch.equal(rollout_uniforms(4, 3, "cpu", keys), keyed_uniforms(keys, 4))
+    with pytest.raises(ValueError, match="3 sample rows need 3 keys"):
+        rollout_uniforms(4, 3, "cpu", keys[:2])

@@ -158,3 +158,21 @@ def test_decoding_uses_the_kv_cache_when_the_model_config_says_not_to(arch):
         decode()
         assert len(widths) > 1 and set(widths[1:]) == {1}, (name, widths)
     hook.remove()
+
+
+def test_rollout_split_cuts_each_part_to_its_own_longest_row():
+    from hf_seqrl.models.base import Rollout
+
+    # 3 sources x 2 samples; source 0's rows end after 1 and 2 tokens, source 1's after 4, source 2's after 2;
+    # source 0's greedy row runs 3 tokens, so part 0 keeps 3 columns, part 1 (sources 1 and 2) keeps 4.
+    lengths = [1, 2, 4, 1, 2, 2]
+    mask = torch.tensor([[t < n for t in range(5)] for n in lengths])
+    ids = torch.arange(30).view(6, 5).masked_fill(~mask, 0)
+    greedy_mask = torch.tensor([[t < n for t in range(5)] for n in (3, 1, 1)])
+    greedy_ids = torch.arange(15).view(3, 5).masked_fill(~greedy_mask, 0)
+    first, second = Rollout(ids, mask, greedy_ids, greedy_mask, 2).split([1, 2])
+    assert first.sample_ids.tolist() == [[0, 0, 0], [5, 6, 0]] and first.greedy_ids.tolist() == [[0, 1, 2]]
+    assert second.sample_ids.shape == (4, 4) and torch.equal(second.sample_ids, ids[2:, :4])
+    assert torch.equal(second.greedy_mask, greedy_mask[1:, :4]) and second.num_samples == 2
+    with pytest.raises(ValueError, match="the parts hold 2 sources, the rollout 3"):
+        Rollout(ids, mask, None, None, 2).split([1, 1])
