@@ -92,6 +92,8 @@ class Settings:
     center_advantages: bool = False  # RL arms: subtract the batch mean of the advantages
     rl_temperature: float = 1.0  # RL arms: sampling temperature of the rollouts (log-probabilities at the same one)
     disable_dropout: bool = True  # RL arms and MRT: SeqRLConfig.disable_dropout (false: C's dropout stays on)
+    reward: str = ""  # rewarded arms: "" = metrics[0]; else names joined by "+" (their mean): a metric, embedding, bertscore
+    extra_metrics: tuple[str, ...] = ()  # also scored on every split: embedding, bertscore (MiniLM), source_copy
     ss_min_ratio: float = 0.75
     clip_iterations: int = 2  # scst_clip: optimizer steps per rollout (the token ratio clipped to 1 ± clip_epsilon)
     clip_epsilon: float = 0.2  # scst_clip
@@ -189,6 +191,48 @@ def demo_settings(settings: Settings):
     return DemoSettings(vocab_size=settings.vocab_size, train_size=settings.train_limit, dev_size=settings.dev_size,
                         test_size=settings.test_limit, d_model=settings.d_model, d_ff=settings.ffn,
                         num_heads=settings.heads, num_layers=settings.layers)
+
+
+BERTSCORE_LAYER = 4  # MiniLM's hidden layer that BERTScore matches (of 6), as reward and as metric
+_MODEL_METRICS: dict = {}
+
+
+def model_metric(name: str):
+    """Returns the MiniLM model reward `name` (`embedding`: embedding similarity, `bertscore`: BERTScore F1), built
+    once per process."""
+    if name not in _MODEL_METRICS:
+        from hf_seqrl.rewards import BERTScoreReward, EmbeddingSimilarityReward
+
+        _MODEL_METRICS[name] = (EmbeddingSimilarityReward(minilm_path()) if name == "embedding"
+                                else BERTScoreReward(minilm_path(), num_layers=BERTSCORE_LAYER))
+    return _MODEL_METRICS[name]
+
+
+def arm_reward(settings: Settings):
+    """Returns the `reward_funcs` of the rewarded arms: `settings.reward` (names joined by "+", averaged), else the
+    task's first metric."""
+    names = (settings.reward or settings.metrics[0]).split("+")
+    funcs = [model_metric(n) if n in ("embedding", "bertscore") else n for n in names]
+    return funcs[0] if len(funcs) == 1 else funcs
+
+
+def source_copy(predictions: list[str], sources: list[str]) -> float:
+    """Returns the share (in %) of the predictions' word 3-grams that occur in their source: copying the source."""
+    def grams(text):
+        words = text.lower().split()
+        return [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+
+    found = total = 0
+    for prediction, source in zip(predictions, sources):
+        mine, theirs = grams(prediction), set(grams(source))
+        found += sum(g in theirs for g in mine)
+        total += len(mine)
+    return 100.0 * found / max(total, 1)
+
+
+def scored_metrics(settings: Settings) -> tuple[str, ...]:
+    """Returns every metric a split is scored with: the task's, then the extra ones."""
+    return tuple(settings.metrics) + tuple(settings.extra_metrics)
 
 
 def load_task(settings: Settings, data_dir: str) -> dict[str, list[dict]]:
@@ -315,6 +359,13 @@ def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, de
                                          batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
                                          max_source_length=settings.max_source_tokens, desc=desc)
     out = {name: round(value, 2) for name, value in scores.items()}
+    references = [r["references"] for r in rows]
+    for name in settings.extra_metrics:  # sentence scores, best reference, averaged, in %
+        if name == "source_copy":
+            out[name] = round(source_copy(predictions, [r["source"] for r in rows]), 2)
+        else:
+            values = model_metric(name)(predictions, references)
+            out[name] = round(100.0 * sum(values) / max(len(values), 1), 2)
     # Output words over first-reference words, summed over the rows: how much a metric change is a length change.
     words = sum(len(r["references"][0].split()) for r in rows)
     out["length_ratio"] = round(sum(len(p.split()) for p in predictions) / max(words, 1), 3)
@@ -508,7 +559,7 @@ def _rl_arm(arm: str):
                         max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
                         temperature=settings.rl_temperature, disable_dropout=settings.disable_dropout,
                         **RL_ARMS[arm], **clipped)
-        return SCSTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
+        return SCSTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
                            processing_class=ctx.tokenizer)
 
     return build
@@ -525,7 +576,7 @@ def _mrt_arm(ctx: "ArmContext"):
                     max_new_tokens=settings.max_new_tokens, temperature=settings.rl_temperature,
                     num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha, mrt_include_greedy=True,
                     disable_dropout=settings.disable_dropout)
-    return MRTTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
+    return MRTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
                       processing_class=ctx.tokenizer)
 
 
@@ -541,7 +592,7 @@ def _mixer_arm(ctx: "ArmContext"):
                     temperature=settings.rl_temperature, rl_weight=settings.rl_weight,
                     center_advantages=settings.center_advantages, baseline="greedy", num_samples=1, mixer_delta=2,
                     mixer_increment_steps=max(1, int(steps / 10)))
-    return MixerTrainer(model=ctx.model, args=args, reward_funcs=settings.metrics[0], train_dataset=ctx.dataset,
+    return MixerTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
                         processing_class=ctx.tokenizer)
 
 
@@ -664,7 +715,7 @@ def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
                      "seconds_per_step": _spread([round(r["train_seconds_exact"] / max(r["steps"], 1), 4)
                                                   for r in mine if "train_seconds_exact" in r] or [0.0])}
         for decoding in decodings:
-            arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine]) for m in settings.metrics}
+            arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine]) for m in scored_metrics(settings)}
         arms[arm]["diagnostics"] = {key: _spread([r["diagnostics"][key] for r in mine])
                                     for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop",
                                                 "jacobian_growth")
@@ -686,15 +737,15 @@ def format_table(settings: Settings, summary: dict) -> str:
     """Returns the results table: test metrics (mean and min..max over seeds) per arm and decoding."""
     decodings = ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
     head = f"{'arm':<32}{'seeds':>6}{'steps':>7}" + "".join(f"{d + ' ' + m:>22}" for d in decodings
-                                                          for m in settings.metrics)
+                                                          for m in scored_metrics(settings))
     lines = [head + f"{'dev ' + settings.metrics[0]:>14}{'recovery':>10}"]
     c = summary["C"]
     lines.append(f"{TITLES['C']:<32}{'-':>6}{'-':>7}" + "".join(f"{c[d][m]:>22.2f}" for d in decodings
-                                                              for m in settings.metrics)
+                                                              for m in scored_metrics(settings))
                  + f"{c['dev'][settings.metrics[0]]:>14.2f}{c['diagnostics'].get('recovery_rate') or 0:>10.2f}")
     for arm, row in summary["arms"].items():
         cells = "".join(f"{row[d][m]['mean']:>9.2f} ({row[d][m]['min']:.1f}..{row[d][m]['max']:.1f})"
-                        for d in decodings for m in settings.metrics)
+                        for d in decodings for m in scored_metrics(settings))
         recovery = row["diagnostics"].get("recovery_rate", {}).get("mean", 0.0)
         lines.append(f"{TITLES[arm]:<32}{len(row['seeds']):>6}{row['steps']['mean']:>7.0f}{cells}"
                      f"{row['dev'][settings.metrics[0]]['mean']:>14.2f}{recovery:>10.2f}")
@@ -709,7 +760,7 @@ def format_markdown(settings: Settings, summary: dict) -> str:
     """Returns the README table: test scores as mean (min-max over seeds), dev score and diagnostics per arm."""
     decodings = ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
     diag = ("horizon_gap", "recovery_rate", "metric_drop")
-    head = (["arm", "seeds", "steps"] + [f"{d} {m}" for d in decodings for m in settings.metrics]
+    head = (["arm", "seeds", "steps"] + [f"{d} {m}" for d in decodings for m in scored_metrics(settings)]
             + [f"dev {settings.metrics[0]}"] + list(diag))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -720,13 +771,13 @@ def format_markdown(settings: Settings, summary: dict) -> str:
 
     c = summary["C"]
     lines.append("| " + " | ".join([TITLES["C"], "–", "–"]
-                                   + [cell(c[d][m]) for d in decodings for m in settings.metrics]
+                                   + [cell(c[d][m]) for d in decodings for m in scored_metrics(settings)]
                                    + [cell(c["dev"][settings.metrics[0]])]
                                    + [cell(c["diagnostics"].get(k)) for k in diag]) + " |")
     for arm, row in summary["arms"].items():
         diagnostics = [cell(row["diagnostics"].get(k)) for k in diag]
         lines.append("| " + " | ".join([TITLES[arm], str(len(row["seeds"])), f"{row['steps']['mean']:.0f}"]
-                                       + [cell(row[d][m]) for d in decodings for m in settings.metrics]
+                                       + [cell(row[d][m]) for d in decodings for m in scored_metrics(settings)]
                                        + [cell(row["dev"][settings.metrics[0]])] + diagnostics) + " |")
     return "\n".join(lines)
 
@@ -749,7 +800,8 @@ REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
 ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
             "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
             **dict.fromkeys(("clip_iterations", "clip_epsilon"), ("scst_clip",)),
-            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",)), "pf_adversarial_weight": ("pf",)}
+            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",)), "pf_adversarial_weight": ("pf",),
+            "reward": REWARDED_ARMS}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:
@@ -758,7 +810,10 @@ def run_tag(arm: str | None, overrides: dict) -> str:
     changed = {k: v for k, v in overrides.items() if arm is None or arm in ARM_ONLY.get(k, (arm,))}
     if arm in REWARDED_ARMS and overrides.get("rl_lr"):
         changed.pop("arm_lr", None)
-    return "".join(f"_{key}{value}" for key, value in sorted(changed.items())).replace(",", "-")
+    def text(value):
+        return "-".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+    return "".join(f"_{key}{text(value)}" for key, value in sorted(changed.items())).replace(",", "-")
 
 
 def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Settings, dict]:
@@ -777,7 +832,11 @@ def apply_overrides(settings: Settings, assignments: list[str]) -> tuple[Setting
             continue
         if getattr(settings, key) is None:  # an optional number: its annotation says which kind
             kind = {"int | None": int, "float | None": float}[Settings.__dataclass_fields__[key].type]
-        changes[key] = tuple(int(v) for v in value.split(",")) if kind is tuple else kind(value)
+        if kind is tuple:  # comma-separated: ints (beams, seeds of a field) or strings (extra_metrics)
+            item = str if "str" in Settings.__dataclass_fields__[key].type else int
+            changes[key] = tuple(item(v) for v in value.split(",") if v)
+        else:
+            changes[key] = kind(value)
     return replace(settings, **changes), changes
 
 
@@ -789,7 +848,7 @@ def write_dev_results(args, settings: Settings, overrides: dict, command: str, c
     for arm in args.arms:
         mine = [r for r in runs if r["arm"] == arm]
         arms[arm] = {"seeds": [r["seed"] for r in mine], "steps": _spread([r["steps"] for r in mine]),
-                     "dev": {m: _spread([r["dev"][m] for r in mine]) for m in settings.metrics}}
+                     "dev": {m: _spread([r["dev"][m] for r in mine]) for m in scored_metrics(settings)}}
     print(f"{'arm':<32}{'seeds':>6}{'steps':>7}{'dev ' + metric:>24}")
     print(f"{TITLES['C']:<32}{'-':>6}{'-':>7}{c_eval['dev'][metric]:>24.2f}")
     for arm, row in arms.items():
@@ -887,6 +946,8 @@ def main(argv: list[str] | None = None) -> dict:
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
     torch.set_num_threads(args.threads)
     suffix = "_dev" if args.dev_only else ""
+    # C's scores are cached per set of extra metrics (they score every split).
+    extra_tag = run_tag(None, {k: v for k, v in overrides.items() if k == "extra_metrics"})
     units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}{suffix}.json"))
              for seed in settings.seeds for arm in args.arms]
     pool = None
@@ -899,10 +960,10 @@ def main(argv: list[str] | None = None) -> dict:
         todo = [(arm, seed) for arm, seed, path in units if not os.path.exists(path)]
         pool = _run_units(child, todo, args.jobs)
     if args.dev_only and not args.runs_only:
-        c_eval = _cached(os.path.join(work_dir, "runs", "C_dev.json"), lambda: {
+        c_eval = _cached(os.path.join(work_dir, "runs", f"C{extra_tag}_dev.json"), lambda: {
             "dev": score(load_model(settings, c_folder), tokenizer, splits["dev"], settings, 1, "C: dev")})
     elif not args.runs_only:
-        c_eval = _cached(os.path.join(work_dir, "runs", "C.json"),
+        c_eval = _cached(os.path.join(work_dir, "runs", f"C{extra_tag}.json"),
                          lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
     if pool is not None:
         pool.result()

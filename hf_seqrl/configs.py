@@ -17,6 +17,7 @@ from .losses import LOSS_NORMALIZATIONS
 from .schedules import SCHEDULES
 
 BASELINES = ("greedy", "mean", "moving_average", "none")
+SCALE_REWARDS = ("none", "group", "batch")
 
 
 class _NoSecretsInPickle:
@@ -102,8 +103,10 @@ class SeqRLConfig(SeqRLBaseConfig):
         With 2 or more, batches of at least 256 predictions are scored in that many worker processes (same values;
         worth it for ROUGE on long outputs with many samples). Custom callables must then be picklable.
     nonfinite_rewards (`str`, *optional*, defaults to `"error"`):
-        What to do when a reward returns NaN or inf: `"error"` raises, `"drop"` gives those samples a zero
-        advantage and logs their count as `rl/nonfinite_rewards`.
+        What to do when a reward returns NaN or inf: `"error"` raises, `"drop"` leaves those samples out as if the
+        reward had returned `None` (out of the loss and of their siblings' baselines) and logs their count as
+        `rl/nonfinite_rewards`. A reward may always return `None` for a sample it does not apply to; see
+        docs/rewards.md.
 
     > Baseline and advantages
 
@@ -118,8 +121,12 @@ class SeqRLConfig(SeqRLBaseConfig):
         Subtract the batch mean of the advantages (on each process, after the baseline, before `scale_rewards`).
         With the greedy baseline most advantages are negative while sampling is worse than greedy decoding; the
         offset only adds noise to the gradient, which drifts the policy (samples lengthen, their reward falls).
-    scale_rewards (`bool`, *optional*, defaults to `False`):
-        Divide the advantages of a batch by their standard deviation (skipped when it is ~0).
+    scale_rewards (`str`, *optional*, defaults to `"none"`):
+        Divide each advantage by a standard deviation of the advantages (TRL's values): `"group"`, that of its
+        source's samples (needs `num_samples >= 2`); `"batch"`, that of the micro-batch's samples on every process
+        together; `"none"` leaves them. Samples left out (a reward that returned `None`, a dropped non-finite one)
+        count in neither; a standard deviation of ~0 or of one value leaves the advantages as they are. `True` /
+        `False` mean `"batch"` / `"none"` (TRL reads `True` as `"group"`).
 
     > Sampling
 
@@ -200,7 +207,8 @@ class SeqRLConfig(SeqRLBaseConfig):
     )
     baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline."})
     center_advantages: bool = field(default=False, metadata={"help": "Subtract the batch mean of the advantages."})
-    scale_rewards: bool = field(default=False, metadata={"help": "Divide advantages by their std."})
+    scale_rewards: str = field(default="none", metadata={"help": "none | group | batch: divide the advantages by "
+                                                                  "their std over the source or the batch."})
     num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of sampled sequences."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
@@ -233,6 +241,14 @@ class SeqRLConfig(SeqRLBaseConfig):
                     f"SeqRLConfig.reward_weights={self.reward_weights!r}: give one finite number per reward of "
                     "reward_funcs, or None for equal weights.")
             self.reward_weights = [float(w) for w in self.reward_weights]
+        if isinstance(self.scale_rewards, bool) or str(self.scale_rewards).lower() in ("true", "false"):
+            self.scale_rewards = "batch" if str(self.scale_rewards).lower() == "true" else "none"
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"SeqRLConfig.scale_rewards={self.scale_rewards!r} is not one of {SCALE_REWARDS}.")
+        if self.scale_rewards == "group" and self.num_samples < 2:
+            raise ValueError(
+                f"SeqRLConfig.scale_rewards='group' divides by the std of each source's samples, which needs "
+                f"num_samples >= 2 (got {self.num_samples}): raise num_samples or use scale_rewards='batch'.")
         if self.baseline is not None and self.baseline not in BASELINES:
             raise ValueError(f"SeqRLConfig.baseline={self.baseline!r} is not one of {BASELINES}.")
         if self.num_samples < 1:
@@ -351,7 +367,7 @@ class MRTConfig(SeqRLConfig):
         if not self.mrt_alpha > 0:
             raise ValueError(f"MRTConfig.mrt_alpha must be > 0, got {self.mrt_alpha}.")
         ignored = {"baseline": self.baseline not in (None, "none"), "center_advantages": self.center_advantages,
-                   "scale_rewards": self.scale_rewards}
+                   "scale_rewards": self.scale_rewards != "none"}
         for name, is_set in ignored.items():
             if is_set:
                 raise ValueError(

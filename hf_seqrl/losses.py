@@ -64,37 +64,82 @@ def center_advantages(adv: torch.Tensor, keep: torch.Tensor | None = None) -> to
     return torch.where(keep, adv - mean, torch.zeros_like(adv))
 
 
-def scale_advantages(adv: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Returns `adv / std(adv)`; `adv` unchanged when the std is below `eps` (constant rewards).
+def scale_advantages(adv: torch.Tensor, std: torch.Tensor | float, eps: float = 1e-6) -> torch.Tensor:
+    """Returns `adv / std`, leaving unchanged each advantage whose `std` is below `eps` or not finite (a source or a
+    batch whose rewards are all equal, or one value only).
 
     Args:
         adv (`torch.Tensor` of shape `(B*n,)`): advantages.
+        std (`torch.Tensor` of shape `(B*n,)` or `()`, or a float): the scale of each advantage (`group_std`,
+            `std_from_moments`).
     """
-    if adv.numel() < 2:
-        return adv
-    std = adv.std()
-    if not torch.isfinite(std) or std < eps:
-        return adv
-    return adv / std
+    std = torch.as_tensor(std, dtype=adv.dtype, device=adv.device).expand_as(adv)
+    usable = torch.isfinite(std) & (std >= eps)
+    return torch.where(usable, adv / torch.where(usable, std, torch.ones_like(std)), adv)
 
 
-def leave_one_out_baseline(rewards: torch.Tensor, num_samples: int) -> torch.Tensor:
+def moments(values: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns `[count, sum, sum of squares]` (float64, shape `(3,)`) of the kept `values` `(N,)`: what processes add up
+    (all-reduce) before `std_from_moments`."""
+    values = values.double()
+    if keep is not None:
+        values = values[keep]
+    return torch.stack([torch.tensor(float(values.numel()), dtype=torch.float64, device=values.device),
+                        values.sum(), (values * values).sum()])
+
+
+def std_from_moments(totals: torch.Tensor) -> torch.Tensor:
+    """Returns the unbiased standard deviation `sqrt((Σx² − (Σx)²/k) / (k − 1))` of `moments` `[k, Σx, Σx²]`
+    (NaN when k < 2)."""
+    count, total, squares = totals.unbind()
+    if count < 2:
+        return torch.tensor(float("nan"), dtype=torch.float64, device=totals.device)
+    return ((squares - total * total / count).clamp(min=0.0) / (count - 1)).sqrt()
+
+
+def group_std(adv: torch.Tensor, num_samples: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns, for each sample, the unbiased standard deviation of the kept advantages of its source's `n` samples
+    (NaN where fewer than 2 are kept).
+
+    Args:
+        adv (`torch.Tensor` of shape `(B*n,)`): advantages, the samples of a source contiguous.
+        keep (`torch.Tensor` of shape `(B*n,)`, *optional*): false for samples left out.
+    """
+    grouped = adv.view(-1, num_samples).double()
+    kept = torch.ones_like(grouped, dtype=torch.bool) if keep is None else keep.view(-1, num_samples)
+    count = kept.sum(dim=1, keepdim=True).double()
+    mean = torch.where(kept, grouped, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    squares = torch.where(kept, (grouped - mean) ** 2, 0.0).sum(dim=1, keepdim=True)
+    std = torch.where(count >= 2, (squares / (count - 1).clamp(min=1)).sqrt(), float("nan"))
+    return std.expand_as(grouped).reshape(-1).to(adv.dtype)
+
+
+def leave_one_out_baseline(rewards: torch.Tensor, num_samples: int, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Returns, for each sample, the mean reward of the *other* samples of its source.
 
     `b_i = (sum_j r_j - r_i) / (n - 1)` (Kool et al., 2019). The baseline of a sample does not depend on its
-    own reward, so the policy gradient stays unbiased.
+    own reward, so the policy gradient stays unbiased. With `keep`, the samples left out (a reward that does not
+    apply, or a dropped non-finite one) are out of their siblings' means, `b_i = mean_{j != i, keep_j} r_j`; a
+    sample with no kept sibling gets its own reward (advantage 0).
 
     Args:
         rewards (`torch.Tensor` of shape `(B*n,)`): rewards, the `n` samples of a source contiguous.
         num_samples (`int`): `n`, at least 2.
+        keep (`torch.Tensor` of shape `(B*n,)`, *optional*): false for the samples left out (any reward there).
     """
     if num_samples < 2:
         raise ValueError(f"leave_one_out_baseline needs num_samples >= 2, got {num_samples}.")
     if rewards.numel() % num_samples:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of num_samples={num_samples}.")
     grouped = rewards.view(-1, num_samples)
-    totals = grouped.sum(dim=1, keepdim=True)
-    return ((totals - grouped) / (num_samples - 1)).reshape(-1)
+    if keep is None:
+        totals = grouped.sum(dim=1, keepdim=True)
+        return ((totals - grouped) / (num_samples - 1)).reshape(-1)
+    kept = keep.view(-1, num_samples)
+    values = torch.where(kept, grouped, torch.zeros_like(grouped))
+    others = values.sum(dim=1, keepdim=True) - values
+    count = kept.sum(dim=1, keepdim=True) - kept.long()
+    return torch.where(count > 0, others / count.clamp(min=1), grouped).reshape(-1)
 
 
 def moving_average(previous: float | None, batch_mean: float, decay: float) -> float:
@@ -150,9 +195,16 @@ def reduce_token_losses(
     check_loss_normalization(loss_normalization, length_normalize)
     if loss_normalization == "token":
         return masked_sum(token_losses.flatten(), token_mask.flatten(), 0) / token_mask.sum().clamp(min=1)
-    if length_normalize:
-        return masked_mean(token_losses, token_mask).mean()
-    return masked_sum(token_losses, token_mask).mean()
+    per_sequence = masked_mean(token_losses, token_mask) if length_normalize else masked_sum(token_losses, token_mask)
+    return mean_over_counted(per_sequence, token_mask)
+
+
+def mean_over_counted(per_sequence: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Returns the mean of `per_sequence` `(N,)` over the sequences with at least one counted token in `token_mask`
+    `(N, T)` (a sequence left out of the loss has none; 0 when none is counted)."""
+    counted = token_mask.any(dim=-1)
+    total = torch.where(counted, per_sequence, torch.zeros_like(per_sequence)).sum()
+    return total / counted.sum().clamp(min=1)
 
 
 def policy_gradient_loss(
@@ -162,7 +214,8 @@ def policy_gradient_loss(
     length_normalize: bool = False,
     loss_normalization: str = "sequence",
 ) -> torch.Tensor:
-    """Returns the REINFORCE loss `-mean_i A_i * log p(y_i | x_i)`, a scalar.
+    """Returns the REINFORCE loss `-mean_i A_i * log p(y_i | x_i)`, a scalar; the mean runs over the sequences with
+    a counted token (a row of `token_mask` that is all false is left out of the loss).
 
     Its gradient is the score-function estimate of `-grad E[reward]` when `A_i = r_i - b_i` with a baseline
     `b_i` that does not depend on `y_i`. With `loss_normalization="token"` it is
@@ -179,7 +232,7 @@ def policy_gradient_loss(
         adv = advantages.detach().to(token_logprobs.dtype).unsqueeze(-1)
         return reduce_token_losses(-adv * token_logprobs, token_mask, length_normalize, loss_normalization)
     seq_logprobs = sequence_logprobs(token_logprobs, token_mask, length_normalize)
-    return -(advantages.detach().to(seq_logprobs.dtype) * seq_logprobs).mean()
+    return -mean_over_counted(advantages.detach().to(seq_logprobs.dtype) * seq_logprobs, token_mask)
 
 
 def token_ratios(

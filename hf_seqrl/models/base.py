@@ -340,7 +340,7 @@ class ModelFamily:
         return {"input_ids": ids, "attention_mask": mask}
 
     def sample_from_prefix(self, model, batch: dict, prefix, generation_config, num_samples: int = 1,
-                           with_greedy: bool = False) -> Rollout:
+                           with_greedy: bool = False, keys: torch.Tensor | None = None) -> Rollout:
         """Returns what `sample` returns, every row starting with the forced target tokens `prefix` `(B, P)` (held
         in the returned ids, mask true on them)."""
         raise NotImplementedError

@@ -327,9 +327,9 @@ class CausalFamily(ModelFamily):
         return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                              generation_config, num_samples, with_greedy, keys=keys)
 
-    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
+    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False, keys=None):
         return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
-                                    generation_config, num_samples, with_greedy, prefix_ids=prefix)
+                             generation_config, num_samples, with_greedy, prefix_ids=prefix, keys=keys)
 
     def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
         # The bans of the rollout config this family builds from the model's generation config.

@@ -244,6 +244,7 @@ def sample_from_prefix(
     generation_config: GenerationConfig,
     num_samples: int = 1,
     with_greedy: bool = False,
+    keys: torch.Tensor | None = None,
 ) -> Rollout:
     """Returns `num_samples` continuations per source of a forced decoder prefix (and the greedy continuation).
 
@@ -257,7 +258,8 @@ def sample_from_prefix(
         prefix_ids (`torch.LongTensor` of shape `(B, P)`): the forced tokens after the start token, `P >= 1`.
         generation_config: from `rollout_generation_config`.
     """
-    return _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy, prefix_ids)
+    return _decoded_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy, prefix_ids,
+                            keys)
 
 
 @contextlib.contextmanager
@@ -352,9 +354,9 @@ class Seq2SeqFamily(ModelFamily):
         return sample_rollout(model, batch["input_ids"], batch.get("attention_mask"), generation_config, num_samples,
                               with_greedy=with_greedy, keys=keys)
 
-    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False):
+    def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False, keys=None):
         return sample_from_prefix(model, batch["input_ids"], batch.get("attention_mask"), prefix, generation_config,
-                                  num_samples, with_greedy=with_greedy)
+                                  num_samples, with_greedy=with_greedy, keys=keys)
 
     def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
         inner = unwrap(model)

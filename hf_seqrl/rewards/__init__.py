@@ -2,7 +2,8 @@
 
 The layers, each importing only those before it: `builtin` (BLEU, chrF, ROUGE, `get_reward`) < `convention` (the
 calling convention, `call_reward` and the checks) < `modules` (`evaluate` modules, `EvaluateReward`) < `combine`
-(`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker processes).
+(`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker processes). `neural` (model rewards: embeddings,
+BERTScore, reward models, COMET) sits beside `modules`, below `combine`.
 
 A reward is a callable called with keywords, one value per prediction:
 
@@ -10,13 +11,16 @@ A reward is a callable called with keywords, one value per prediction:
 """
 
 from .builtin import BUILTIN_REWARDS, SACREBLEU_INTERNALS, RewardFn, bleu_reward, chrf_reward, get_reward, rouge_reward
-from .combine import WeightedReward, as_reward, build_reward, unique_names
+from .combine import WeightedReward, as_reward, build_reward, place_on, unique_names
 from .convention import (call_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                          is_evaluation_module, is_number, reward_name)
 from .modules import EvaluateReward, accepts_reference_lists
+from .neural import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, ModelReward, RewardModelReward,
+                     model_reward)
 from .pool import PooledReward
 
-__all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "EvaluateReward", "PooledReward", "RewardFn", "WeightedReward",
+__all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometReward", "EmbeddingSimilarityReward",
+           "EvaluateReward", "ModelReward", "PooledReward", "RewardFn", "RewardModelReward", "WeightedReward",
            "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "call_reward_parts",
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
-           "is_number", "reward_name", "rouge_reward", "unique_names"]
+           "is_number", "model_reward", "place_on", "reward_name", "rouge_reward", "unique_names"]

@@ -8,13 +8,25 @@ from typing import Any
 from .builtin import RewardFn, get_reward
 from .convention import call_reward, check_reward_spec, is_evaluation_module, reward_name
 from .modules import EvaluateReward
+from .neural import ModelReward, is_torch_module, model_reward
 
 
 def as_reward(item: Any) -> RewardFn:
-    """Returns the callable for one entry of `reward_funcs`: a name, a callable or an `evaluate` module."""
+    """Returns the callable for one entry of `reward_funcs`: a name, a callable, an `evaluate` module, or a model (by
+    its head, `neural.model_reward`)."""
     if is_evaluation_module(item):
         return EvaluateReward(item)
+    if is_torch_module(item):
+        return model_reward(item)
     return item if callable(item) else get_reward(item)
+
+
+def place_on(reward: RewardFn, device) -> None:
+    """Moves every model reward in `reward` (one, or the parts of a `WeightedReward`) that has no device of its own to
+    `device`."""
+    for part in getattr(reward, "rewards", [reward]):
+        if isinstance(part, ModelReward) and part.device is None:
+            part.to(device)
 
 
 class WeightedReward:
@@ -34,11 +46,15 @@ class WeightedReward:
         return {key: call_reward(fn, predictions, references, sources, columns, name=name)
                 for key, fn, name in zip(self.part_names, self.rewards, self.names)}
 
-    def combine(self, parts: dict[str, list[float]]) -> list[float]:
-        """Returns the weighted sum of `parts` (from `parts`): what calling this reward returns."""
-        total = [0.0] * len(parts[self.part_names[0]])
-        for key, weight in zip(self.part_names, self.weights):
-            total = [t + weight * v for t, v in zip(total, parts[key])]
+    def combine(self, parts: dict[str, list[float | None]]) -> list[float | None]:
+        """Returns the weighted sum of `parts` (from `parts`): what calling this reward returns. A part that is `None`
+        for a prediction (it does not apply) is left out of that prediction's sum, as TRL sums rewards; a
+        prediction to which no part applies gets `None`."""
+        columns = [parts[key] for key in self.part_names]
+        total: list[float | None] = []
+        for values in zip(*columns):
+            present = [(weight, value) for weight, value in zip(self.weights, values) if value is not None]
+            total.append(sum(weight * value for weight, value in present) if present else None)
         return total
 
     def __call__(self, predictions, references, sources=None, **columns) -> list[float]:

@@ -2,10 +2,11 @@
 
 A reward is a callable called with keywords, one value per prediction:
 
-    f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float]
+    f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float | None]
 
 `columns` holds every other column of the training rows (a length budget, a domain, a glossary, ...), one entry per
-prediction. A reward may declare `**kwargs` and read only what it needs.
+prediction. A reward may declare `**kwargs` and read only what it needs. A value of `None` says the reward does not
+apply to that prediction (as in TRL): the trainers leave such a sample out of the loss and of its siblings' baselines.
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def call_reward(
     name: str | None = None,
     batch_index: int | None = None,
 ) -> list[float]:
-    """Returns `reward_fn(predictions=, references=, sources=, **columns)` as a list of floats, checked.
+    """Returns `reward_fn(predictions=, references=, sources=, **columns)` as a list of floats (and `None` where the
+    reward does not apply), checked.
 
     Accepts a list, tuple, numpy array or 1-D tensor of real numbers (a NaN or inf passes through; the caller
-    decides). A wrong count, a value that is not a real number (a string, None, a bool, a nested list), a tensor
-    that is not 1-D, or an exception inside the reward raises an error naming the reward, the index and the batch.
+    decides). A wrong count, a value that is neither a real number nor None (a string, a bool, a nested list), a
+    tensor that is not 1-D, or an exception inside the reward raises an error naming the reward, the index and the
+    batch.
     """
     name = name or reward_name(reward_fn)
     where = "" if batch_index is None else f" on batch {batch_index}"
@@ -135,8 +138,9 @@ def _invoke(reward_fn, name: str, where: str, predictions, references, sources, 
         raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}") from err
 
 
-def _checked_values(values, count: int, name: str, where: str) -> list[float]:
-    """Returns `values` (a reward's output for `count` predictions) as a list of floats, or raises a clear error."""
+def _checked_values(values, count: int, name: str, where: str) -> list[float | None]:
+    """Returns `values` (a reward's output for `count` predictions) as a list of floats and Nones, or raises a clear
+    error."""
     if hasattr(values, "detach"):
         values = values.detach().cpu()
     if hasattr(values, "ndim") and values.ndim != 1:
@@ -153,15 +157,16 @@ def _checked_values(values, count: int, name: str, where: str) -> list[float]:
             "exactly one float per prediction."
         )
     for i, value in enumerate(values):
-        if not is_number(value):
+        if value is not None and not is_number(value):
             raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}) at index {i}{where}: every "
-                            "value must be a real number (int or float; not a string, None or a bool).")
-    return [float(v) for v in values]
+                            "value must be a real number (int or float; not a string or a bool), or None where the "
+                            "reward does not apply.")
+    return [None if v is None else float(v) for v in values]
 
 
-def check_finite(values: Sequence[float], name: str) -> None:
-    """Raises a clear error if any reward value is NaN or inf."""
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+def check_finite(values: Sequence[float | None], name: str) -> None:
+    """Raises a clear error if any reward value is NaN or inf (`None`, a reward that does not apply, is fine)."""
+    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
     if bad:
         raise ValueError(
             f"reward {name!r} returned non-finite values (NaN or inf) at sample indices {bad[:10]}: fix the reward, "

@@ -18,6 +18,12 @@ def accepts_reference_lists(module) -> bool:
     return False
 
 
+def takes_sources(module) -> bool:
+    """Returns True when one of `module`'s input formats has a `sources` feature (COMET-style metrics)."""
+    options = module.features if isinstance(module.features, (list, tuple)) else [module.features]
+    return any(hasattr(features, "get") and features.get("sources") is not None for features in options)
+
+
 class EvaluateReward:
     """A reward that scores each prediction with an `evaluate.EvaluationModule`.
 
@@ -25,7 +31,7 @@ class EvaluateReward:
     `key`; otherwise one call per (prediction, reference) pair. The choice is made on the first batch and kept.
     Several references: a module whose `references` feature is a sequence gets all of a prediction's references;
     any other module scores the prediction against each reference and the best value counts (as ROUGE's
-    `score_multi` does).
+    `score_multi` does). A module with a `sources` feature gets each prediction's source too.
 
     Args:
         module (`evaluate.EvaluationModule`): e.g. `evaluate.load("path/to/metric.py")`.
@@ -40,11 +46,13 @@ class EvaluateReward:
             raise TypeError(f"EvaluateReward needs an evaluate.EvaluationModule, got {type(module).__name__}.")
         self.module, self.key, self.scale, self.compute_kwargs = module, key, float(scale), compute_kwargs
         self.multi_reference = accepts_reference_lists(module)
+        self.takes_sources = takes_sources(module)
         self.per_example: bool | None = None  # decided on the first batch
         self.__name__ = module.name if key is None else f"{module.name}:{key}"
 
-    def _compute(self, predictions: list[str], references: list) -> dict:
-        result = self.module.compute(predictions=predictions, references=references, **self.compute_kwargs)
+    def _compute(self, predictions: list[str], references: list, sources: list[str] | None = None) -> dict:
+        extra = {"sources": sources} if self.takes_sources else {}
+        result = self.module.compute(predictions=predictions, references=references, **extra, **self.compute_kwargs)
         if not isinstance(result, dict):
             raise TypeError(f"evaluate module {self.module.name!r} returned {type(result).__name__}, not a dict.")
         return result
@@ -81,17 +89,22 @@ class EvaluateReward:
     def __call__(self, predictions: list[str], references: list[list[str]], sources=None, **columns) -> list[float]:
         if not predictions:
             return []
+        if self.takes_sources and sources is None:
+            raise ValueError(f"evaluate module {self.module.name!r} reads sources: add a `sources` column (or text "
+                             "columns) to the dataset.")
         preds, refs, owners = self._pairs(predictions, references)
+        srcs = [sources[i] for i in owners] if self.takes_sources else [None] * len(owners)
         values: list[float] = []
         if self.per_example is not False:
-            result = self._compute(preds, refs)
+            result = self._compute(preds, refs, srcs if self.takes_sources else None)
             key, self.per_example = self._pick(result, len(preds))
             self.key = key
             if self.per_example:
                 value = result[key]
                 values = list(value.tolist() if hasattr(value, "tolist") else value)
         if not self.per_example:
-            values = [self._compute([p], [r])[self.key] for p, r in zip(preds, refs)]
+            values = [self._compute([p], [r], [s] if self.takes_sources else None)[self.key]
+                      for p, r, s in zip(preds, refs, srcs)]
         best = [-math.inf] * len(predictions)
         for owner, value in zip(owners, values):
             value = float(value.item() if hasattr(value, "item") else value)

@@ -29,10 +29,10 @@ class RewardValues(NamedTuple):
     """The rewards of `N` decoded sequences, one row of `BatchText` each, every reward function scored once."""
 
     predictions: list[str]  # the decoded sequences
-    values: list[float]  # the reward of each, as the reward returned it (NaN / inf kept)
-    parts: dict[str, list[float]]  # each reward function's values by name (a single reward: its own name)
-    rewards: torch.Tensor  # `(N,)` float32, 0 where the reward is not finite
-    nonfinite: torch.Tensor  # `(N,)` bool
+    values: list[float | None]  # the reward of each, as the reward returned it (NaN / inf and None kept)
+    parts: dict[str, list[float | None]]  # each reward function's values by name (a single reward: its own name)
+    rewards: torch.Tensor  # `(N,)` float32, 0 where the sequence is left out
+    left_out: torch.Tensor  # `(N,)` bool: no reward applies (None), or a non-finite one dropped
 
     def select(self, rows: torch.Tensor) -> RewardValues:
         """Returns the values of the sequences where the bool tensor `rows` `(N,)` is true."""
@@ -43,15 +43,22 @@ class RewardValues(NamedTuple):
 
         return RewardValues(pick(self.predictions), pick(self.values),
                             {name: pick(values) for name, values in self.parts.items()}, self.rewards[rows],
-                            self.nonfinite[rows])
+                            self.left_out[rows])
+
+    def missing(self) -> int:
+        """Returns how many sequences no reward applies to (`None`)."""
+        return sum(value is None for value in self.values)
 
     def part_rewards(self) -> dict[str, torch.Tensor]:
-        """Returns each part as a float32 tensor `(N,)`, 0 on the sequences whose reward is not finite (as in
-        `rewards`, so that the parts' weighted sum is `rewards`)."""
+        """Returns each part's values as a float32 tensor `(N,)`, NaN where that part gives no finite value (it
+        returned None or NaN / inf) or the sequence is left out."""
         import torch
 
-        return {name: torch.tensor(values, dtype=torch.float32, device=self.rewards.device).masked_fill(
-            self.nonfinite, 0.0) for name, values in self.parts.items()}
+        def number(value):
+            return float("nan") if value is None else value
+
+        return {name: torch.tensor([number(v) for v in values], dtype=torch.float32, device=self.rewards.device)
+                .masked_fill(self.left_out, float("nan")) for name, values in self.parts.items()}
 
 
 def repeat_rows(text: BatchText, n: int) -> BatchText:

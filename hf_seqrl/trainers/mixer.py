@@ -108,21 +108,23 @@ class MixerTrainer(SeqRLTrainer):
             labels (`torch.LongTensor` of shape `(B, T)`): the gold targets in target coordinates.
         """
         n, with_greedy, family = self.args.num_samples, self.baseline == "greedy", self.family
+        keys = self.rollout_keys.next(self.state.global_step, labels.shape[0], n, labels.device)
         if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
-            return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy)
+            return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy, keys=keys)
         config = self.rollout_config
         budget = config.max_new_tokens or max(1, config.max_length - 1)  # the whole output's length limit
         pad, parts = pad_id(unwrapped), []
         for length in prefixes.unique().tolist():
             rows = (prefixes == length).nonzero().squeeze(1)
             sub_batch = {k: v[rows] for k, v in inputs.items() if torch.is_tensor(v)}
+            sub_keys = keys.view(-1, n)[rows].reshape(-1)  # each source draws from its own keys, whatever its group
             if length == 0:
-                part = family.sample(unwrapped, sub_batch, config, n, with_greedy=with_greedy)
+                part = family.sample(unwrapped, sub_batch, config, n, with_greedy=with_greedy, keys=sub_keys)
             else:
                 continuation = copy.deepcopy(config)
                 continuation.max_new_tokens = max(1, budget - length)
                 part = family.sample_from_prefix(unwrapped, sub_batch, labels[rows, :length], continuation, n,
-                                                 with_greedy=with_greedy)
+                                                 with_greedy=with_greedy, keys=sub_keys)
             parts.append((rows, part))
         width = max(part.sample_ids.shape[1] for _, part in parts)
         sample_ids = labels.new_full((labels.shape[0] * n, width), pad)

@@ -96,7 +96,7 @@ class MRTTrainer(SeqRLTrainer):
         token_ids, token_mask, is_sample = candidate_set(rollout.sample_ids, rollout.sample_mask, n, extra, pad)
         k = n + len(extra)
         candidates = self.reward_values(token_ids, repeat_rows(text, k))
-        rewards, bad = candidates.rewards, candidates.nonfinite
+        rewards, bad = candidates.rewards, candidates.left_out
         keep = losses.first_occurrence_mask(token_ids, k) & ~bad
         xe_labels = labels if args.rl_weight < 1 else None
         # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at.
@@ -114,8 +114,7 @@ class MRTTrainer(SeqRLTrainer):
                 xe_loss = self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
         samples = candidates.select(is_sample)
-        metrics = self.sample_metrics(samples.rewards, samples.nonfinite, rollout.sample_ids, rollout.sample_mask,
-                                      unwrapped, samples.part_rewards())
+        metrics = self.sample_metrics(samples, samples.left_out, rollout.sample_ids, rollout.sample_mask, unwrapped)
         if self.completions is not None:  # the samples' rows; no baseline or advantage in MRT
             self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
                                     greedy_ids=rollout.greedy_ids)

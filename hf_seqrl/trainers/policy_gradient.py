@@ -19,7 +19,7 @@ from ..configs import SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import Rollout, ended_with_eos, eos_ids, replayed_rng, rng_state
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
-                       reward_name)
+                       place_on, reward_name)
 from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
@@ -118,6 +118,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         workers = self.args.reward_workers
         self.reward_fn = (PooledReward(reward_funcs, self.args.reward_weights, workers) if workers >= 2
                           else build_reward(reward_funcs, self.args.reward_weights))
+        # A model reward runs on this process's device, outside the model that DDP / ZeRO / FSDP wrap.
+        place_on(getattr(self.reward_fn, "local", self.reward_fn), self.args.device)
         self.reward_label = reward_name(self.reward_fn)
         self.baseline_ema: float | None = None
         self.ref_model, self.reference_adapter = None, None
@@ -213,7 +215,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             batch = self.roll_out(unwrapped, inputs, text)
         labels = inputs.get("labels") if args.rl_weight < 1 else None
         scored = self.score_policy(model, inputs, batch.sample_ids, n, labels)
-        mask, adv, metrics = batch.sample_mask, batch.advantages, dict(batch.metrics)
+        mask, adv, metrics = batch.loss_mask, batch.advantages, dict(batch.metrics)
         if self.reuse is None:
             pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,
                                                   args.loss_normalization)
@@ -229,8 +231,8 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             metrics.update({"rl/clip_fraction": clip_fraction.item(), "rl/ratio_mean": ratio_mean.item()})
         xe_loss = None if labels is None else self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(pg_loss, xe_loss, args.rl_weight)
-        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, mask, metrics,
-                                     scored.banned)
+        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, batch.sample_mask,
+                                     metrics, scored.banned)
         metrics["rl/pg_loss"] = pg_loss.item()
         if xe_loss is not None:
             metrics["rl/xe_loss"] = xe_loss.item()
@@ -279,18 +281,21 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def rollout_batch(self, rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
         """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
-        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts)."""
+        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). A sample left out
+        (no reward applies, a dropped non-finite one, or its source's greedy reward is missing) gets no advantage
+        and no row in the loss, and counts in no other sample's baseline or scale."""
         args, n = self.args, rollout.num_samples
         samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
-        sample_rewards, bad = samples.rewards, samples.nonfinite
+        sample_rewards, bad = samples.rewards, samples.left_out
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
         if args.center_advantages:
             adv = losses.center_advantages(adv, ~bad)
-        if args.scale_rewards:
-            adv = losses.scale_advantages(adv)
-        metrics = self.sample_metrics(sample_rewards, bad, rollout.sample_ids, rollout.sample_mask, unwrapped,
-                                      samples.part_rewards())
+        if args.scale_rewards == "group":
+            adv = losses.scale_advantages(adv, losses.group_std(adv, n, ~bad))
+        elif args.scale_rewards == "batch":
+            adv = losses.scale_advantages(adv, self.batch_std(adv, ~bad))
+        metrics = self.sample_metrics(samples, bad, rollout.sample_ids, rollout.sample_mask, unwrapped)
         metrics.update({
             "rl/baseline_reward": baseline_rewards.mean().item(),
             "rl/advantage_abs": adv.abs().mean().item(),
@@ -300,26 +305,41 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         if self.completions is not None:
             self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
                                     baseline_rewards, adv, rollout.greedy_ids)
-        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=~bad)
 
-    def sample_metrics(self, sample_rewards, bad, sample_ids, sample_mask, unwrapped,
-                       part_rewards: dict | None = None) -> dict[str, float]:
-        """Returns the `rl/*` metrics of the sampled sequences: reward, each reward function's mean and std
-        (`part_rewards`, `RewardValues.part_rewards`), length, degenerate shares."""
+    def batch_std(self, adv, keep):
+        """Returns the standard deviation of the kept advantages `(B*n,)` of this micro-batch on every process
+        together (their moments added up over processes; NaN with fewer than 2)."""
+        totals = losses.moments(adv, keep)
+        if self.accelerator.num_processes > 1:
+            totals = self.accelerator.reduce(totals, reduction="sum")
+        return losses.std_from_moments(totals)
+
+    def sample_metrics(self, samples: RewardValues, left_out, sample_ids, sample_mask, unwrapped) -> dict[str, float]:
+        """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
+        each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
+        degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
+        kept = samples.rewards[~left_out]
         metrics = {
             "rl/phase": 1.0,
-            "rl/reward": sample_rewards.mean().item(),
-            "rl/reward_std": sample_rewards.std().item() if sample_rewards.numel() > 1 else 0.0,
             "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
             # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
             "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
             "rl/frac_truncated": (~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))).float().mean().item(),
         }
-        for name, values in (part_rewards or {}).items():
-            metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
-            metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        if kept.numel():
+            metrics["rl/reward"] = kept.mean().item()
+            metrics["rl/reward_std"] = kept.std().item() if kept.numel() > 1 else 0.0
+        for name, values in samples.part_rewards().items():
+            values = values[torch.isfinite(values)]
+            if values.numel():
+                metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
+                metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        missing = samples.missing()
+        if missing:
+            metrics["rl/missing_rewards"] = float(missing)
         if self.args.nonfinite_rewards == "drop":
-            metrics["rl/nonfinite_rewards"] = float(bad.sum().item())
+            metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
         return metrics
 
     def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict, banned=None):
@@ -338,25 +358,28 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         return loss
 
     def compute_rewards(self, token_ids, text: BatchText):
-        """Returns `(rewards, nonfinite)`: rewards of decoded `token_ids` (float tensor `(N,)`) and a bool mask.
+        """Returns `(rewards, left_out)`: rewards of decoded `token_ids` (float tensor `(N,)`, 0 where left out) and
+        a bool mask of the sequences without a usable reward (see `reward_values`).
 
         `text` holds one row per sequence of `token_ids` (see `repeat_rows`).
         """
         scored = self.reward_values(token_ids, text)
-        return scored.rewards, scored.nonfinite
+        return scored.rewards, scored.left_out
 
     def reward_values(self, token_ids, text: BatchText) -> RewardValues:
         """Returns the decoded `token_ids` `(N, T)`, their rewards and each reward function's values (scored once;
-        the rewards are the parts' weighted sum). `text` holds one row per sequence (see `repeat_rows`)."""
+        the rewards are the parts' weighted sum). `text` holds one row per sequence (see `repeat_rows`). A sequence
+        no reward applies to (`None`) is left out, and so is a non-finite reward with `nonfinite_rewards="drop"`."""
         predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
         parts = call_reward_parts(self.reward_fn, predictions, text.references, text.sources, text.columns,
                                   name=self.reward_label, batch_index=self.state.global_step)
         values = combine_parts(self.reward_fn, parts)
         if self.args.nonfinite_rewards == "error":
             check_finite(values, self.reward_label)
-        rewards = torch.tensor(values, dtype=torch.float32, device=token_ids.device)
-        bad = ~torch.isfinite(rewards)
-        return RewardValues(predictions, values, parts, rewards.masked_fill(bad, 0.0), bad)
+        numbers = [float("nan") if value is None else value for value in values]
+        rewards = torch.tensor(numbers, dtype=torch.float32, device=token_ids.device)
+        left_out = ~torch.isfinite(rewards)
+        return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
 
     def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_ids, sample_mask, unwrapped,
                            baselines=None, advantages=None, greedy_ids=None) -> None:
@@ -384,13 +407,14 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         self.completions.add(self.state.global_step, rows)
 
     def baseline_rewards(self, sample_rewards, bad, rollout, text: BatchText):
-        """Returns `(baseline (B*n,), nonfinite mask (B*n,))` for the configured baseline."""
+        """Returns `(baseline (B*n,), left-out mask (B*n,))` for the configured baseline: the samples left out are out
+        of their siblings' leave-one-out means, and a source whose greedy reward is missing leaves its samples out."""
         n = rollout.num_samples
         if self.baseline == "greedy":
             greedy, greedy_bad = self.compute_rewards(rollout.greedy_ids, text)
             return greedy.repeat_interleave(n), bad | greedy_bad.repeat_interleave(n)
         if self.baseline == "mean":
-            return losses.leave_one_out_baseline(sample_rewards, n), bad
+            return losses.leave_one_out_baseline(sample_rewards, n, ~bad), bad
         if self.baseline == "moving_average":
             good = sample_rewards[~bad]
             batch_mean = good.mean().item() if good.numel() else (self.baseline_ema or 0.0)
@@ -444,17 +468,20 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             text = text._replace(references=self._decode_labels(inputs["labels"]))
         if text.references is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
-            rewards, _ = self.compute_rewards(ids, text)
+            rewards, left_out = self.compute_rewards(ids, text)
             # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
-            self._metrics["eval"]["rl/reward"].extend(rewards.tolist())
+            self._metrics["eval"]["rl/reward"].extend(rewards[~left_out].tolist())
 
     # ---- checkpoints ------------------------------------------------------------------------------
 
     def extra_state(self) -> dict:
-        return {"baseline_ema": self.baseline_ema, "baseline": self.baseline}
+        # The seed of the rollouts' keys goes with the run: resumed with another `seed`, it samples what it sampled.
+        return {"baseline_ema": self.baseline_ema, "baseline": self.baseline, "rollout_seed": self.rollout_keys.seed}
 
     def load_extra_state(self, state: dict) -> None:
         self.baseline_ema = state.get("baseline_ema")
+        if state.get("rollout_seed") is not None:
+            self.rollout_keys.seed = state["rollout_seed"]
 
     def save_process_state(self, folder: str) -> None:
         if self.reuse is not None:

@@ -31,6 +31,8 @@ class RolloutBatch:
         advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample.
         metrics (`dict[str, float]`): what the rollout measured (`rl/reward`, ...), logged at every use.
         old_token_logprobs (`torch.Tensor` of shape `(B*n, T)` or None): log-probs at rollout time (μ > 1 only).
+        kept (`torch.BoolTensor` of shape `(B*n,)` or None): false for the samples left out of the loss (no usable
+            reward); None keeps every sample.
     """
 
     sample_ids: torch.Tensor
@@ -38,6 +40,12 @@ class RolloutBatch:
     advantages: torch.Tensor
     metrics: dict = field(default_factory=dict)
     old_token_logprobs: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """Returns the tokens the policy-gradient term counts, `(B*n, T)`: `sample_mask` without the left-out rows."""
+        return self.sample_mask if self.kept is None else self.sample_mask & self.kept.unsqueeze(1)
 
 
 class RepeatBlockSampler(Sampler):

@@ -34,7 +34,7 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from helpers import (byt5_tokenizer, prompt_completion_dataset, skip_deepspeed_shm_build, tiny_causal_model,  # noqa: E402
-                     tiny_model, toy_dataset, toy_pairs, whole_state_dict)
+                     tiny_classifier, tiny_model, toy_dataset, toy_pairs, whole_state_dict)
 
 
 REWARDS_SEEN: list[float] = []  # what this process's reward calls returned (its own samples only)
@@ -83,6 +83,27 @@ def run_one_step(output_dir: str, **overrides):
                           reward_funcs=overlap_reward, train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
     trainer.train()
     return trainer
+
+
+def run_model_reward(output_dir: str, **overrides):
+    """Returns the trainer after one step of the `one_step` setup scored by a reward model (a one-output classifier
+    built from a config, placed on each process) with the advantages scaled by their std over every process."""
+    from hf_seqrl import SCSTTrainer
+    from hf_seqrl.rewards import RewardModelReward
+
+    tokenizer = byt5_tokenizer()
+    reward = RewardModelReward(tiny_classifier(), tokenizer=tokenizer, pair="prediction-reference")
+    trainer = SCSTTrainer(model=tiny_model("t5", seed=1), args=one_step_args(output_dir, scale_rewards="batch",
+                                                                             **overrides),
+                          reward_funcs=reward, train_dataset=one_step_data(tokenizer), processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
+def run_batched_rollouts(output_dir: str):
+    """Returns the trainer after one step of the `one_step` setup in 2 micro-batches of 2 decoded together."""
+    return run_one_step(output_dir, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                        steps_per_generation=2)
 
 
 def run_reuse(output_dir: str, **overrides):
@@ -248,6 +269,7 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
           "zero3": (("one_step", lambda out: run_one_step(out, max_grad_norm=1.0)),
                     ("causal_one_step", lambda out: run_one_step_causal(out, max_grad_norm=1.0)),
                     ("causal_eval", run_causal_evaluation)),
+          "model_reward_and_batched": (("model_reward", run_model_reward), ("batched", run_batched_rollouts)),
           "causal_trainers": (("causal_mrt", lambda out: run_mrt(out, causal=True)),
                               ("causal_kstep", lambda out: run_input_schedule_step(out, "kstep", causal=True)))}
 

@@ -278,6 +278,23 @@ def test_trainers_of_a_suite_on_two_processes(tmp_path, suite, runs):
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
 
+def test_model_reward_batch_scaling_and_batched_rollouts_on_two_processes(tmp_path):
+    """2 processes x batch 4: a reward model on each rank with the advantages scaled by their std over both ranks,
+    and 2 x 2 micro-batches whose rollouts one decode serves; each equals one process with the global batch of 8."""
+    import distributed_worker as worker
+
+    results, _ = run_worker(tmp_path, ("model_reward", "batched"), "model_reward_and_batched")
+    singles = {"model_reward": worker.run_model_reward(str(tmp_path / "single_rm"), per_device_train_batch_size=8),
+               "batched": worker.run_one_step(str(tmp_path / "single_batched"), per_device_train_batch_size=8)}
+    for run, single in singles.items():
+        assert results[f"{run}0"]["world_size"] == 2
+        logged = [h["rl/reward"] for h in results[f"{run}0"]["log_history"] if "rl/reward" in h]
+        assert len(logged) == 1 and math.isfinite(logged[0])
+        for name, value in single.model.state_dict().items():
+            assert torch.equal(results[f"{run}0"]["params"][name], results[f"{run}1"]["params"][name]), (run, name)
+            torch.testing.assert_close(results[f"{run}0"]["params"][name], value, atol=ATOL, rtol=RTOL)
+
+
 def test_deepspeed_zero3_trains_as_one_process(tmp_path):
     """recipes/accelerate_configs/deepspeed_zero3.yaml on 2 CPU processes: the Trainer with every parameter
     partitioned (rollouts, the scoring pass and the step) ends one step of the `one_step` setup, encoder-decoder and

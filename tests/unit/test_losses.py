@@ -37,12 +37,49 @@ def test_leave_one_out_baseline():
         losses.leave_one_out_baseline(r, 4)
 
 
+def test_leave_one_out_baseline_leaves_out_the_samples_without_a_reward():
+    # source 0: [1, (none), 3, 5] -> kept {1, 3, 5}: b = [(3+5)/2, (1+3+5)/3, (1+5)/2, (1+3)/2] = [4, 3, 3, 2]
+    # source 1: [(none), 7, (none), (none)] -> sample 1 has no kept sibling: its own reward (advantage 0); the
+    # samples left out get the kept ones' mean (their advantage is not used)
+    r = torch.tensor([1.0, 0.0, 3.0, 5.0, 0.0, 7.0, 0.0, 0.0])
+    keep = torch.tensor([True, False, True, True, False, True, False, False])
+    assert losses.leave_one_out_baseline(r, 4, keep).tolist() == [4.0, 3.0, 3.0, 2.0, 7.0, 7.0, 7.0, 7.0]
+    assert losses.leave_one_out_baseline(r, 4, torch.ones(8, dtype=torch.bool)).tolist() == \
+        losses.leave_one_out_baseline(r, 4).tolist()
+
+
 def test_scale_advantages():
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
-    # std (unbiased) = sqrt(4/3)
-    torch.testing.assert_close(losses.scale_advantages(adv), adv / math.sqrt(4 / 3))
+    # moments [4, 0, 4]: std (unbiased) = sqrt((4 - 0/4) / 3) = sqrt(4/3)
+    assert losses.moments(adv).tolist() == [4.0, 0.0, 4.0]
+    std = losses.std_from_moments(losses.moments(adv))
+    torch.testing.assert_close(std.item(), math.sqrt(4 / 3))
+    torch.testing.assert_close(losses.scale_advantages(adv, std), adv / math.sqrt(4 / 3))
     const = torch.zeros(4)
-    assert losses.scale_advantages(const).tolist() == [0.0] * 4  # no NaN from a zero std
+    assert losses.scale_advantages(const, 0.0).tolist() == [0.0] * 4  # no NaN from a zero std
+    # kept [2, 4] only: moments [2, 6, 20], std sqrt((20 - 36/2) / 1) = sqrt(2); one value: NaN, left unscaled
+    keep = torch.tensor([False, True, True, False])
+    assert losses.moments(torch.tensor([9.0, 2.0, 4.0, 9.0]), keep).tolist() == [2.0, 6.0, 20.0]
+    assert math.isnan(losses.std_from_moments(losses.moments(adv[:1])).item())
+    assert losses.scale_advantages(adv, float("nan")).tolist() == adv.tolist()
+    # moments of two processes add up: [1, 2] and [3] -> [3, 6, 14], std sqrt((14 - 12) / 2) = 1
+    both = losses.moments(torch.tensor([1.0, 2.0])) + losses.moments(torch.tensor([3.0]))
+    assert losses.std_from_moments(both).item() == 1.0
+
+
+def test_group_std_per_source_over_the_kept_samples():
+    # source 0: [1, 3] -> std sqrt(2); source 1: [2, (left out), 2, 8] -> kept [2, 2, 8]: mean 4,
+    # squares 4 + 4 + 16 = 24, std sqrt(24 / 2) = sqrt(12); source 2: one kept sample -> NaN
+    adv = torch.tensor([1.0, 3.0, 0.0, 0.0, 2.0, 5.0, 2.0, 8.0, 1.0, 0.0, 0.0, 0.0])
+    keep = torch.tensor([True, True, False, False, True, False, True, True, True, False, False, False])
+    # without a mask, pairs: [1, 3] -> sqrt(2); [0, 0] -> 0
+    torch.testing.assert_close(losses.group_std(adv[:4], 2), torch.tensor([math.sqrt(2), math.sqrt(2), 0.0, 0.0]))
+    std = losses.group_std(adv, 4, keep)
+    torch.testing.assert_close(std[:8], torch.tensor([math.sqrt(2)] * 4 + [math.sqrt(12)] * 4))
+    assert torch.isnan(std[8:]).all()
+    scaled = losses.scale_advantages(adv, std)
+    torch.testing.assert_close(scaled[4:8], adv[4:8] / math.sqrt(12))
+    assert scaled[8:].tolist() == adv[8:].tolist()
 
 
 def test_center_advantages():

@@ -263,3 +263,29 @@ def test_logs_name_the_algorithm_that_ran(tmp_path, tokenizer):
     finally:
         logging.getLogger("hf_seqrl").removeHandler(handler)
     assert "SCSTTrainer: REINFORCE with leave-one-out baseline, reward chrf_reward" in records
+
+
+# A COMET-style metric: it reads the source too. 1 when the prediction shares a character with its source, else 0.
+SOURCE_METRIC = '''
+import datasets
+import evaluate
+
+
+class SourceOverlap(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(description="SourceOverlap", citation="", inputs_description="",
+                                   features=datasets.Features({"sources": datasets.Value("string"),
+                                                               "predictions": datasets.Value("string"),
+                                                               "references": datasets.Value("string")}))
+
+    def _compute(self, sources, predictions, references):
+        return {"scores": [float(bool(set(s) & set(p))) for s, p in zip(sources, predictions)]}
+'''
+
+
+def test_an_evaluate_module_with_a_sources_feature_receives_the_sources(tmp_path):
+    reward = EvaluateReward(load_metric(tmp_path, "source_overlap", SOURCE_METRIC))
+    assert reward.takes_sources
+    assert reward(["ab", "cd", "ab"], [["x"], ["y"], ["z", "w"]], sources=["a", "a", "xyz"]) == [1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="reads sources"):
+        reward(["ab"], [["x"]], sources=None)

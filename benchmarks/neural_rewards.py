@@ -1,0 +1,190 @@
+"""Neural-metric rewards on SciTLDR: which reward moves which metric, and what a reward costs per step.
+
+From the quality benchmark's BERT2BERT checkpoint C (`quality.py --task summarization`, cached and shared), SCST
+with four rewards at the quality protocol's budget of decoder positions: sentence ROUGE-L, MiniLM embedding
+similarity to the references, BERTScore F1 on MiniLM (layer `quality.BERTSCORE_LAYER`), and the mean of ROUGE-L and
+the embedding similarity; beside more cross-entropy from the same C. Every arm is scored on dev and test with
+ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word 3-grams found in the
+source: an arm that games a metric by copying shows there).
+
+`--timing` measures instead one SCST step from C per reward and batch size, each in a fresh process: the step time
+and the time inside the reward (decoding the samples and scoring them), median over the timed steps.
+
+    python benchmarks/neural_rewards.py --quick                      # smoke run on a slice (also a test)
+    python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7
+    python benchmarks/neural_rewards.py --timing --batch-sizes 8 32
+
+Writes benchmarks/results/neural_rewards.json (or --output) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import quality  # noqa: E402
+
+REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")
+EXTRA = "extra_metrics=embedding,bertscore,source_copy"
+COLUMNS = ("rougeL", "rouge1", "rouge2", "embedding", "bertscore", "length_ratio", "source_copy")
+
+
+def quality_args(args, reward: str, arms: list[str], output: str) -> list[str]:
+    """Returns the `quality.py` arguments of the arms trained with `reward`."""
+    argv = ["--task", "summarization", "--arms", *arms, "--set", f"reward={reward}", EXTRA, *args.set,
+            "--output", output, "--jobs", str(args.jobs), "--work-dir", work_dir(args)]
+    argv += ["--quick"] if args.quick else []
+    argv += ["--seeds", *map(str, args.seeds)] if args.seeds else []
+    argv += ["--data-dir", args.data_dir] if args.data_dir else []
+    return argv
+
+
+def work_dir(args) -> str:
+    """Returns the quality benchmark's work folder (C, its tokenizer, the cached arm units) that the runs share."""
+    return args.work_dir or os.path.join(HERE, "cache", "quality_summarization" + ("_quick" if args.quick else ""))
+
+
+def compare(args) -> dict:
+    """Runs the arms of every reward (cross-entropy once) and returns the merged results."""
+    work = os.path.join(work_dir(args), "neural_rewards")
+    os.makedirs(work, exist_ok=True)
+    merged, c_eval = {}, None
+    for reward in REWARDS:
+        arms = ["xe", "scst"] if reward == REWARDS[0] else ["scst"]
+        result = quality.main(quality_args(args, reward, arms, os.path.join(work, f"{reward}.json")))
+        c_eval = result["C"]
+        for arm, row in result["arms"].items():
+            merged["cross-entropy" if arm == "xe" else f"SCST, reward {reward}"] = row
+    return {"C": c_eval, "arms": merged}
+
+
+def cell(row: dict, decoding: str, metric: str) -> str:
+    value = row[decoding][metric]
+    if isinstance(value, dict):
+        return f"{value['mean']:.2f}" if value["min"] == value["max"] else \
+            f"{value['mean']:.2f} ({value['min']:.2f}–{value['max']:.2f})"
+    return f"{value:.2f}"
+
+
+def markdown(results: dict, decoding: str = "greedy") -> str:
+    """Returns the comparison table (test, `decoding`) in markdown."""
+    lines = ["| arm | " + " | ".join(COLUMNS) + " | dev rougeL |", "|---|" + "---|" * (len(COLUMNS) + 1)]
+    rows = {"C": results["C"], **results["arms"]}
+    for name, row in rows.items():
+        lines.append(f"| {name} | " + " | ".join(cell(row, decoding, m) for m in COLUMNS)
+                     + f" | {cell(row, 'dev', 'rougeL')} |")
+    return "\n".join(lines)
+
+
+def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str | None, work: str) -> dict:
+    """Returns the step and reward times of `steps` timed SCST steps (after an untimed one) from C with `reward`."""
+    import torch
+    from transformers import TrainerCallback
+
+    from hf_seqrl import SCSTTrainer, SeqRLConfig
+
+    settings = quality.SETTINGS[("summarization", quick)]
+    splits = quality.load_task(settings, data_dir or quality.DEFAULT_DATA)
+    tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work, "tokenizer"))
+    dataset = quality.to_dataset(splits["train"], tokenizer, settings)
+    folder = quality.c_folder(settings, work)
+    if not os.path.isdir(folder):
+        raise SystemExit(f"No checkpoint C in {folder}: run the comparison (or quality.py --task summarization) first.")
+    model = quality.load_model(settings, folder)
+    ends, inside = [], [0.0]
+
+    class StepEnds(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            ends.append((time.perf_counter(), 0.0))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append((time.perf_counter(), inside[0]))
+
+    args = SeqRLConfig(output_dir=os.path.join(work, "timing"), per_device_train_batch_size=batch, max_steps=steps + 1,
+                       learning_rate=1e-7, max_new_tokens=settings.max_new_tokens, report_to=[], save_strategy="no",
+                       logging_steps=10**6, disable_tqdm=True, use_cpu=True, dataloader_pin_memory=False, seed=0)
+    settings = quality.replace(settings, reward=reward)
+    trainer = SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                          reward_funcs=quality.arm_reward(settings), callbacks=[StepEnds()])
+    reward_values = trainer.reward_values
+
+    def timed(*a, **k):
+        start = time.perf_counter()
+        out = reward_values(*a, **k)
+        inside[0] += time.perf_counter() - start
+        return out
+
+    trainer.reward_values = timed
+    trainer.train()
+    pairs = list(zip(ends, ends[1:]))[1:]
+    step_s = [t1 - t0 for (t0, _), (t1, _) in pairs]
+    reward_s = [r1 - r0 for (_, r0), (_, r1) in pairs]
+    return {"reward": reward, "batch": batch, "threads": torch.get_num_threads(), "step_s": statistics.median(step_s),
+            "reward_s": statistics.median(reward_s), "share": statistics.median(r / s for r, s in zip(reward_s, step_s)),
+            "steps_s": step_s, "rewards_s": reward_s}
+
+
+def timing(args) -> dict:
+    rows = []
+    for batch in args.batch_sizes:
+        for reward in REWARDS:
+            cmd = [sys.executable, __file__, "--_time", reward, str(batch), str(args.steps), "--threads",
+                   str(args.threads), "--work-dir", work_dir(args)] + (["--quick"] if args.quick else [])
+            cmd += ["--data-dir", args.data_dir] if args.data_dir else []
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"  batch {batch:3d} {reward:18s} step {rows[-1]['step_s']:.2f} s, reward {rows[-1]['reward_s']:.2f} s "
+                  f"({100 * rows[-1]['share']:.0f}%)", flush=True)
+    return {"timing": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="quality.py settings")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--timing", action="store_true", help="time one SCST step per reward and batch size")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[8, 32])
+    parser.add_argument("--steps", type=int, default=3, help="--timing: timed steps per process")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--work-dir", default=None, help="the quality benchmark's work folder (C and cached units)")
+    parser.add_argument("--_time", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._time:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        reward, batch, steps = args._time
+        print(json.dumps(time_reward(reward, int(batch), int(steps), args.quick, args.data_dir, work_dir(args))),
+              flush=True)
+        return {}
+    start = time.time()
+    results = timing(args) if args.timing else compare(args)
+    command = "python benchmarks/neural_rewards.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = {"command": command, "quick": args.quick, "wall_seconds": round(time.time() - start), **results}
+    if not args.timing:
+        results["markdown"] = markdown(results)
+        print(results["markdown"])
+    name = "neural_rewards_timing.json" if args.timing else "neural_rewards.json"
+    output = args.output or (os.path.join(work_dir(args), name) if args.quick else os.path.join(HERE, "results", name))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {output}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""Rewards that a model computes: sentence-embedding similarity, BERTScore, a sequence-classification reward model and
+COMET.
+
+Each is a small class with the reward calling convention, built from a local folder, a Hub id or a loaded model. The
+model runs in eval mode under `torch.inference_mode()`, `batch_size` texts (or pairs) per forward, and every exact
+duplicate is scored once: a source's references, repeated for each of its samples, are encoded once per call. The
+trainers move a model reward to their own device on every process (`place_on`); it is never part of the trained
+model, so DDP, ZeRO and FSDP never wrap or shard it (`unsharded_loading` keeps a ZeRO-3 run's `from_pretrained` from
+partitioning it). A model handed to `reward_funcs` directly becomes one of these by its head (`model_reward`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+MODEL_REWARD_CLASSES = ("EmbeddingSimilarityReward", "BERTScoreReward", "RewardModelReward", "CometReward")
+
+
+@contextlib.contextmanager
+def unsharded_loading():
+    """Within the context, `from_pretrained` builds whole models even while a DeepSpeed ZeRO-3 config is active (which
+    would otherwise partition every model loaded in the process): a reward model runs whole on each process."""
+    deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+    reference = getattr(deepspeed, "_hf_deepspeed_config_weak_ref", None)
+    config = reference() if reference is not None else None
+    if config is None:
+        yield
+        return
+    deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        deepspeed.set_hf_deepspeed_config(config)
+
+
+def _from_pretrained(auto_class, name_or_model, **kwargs):
+    """Returns `name_or_model` itself when it is a model, else `auto_class.from_pretrained(name)`, unsharded and
+    without remote code."""
+    if not isinstance(name_or_model, (str, os.PathLike)):
+        return name_or_model
+    with unsharded_loading():
+        return auto_class.from_pretrained(os.fspath(name_or_model), trust_remote_code=False, **kwargs)
+
+
+def _tokenizer_for(model, tokenizer):
+    """Returns `tokenizer` (a tokenizer, a name, or None: the model's own `name_or_path`)."""
+    from transformers import AutoTokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    tokenizer = None if tokenizer is None else os.fspath(tokenizer)
+    name = tokenizer or getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+    if not name:
+        raise ValueError(f"{type(model).__name__} has no name_or_path to load its tokenizer from: pass tokenizer=.")
+    return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+
+
+def unique(items: Sequence) -> tuple[list, list[int]]:
+    """Returns `(distinct items in first-seen order, index of each item among them)`."""
+    index: dict = {}
+    positions = [index.setdefault(item, len(index)) for item in items]
+    return list(index), positions
+
+
+def best_per_owner(values: Sequence[float], owners: Sequence[int], count: int) -> list[float]:
+    """Returns, for each of `count` predictions, the largest of the `values` whose `owners` entry names it."""
+    best = [float("-inf")] * count
+    for owner, value in zip(owners, values):
+        best[owner] = max(best[owner], float(value))
+    return best
+
+
+class ModelReward:
+    """What the model rewards share: the device, eval mode, the batch size."""
+
+    model = None
+
+    def __init__(self, batch_size: int, device=None):
+        if batch_size < 1:
+            raise ValueError(f"{type(self).__name__}: batch_size must be >= 1, got {batch_size}.")
+        self.batch_size = batch_size
+        self.device = None
+        if device is not None:
+            self.to(device)
+
+    def to(self, device):
+        """Moves the reward's model to `device` (eval mode, no gradients); returns the reward."""
+        import torch
+
+        self.device = torch.device(device)
+        self.model.to(self.device).eval().requires_grad_(False)
+        return self
+
+    def batches(self, items: list) -> list[list]:
+        """Returns `items` in consecutive slices of `batch_size`."""
+        return [items[i:i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+
+
+class EmbeddingSimilarityReward(ModelReward):
+    """Cosine similarity of sentence embeddings: each prediction against its references (the best one), or against its
+    source (`compare="sources"`: quality estimation with a cross-lingual encoder such as LaBSE).
+
+    A sentence's embedding is the mean of the encoder's last hidden states over its tokens (`pooling="mean"`, as
+    sentence-transformers' MiniLM / MPNet models), or its first token's (`pooling="cls"`), L2-normalized. Every
+    distinct text of a call is embedded once, shortest texts batched together.
+
+    Args:
+        model (`str` or `PreTrainedModel`): an encoder (`AutoModel`), e.g. `"sentence-transformers/all-MiniLM-L6-v2"`.
+        tokenizer (*optional*): its tokenizer (default: loaded from the model's `name_or_path`).
+        compare (`str`, *optional*, defaults to `"references"`): `"references"` or `"sources"`.
+        pooling (`str`, *optional*, defaults to `"mean"`): `"mean"` or `"cls"`.
+        batch_size (`int`, *optional*, defaults to `64`), max_length (`int`, *optional*, defaults to `256`).
+        device (*optional*): where the encoder runs (the trainers place it on theirs).
+    """
+
+    def __init__(self, model, tokenizer=None, compare: str = "references", pooling: str = "mean",
+                 batch_size: int = 64, max_length: int = 256, device=None):
+        from transformers import AutoModel
+
+        if compare not in ("references", "sources"):
+            raise ValueError(f"EmbeddingSimilarityReward: compare={compare!r} is not 'references' or 'sources'.")
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"EmbeddingSimilarityReward: pooling={pooling!r} is not 'mean' or 'cls'.")
+        self.model = _from_pretrained(AutoModel, model)
+        self.tokenizer = _tokenizer_for(self.model, tokenizer)
+        self.compare, self.pooling, self.max_length = compare, pooling, max_length
+        self.__name__ = "embedding_similarity" if compare == "references" else "embedding_similarity_source"
+        super().__init__(batch_size, device)
+
+    def embed(self, texts: list[str]):
+        """Returns the normalized embeddings `(len(texts), d)` of `texts`, each distinct text encoded once."""
+        import torch
+
+        distinct, positions = unique(texts)
+        order = sorted(range(len(distinct)), key=lambda i: len(distinct[i]))
+        device = self.device or next(self.model.parameters()).device
+        rows = [None] * len(distinct)
+        with torch.inference_mode():
+            for chunk in self.batches(order):
+                encoded = self.tokenizer([distinct[i] for i in chunk], padding=True, truncation=True,
+                                         max_length=self.max_length, return_tensors="pt").to(device)
+                hidden = self.model(**encoded).last_hidden_state.float()
+                if self.pooling == "cls":
+                    pooled = hidden[:, 0]
+                else:
+                    mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+                pooled = torch.nn.functional.normalize(pooled, dim=-1)
+                for i, row in zip(chunk, pooled):
+                    rows[i] = row
+        if not rows:
+            return torch.empty(0)
+        return torch.stack(rows)[torch.tensor(positions, device=rows[0].device)]
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+        if not predictions:
+            return []
+        if self.compare == "sources":
+            if sources is None:
+                raise ValueError("EmbeddingSimilarityReward(compare='sources') needs the sources: add a `sources` "
+                                 "column (or text columns) to the dataset, or compare='references'.")
+            targets, owners = list(sources), list(range(len(predictions)))
+        else:
+            owners = [i for i, refs in enumerate(references) for _ in refs]
+            targets = [ref for refs in references for ref in refs]
+        vectors = self.embed(list(predictions) + targets)
+        mine, theirs = vectors[:len(predictions)], vectors[len(predictions):]
+        similarity = (mine[owners] * theirs).sum(dim=-1).tolist()
+        return best_per_owner(similarity, owners, len(predictions))
+
+
+class BERTScoreReward(ModelReward):
+    """BERTScore (Zhang et al., 2020) through the `bert-score` package: greedy cosine matching of contextual token
+    embeddings of prediction and reference, precision, recall or F1, with several references the best one.
+
+    `bert_score.BERTScorer` embeds the distinct sentences of a call once, in batches of `batch_size`; an empty
+    prediction scores 0. Requires `pip install bert-score` (the `hf-seqrl[neural]` extra).
+
+    Args:
+        model (`str`): a `model_type` of bert-score (`"roberta-large"`, ...) or a local folder.
+        num_layers (`int`, *optional*): the hidden layer whose states are matched (required for a local folder).
+        score (`str`, *optional*, defaults to `"f1"`): `"precision"`, `"recall"` or `"f1"`.
+        idf (`bool`, *optional*, defaults to `False`), idf_sentences (`list[str]`, *optional*): inverse document
+            frequency weights from these sentences (e.g. the training references).
+        rescale_with_baseline (`bool`), baseline_path (`str`), lang (`str`): as in bert-score.
+        batch_size (`int`, *optional*, defaults to `64`); device (*optional*).
+    """
+
+    SCORES = ("precision", "recall", "f1")
+
+    def __init__(self, model: str = "roberta-large", num_layers: int | None = None, score: str = "f1",
+                 idf: bool = False, idf_sentences: list[str] | None = None, rescale_with_baseline: bool = False,
+                 baseline_path: str | None = None, lang: str | None = None, batch_size: int = 64, device=None):
+        try:
+            from bert_score import BERTScorer
+        except ImportError as err:
+            raise ImportError("BERTScoreReward needs the bert-score package: pip install 'hf-seqrl[neural]' (or "
+                              "pip install bert-score).") from err
+        if score not in self.SCORES:
+            raise ValueError(f"BERTScoreReward: score={score!r} is not one of {self.SCORES}.")
+        if idf and not idf_sentences:
+            raise ValueError("BERTScoreReward(idf=True) needs idf_sentences= (e.g. the training references).")
+        try:
+            with unsharded_loading():
+                self.scorer = BERTScorer(model_type=os.fspath(model), num_layers=num_layers, idf=idf, idf_sents=idf_sentences,
+                                         rescale_with_baseline=rescale_with_baseline, baseline_path=baseline_path,
+                                         lang=lang, batch_size=batch_size, device="cpu")
+        except KeyError as err:
+            raise ValueError(f"BERTScoreReward: bert-score has no default layer for {model!r}: pass num_layers= (e.g. "
+                             "the layer count of the model's encoder, or fewer).") from err
+        self.model, self.score = self.scorer._model, score
+        self.__name__ = f"bertscore_{score}"
+        super().__init__(batch_size, device)
+
+    def to(self, device):
+        super().to(device)
+        self.scorer.device = str(self.device)
+        return self
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+        import torch
+
+        # An empty prediction scores 0, as bert-score scores it (whose own path for it fails under transformers 5).
+        owners = [i for i, refs in enumerate(references) for _ in refs if predictions[i].strip()]
+        if not owners:
+            return [0.0] * len(predictions)
+        with torch.inference_mode():
+            precision, recall, f1 = self.scorer.score([predictions[i] for i in owners],
+                                                      [ref for i, refs in enumerate(references) for ref in refs
+                                                       if predictions[i].strip()], batch_size=self.batch_size)
+        values = {"precision": precision, "recall": recall, "f1": f1}[self.score]
+        best = best_per_owner(values.tolist(), owners, len(predictions))
+        return [0.0 if value == float("-inf") else value for value in best]
+
+
+class RewardModelReward(ModelReward):
+    """A sequence-classification model with one output scoring text pairs (as TRL takes a reward model).
+
+    Args:
+        model (`str` or `PreTrainedModel`): an `AutoModelForSequenceClassification` with `num_labels=1`.
+        tokenizer (*optional*): its tokenizer (default: loaded from the model's `name_or_path`).
+        pair (`str`, *optional*, defaults to `"source-prediction"`): what the model reads: `"source-prediction"`
+            (quality estimation), `"prediction-reference"` (with several references the best one counts) or
+            `"prediction"` alone.
+        batch_size (`int`, *optional*, defaults to `32`), max_length (`int`, *optional*, defaults to `512`); device.
+    """
+
+    PAIRS = ("source-prediction", "prediction-reference", "prediction")
+
+    def __init__(self, model, tokenizer=None, pair: str = "source-prediction", batch_size: int = 32,
+                 max_length: int = 512, device=None):
+        from transformers import AutoModelForSequenceClassification
+
+        if pair not in self.PAIRS:
+            raise ValueError(f"RewardModelReward: pair={pair!r} is not one of {self.PAIRS}.")
+        self.model = _from_pretrained(AutoModelForSequenceClassification, model)
+        if getattr(self.model.config, "num_labels", None) != 1:
+            raise ValueError(f"RewardModelReward needs a model with one output (num_labels=1), got "
+                             f"num_labels={self.model.config.num_labels}: a classifier's labels are no reward.")
+        self.tokenizer = _tokenizer_for(self.model, tokenizer)
+        self.pair, self.max_length = pair, max_length
+        self.__name__ = f"reward_model:{pair}"
+        super().__init__(batch_size, device)
+
+    def pairs(self, predictions, references, sources) -> tuple[list[tuple], list[int]]:
+        """Returns the `(text, text_pair or None)` inputs to score and the prediction each belongs to."""
+        if self.pair == "prediction":
+            return [(p, None) for p in predictions], list(range(len(predictions)))
+        if self.pair == "source-prediction":
+            if sources is None:
+                raise ValueError("RewardModelReward(pair='source-prediction') needs the sources: add a `sources` "
+                                 "column (or text columns) to the dataset, or choose another pair.")
+            return list(zip(sources, predictions)), list(range(len(predictions)))
+        owners = [i for i, refs in enumerate(references) for _ in refs]
+        return [(predictions[i], ref) for i, refs in enumerate(references) for ref in refs], owners
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+        import torch
+
+        if not predictions:
+            return []
+        inputs, owners = self.pairs(predictions, references, sources)
+        distinct, positions = unique(inputs)
+        device = self.device or next(self.model.parameters()).device
+        scores: list[float] = []
+        with torch.inference_mode():
+            for chunk in self.batches(distinct):
+                first = [a for a, _ in chunk]
+                second = None if chunk[0][1] is None else [b for _, b in chunk]
+                encoded = self.tokenizer(first, second, padding=True, truncation=True, max_length=self.max_length,
+                                         return_tensors="pt").to(device)
+                scores += self.model(**encoded).logits[:, 0].float().tolist()
+        return best_per_owner([scores[i] for i in positions], owners, len(predictions))
+
+
+class CometReward(ModelReward):
+    """A COMET or COMET-Kiwi checkpoint through `unbabel-comet` (Rei et al., 2020): the model's forward called directly
+    in batches, not `predict()` (which builds a Lightning trainer at every call).
+
+    Reference-based regression models (`wmt22-comet-da`: `estimate(src, mt, ref)` over sentence embeddings) embed every
+    distinct source, reference and prediction once, so a source and its references are encoded once for all its
+    samples; quality-estimation checkpoints (COMET-Kiwi, no references) and unified models (xCOMET) score each distinct
+    input through `prepare_sample` and `forward`. With several references, the best one counts.
+
+    Args:
+        model (`str` or a loaded COMET model): a checkpoint file or folder (`checkpoints/model.ckpt`), or a Hub id
+            (`"Unbabel/wmt22-comet-da"`, downloaded by `comet.download_model`).
+        batch_size (`int`, *optional*, defaults to `32`); device (*optional*).
+    """
+
+    def __init__(self, model="Unbabel/wmt22-comet-da", batch_size: int = 32, device=None):
+        if isinstance(model, (str, os.PathLike)):
+            model = self.load(os.fspath(model))
+        self.model = model
+        # COMET-Kiwi (ReferencelessRegression, or a unified model trained on src + mt only) reads no reference.
+        segments = dict(getattr(model, "hparams", None) or {}).get("input_segments")
+        self.uses_references = "Referenceless" not in type(model).__name__ and (segments is None or "ref" in segments)
+        # Reference-based regression: sentence embeddings and an `estimate` over them (a unified model has neither).
+        self.reuses_embeddings = self.uses_references and all(
+            callable(getattr(model, method, None)) for method in ("estimate", "get_sentence_embedding"))
+        self.__name__ = "comet"
+        super().__init__(batch_size, device)
+
+    @staticmethod
+    def load(name: str):
+        """Returns the COMET model of a checkpoint path or a Hub id."""
+        import os
+
+        try:
+            import comet
+        except ImportError as err:
+            raise ImportError("CometReward needs the unbabel-comet package (pip install unbabel-comet); see "
+                              "docs/rewards.md for the versions that run beside transformers 5.") from err
+        path = name
+        if not os.path.exists(path):
+            path = comet.download_model(name)
+        elif os.path.isdir(path):
+            path = os.path.join(path, "checkpoints", "model.ckpt")
+        with unsharded_loading():
+            return comet.load_from_checkpoint(path)
+
+    def _embeddings(self, texts: list[str]):
+        """Returns the sentence embeddings `(len(texts), d)`, each distinct text encoded once."""
+        import torch
+
+        distinct, positions = unique(texts)
+        device = self.device or next(self.model.parameters()).device
+        rows = []
+        for chunk in self.batches(distinct):
+            encoded = self.model.encoder.prepare_sample(chunk)
+            rows.append(self.model.get_sentence_embedding(encoded["input_ids"].to(device),
+                                                          encoded["attention_mask"].to(device)))
+        return torch.cat(rows)[torch.tensor(positions, device=device)]
+
+    def _forward_scores(self, samples: list[dict]) -> list[float]:
+        """Returns the model's score of each sample dict through `prepare_sample` and `forward`, distinct ones once."""
+        keys = [tuple(sorted(sample.items())) for sample in samples]
+        distinct, positions = unique(keys)
+        device = self.device or next(self.model.parameters()).device
+        scores: list[float] = []
+        for chunk in self.batches(distinct):
+            inputs = self.model.prepare_sample([dict(key) for key in chunk], stage="predict")
+            parts = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+            outputs = [self.model(**{k: v.to(device) for k, v in part.items() if hasattr(v, "to")}).score
+                       for part in parts]
+            # A unified model scores mt with src, with ref and with both; COMET's predict averages them.
+            scores += (sum(outputs) / len(outputs)).float().tolist()
+        return [scores[i] for i in positions]
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+        import torch
+
+        if not predictions:
+            return []
+        if sources is None:
+            raise ValueError("CometReward needs the sources: add a `sources` column (or text columns) to the dataset.")
+        with torch.inference_mode():
+            if not self.uses_references:
+                return self._forward_scores([{"src": s, "mt": p} for s, p in zip(sources, predictions)])
+            owners = [i for i, refs in enumerate(references) for _ in refs]
+            rows = [(sources[i], predictions[i], ref) for i, refs in enumerate(references) for ref in refs]
+            if not self.reuses_embeddings:
+                scores = self._forward_scores([{"src": s, "mt": p, "ref": r} for s, p, r in rows])
+            else:
+                count = len(rows)
+                vectors = self._embeddings([s for s, _, _ in rows] + [p for _, p, _ in rows] + [r for _, _, r in rows])
+                scores = self.model.estimate(vectors[:count], vectors[count:2 * count], vectors[2 * count:])
+                scores = scores.score.float().tolist()
+        return best_per_owner(scores, owners, len(predictions))
+
+
+def is_torch_module(obj) -> bool:
+    """Returns True for a `torch.nn.Module` (checked without importing torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def model_reward(model) -> ModelReward:
+    """Returns the model reward for a model given directly to `reward_funcs`, by its head: a sequence classifier with
+    one output scores (source, prediction) pairs (`RewardModelReward`), a COMET model is a `CometReward`, a bare encoder
+    (`AutoModel`) gives `EmbeddingSimilarityReward`. Anything else (a language-model head, a classifier with several
+    labels) is refused with a message naming the classes to wrap it in."""
+    name = type(model).__name__
+    if type(model).__module__.startswith("comet."):
+        return CometReward(model)
+    if name.endswith("ForSequenceClassification") and getattr(model.config, "num_labels", None) == 1:
+        return RewardModelReward(model)
+    config = getattr(model, "config", None)
+    bare_encoder = "For" not in name and hasattr(model, "get_input_embeddings") and not getattr(
+        config, "is_encoder_decoder", False) and not (callable(getattr(model, "can_generate", None))
+                                                      and model.can_generate())
+    if bare_encoder:  # an AutoModel without a head: a sentence encoder
+        return EmbeddingSimilarityReward(model)
+    raise ValueError(
+        f"reward_funcs got a {name}, which is no reward by itself: wrap it in one of {', '.join(MODEL_REWARD_CLASSES)} "
+        "(hf_seqrl.rewards), e.g. RewardModelReward(model, pair='source-prediction') for a one-output sequence "
+        "classifier or EmbeddingSimilarityReward(encoder) for a sentence encoder.")
