@@ -17,6 +17,7 @@ from .losses import LOSS_NORMALIZATIONS
 from .schedules import SCHEDULES
 
 BASELINES = ("greedy", "mean", "moving_average", "none")
+MRT_CANDIDATES = ("sample", "beam", "sample+beam")
 SCALE_REWARDS = ("none", "group", "batch")
 
 
@@ -347,7 +348,18 @@ class MRTConfig(SeqRLConfig):
     `num_iterations > 1` are refused.
 
     num_samples (`int`, *optional*, defaults to `4`):
-        Sampled candidates per source.
+        Candidates per source drawn by `mrt_candidates`: samples, or the n-best of the beam.
+    mrt_candidates (`str`, *optional*, defaults to `"sample"`):
+        Where the candidates come from: `"sample"` (`num_samples` samples of the rollout decode), `"beam"` (the
+        `num_samples`-best list of a beam search of width `mrt_beam_size` from the current model, as fairseq's and
+        Nematus' sequence-level training draw them: `generate` with the model's own generation config, e.g. its
+        length penalty and banned tokens) or `"sample+beam"` (both, `2 * num_samples`).
+    mrt_beam_size (`int`, *optional*, defaults to `4`):
+        Beam width of `"beam"` candidates; at least `num_samples`.
+    max_len_a (`float`, *optional*, defaults to `0.0`), max_len_b (`int`, *optional*, defaults to `None`):
+        A candidate length limit relative to the source (fairseq's names): at most
+        `int(max_len_a * source_tokens + max_len_b)` tokens, EOS included (at least 1); a longer sample ends with
+        EOS there, and the beam search is forced to end there. `None` turns it off.
     mrt_alpha (`float`, *optional*, defaults to `0.005`):
         Sharpness α of `Q`; 0.005 suits summed log-probs (Shen et al., 2016). Larger values concentrate `Q` on the
         likeliest candidates; with `length_normalize`, values near 1 are comparable.
@@ -357,7 +369,11 @@ class MRTConfig(SeqRLConfig):
         Add the tokenized label of each source (needs `labels` in the dataset) to its candidates.
     """
 
-    num_samples: int = field(default=4, metadata={"help": "Sampled candidates per source."})
+    num_samples: int = field(default=4, metadata={"help": "Candidates per source: samples or the beam's n-best."})
+    mrt_candidates: str = field(default="sample", metadata={"help": "sample | beam | sample+beam"})
+    mrt_beam_size: int = field(default=4, metadata={"help": "Beam width of the 'beam' candidates."})
+    max_len_a: float = field(default=0.0, metadata={"help": "Candidate length limit: max_len_a * source + max_len_b."})
+    max_len_b: int | None = field(default=None, metadata={"help": "Candidate length limit (None: off)."})
     mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates."})
     mrt_include_greedy: bool = field(default=False, metadata={"help": "Add the greedy decode to the candidates."})
     mrt_include_reference: bool = field(default=False, metadata={"help": "Add the label to the candidates."})
@@ -381,7 +397,24 @@ class MRTConfig(SeqRLConfig):
             raise ValueError(
                 f"MRTConfig.num_iterations={self.num_iterations}: MRT recomputes Q from the current model over a "
                 "fixed candidate set, there is no importance ratio to clip; set num_iterations=1.")
-        candidates = self.num_samples + int(self.mrt_include_greedy) + int(self.mrt_include_reference)
+        if self.mrt_candidates not in MRT_CANDIDATES:
+            raise ValueError(f"MRTConfig.mrt_candidates={self.mrt_candidates!r} is not one of {MRT_CANDIDATES}.")
+        if "beam" in self.mrt_candidates and self.mrt_beam_size < self.num_samples:
+            raise ValueError(
+                f"MRTConfig.mrt_beam_size={self.mrt_beam_size} is below num_samples={self.num_samples}: a beam keeps "
+                "at most its width of hypotheses; raise mrt_beam_size or lower num_samples.")
+        if self.mrt_candidates == "beam" and self.mrt_include_greedy:
+            raise ValueError(
+                "MRTConfig.mrt_include_greedy=True with mrt_candidates='beam': the greedy decode comes with the "
+                "sampling decode, which 'beam' skips; use mrt_candidates='sample+beam' or mrt_include_greedy=False.")
+        if self.max_len_b is None and self.max_len_a:
+            raise ValueError(f"MRTConfig.max_len_a={self.max_len_a} needs max_len_b (the limit is max_len_a * source "
+                             "tokens + max_len_b): set max_len_b, e.g. 10.")
+        if self.max_len_b is not None and (self.max_len_a < 0 or self.max_len_a * 1 + self.max_len_b < 1):
+            raise ValueError(f"MRTConfig: the length limit max_len_a={self.max_len_a} * source + max_len_b="
+                             f"{self.max_len_b} must allow at least one token.")
+        drawn = self.num_samples * (2 if self.mrt_candidates == "sample+beam" else 1)
+        candidates = drawn + int(self.mrt_include_greedy) + int(self.mrt_include_reference)
         if candidates < 2:
             raise ValueError(
                 f"MRTConfig has {candidates} candidate per source (num_samples={self.num_samples}, "

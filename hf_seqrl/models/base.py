@@ -339,6 +339,13 @@ class ModelFamily:
         mask = torch.cat([pad_columns(mask.long(), width, 0, side) for _, mask in parts])
         return {"input_ids": ids, "attention_mask": mask}
 
+    def beam_search(self, model, batch: dict, num_beams: int, num_return: int, max_new_tokens: int,
+                    limits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns `(ids (B*num_return, T), mask)`: the `num_return` best hypotheses of `generate`'s beam search of
+        width `num_beams` per source, contiguous per source, in target coordinates, pad after EOS; with `limits`
+        `(B,)`, each source's hypotheses end by its limit (`beam.EOSAtLengthLimit`)."""
+        raise NotImplementedError
+
     def sample_from_prefix(self, model, batch: dict, prefix, generation_config, num_samples: int = 1,
                            with_greedy: bool = False, keys: torch.Tensor | None = None) -> Rollout:
         """Returns what `sample` returns, every row starting with the forced target tokens `prefix` `(B, P)` (held

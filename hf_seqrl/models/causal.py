@@ -18,6 +18,7 @@ from transformers import DynamicCache, GenerationConfig
 from ..functional.logprobs import group_logprobs
 from ..functional.sampling import rollout_uniforms
 from .bans import TokenBans, token_ban_settings
+from .beam import beam_kwargs
 from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
                    completion_mask, eos_ids, eval_mode, lockstep_group, pad_id, right_pad, rows_to_keep, split_groups,
                    unwrap)
@@ -352,6 +353,12 @@ class CausalFamily(ModelFamily):
         prompt_ids, prompt_mask = self.prompts(model, batch)
         ids, _ = generate_completions(unwrap(model), prompt_ids, prompt_mask, **generate_kwargs)
         return ids
+
+    def beam_search(self, model, batch, num_beams, num_return, max_new_tokens, limits=None):
+        prompt_ids, prompt_mask = self.prompts(model, batch)
+        kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=prompt_ids.shape[1])
+        with eval_mode(model), torch.no_grad():
+            return generate_completions(model, prompt_ids, prompt_mask, **kwargs)
 
     def continue_from(self, model, batch, prefix, generation_config):
         prompt_ids, prompt_mask = append_prefix(*self.prompts(model, batch), prefix)

@@ -41,6 +41,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from ..functional.logprobs import group_logprobs
 from ..functional.sampling import rollout_uniforms
 from .bans import TokenBans, token_ban_settings
+from .beam import beam_kwargs
 from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
                    completion_mask, decoder_start_id, eos_ids, eval_mode, lockstep_group, pad_id, right_pad,
                    rows_to_keep, shift_right, split_groups, unwrap)
@@ -368,6 +369,11 @@ class Seq2SeqFamily(ModelFamily):
     def generate(self, model, batch, **generate_kwargs):
         return model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                               **generate_kwargs)
+
+    def beam_search(self, model, batch, num_beams, num_return, max_new_tokens, limits=None):
+        kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=1)  # after the start token
+        with eval_mode(model), torch.no_grad():
+            return strip_decoded(self.generate(model, batch, **kwargs), model)
 
     def continue_from(self, model, batch, prefix, generation_config):
         forced = None if prefix is None else torch.cat(

@@ -1,6 +1,7 @@
 """`MRTTrainer`: minimum risk training (Shen et al., 2016; Edunov et al., 2018).
 
-One step: sample candidates (plus the greedy decode and the reference when asked) → rewards → drop duplicates →
+One step: draw candidates (samples and / or the beam's n-best, plus the greedy decode and the reference when asked;
+capped at a length limit relative to the source when one is set) → rewards → drop duplicates →
 log-probs of every candidate (with grad) → risk `sum_y Q(y) (1 - r(y))`, `Q ∝ p^α` over the source's candidates,
 mixed with cross-entropy by `rl_weight` (− entropy, + KL on the sampled positions). The math is
 `hf_seqrl.losses.minimum_risk_loss`.
@@ -13,7 +14,8 @@ import torch
 from .. import losses
 from ..configs import MRTConfig
 from ..hub import Method, Paper
-from ..models.base import pad_id, right_pad
+from ..models.base import eos_ids, pad_id, right_pad
+from ..models.beam import cap_lengths, length_limits
 from .inputs import BatchText, repeat_rows
 from .policy_gradient import SeqRLTrainer
 
@@ -28,32 +30,31 @@ SHEN_2016 = Paper(key="shen2016mrt", cite="Shen et al., 2016", url="https://acla
 }""")
 
 
-def candidate_set(sample_ids: torch.Tensor, sample_mask: torch.Tensor, num_samples: int,
-                  extra: list[tuple[torch.Tensor, torch.Tensor]], pad: int):
-    """Returns `(token_ids, token_mask, is_sample)` of each source's candidates: its samples, then each `extra` row.
+def candidate_set(parts: list[tuple[torch.Tensor, torch.Tensor, int]], drawn: int, pad: int):
+    """Returns `(token_ids, token_mask, is_drawn)` of each source's candidates: the rows of every part in order.
 
     Args:
-        sample_ids (`torch.LongTensor` of shape `(B*n, T)`), sample_mask (`torch.BoolTensor` of shape `(B*n, T)`).
-        extra: `(ids, mask)` pairs of shape `(B, T_j)`, one candidate per source each (greedy decodes, references).
+        parts: `(ids, mask, m)` triples, `m` candidates per source each, contiguous per source: ids and mask of shape
+            `(B*m, T_j)` (samples, the beam's n-best, greedy decodes, references).
+        drawn (`int`): how many of each source's first candidates were drawn (samples or n-best), as opposed to added.
         pad (`int`): pad token id, written after every candidate's last counted token.
 
-    Returns: token ids `(B*k, T_max)`, their mask `(B*k, T_max)` and a bool `(B*k,)` that is true on sample rows,
-    with `k = n + len(extra)` contiguous candidates per source.
+    Returns: token ids `(B*k, T_max)`, their mask `(B*k, T_max)` and a bool `(B*k,)` that is true on drawn rows, with
+    `k = sum of m` contiguous candidates per source.
     """
-    batch = sample_ids.shape[0] // num_samples
-    parts = [(sample_ids.view(batch, num_samples, -1), sample_mask.view(batch, num_samples, -1))]
-    parts += [(ids.unsqueeze(1), mask.unsqueeze(1)) for ids, mask in extra]
-    length = max(ids.shape[-1] for ids, _ in parts)
+    batch = parts[0][0].shape[0] // parts[0][2]
+    grouped = [(ids.view(batch, m, -1), mask.view(batch, m, -1)) for ids, mask, m in parts]
+    length = max(ids.shape[-1] for ids, _ in grouped)
 
     def widen(x: torch.Tensor, value: int) -> torch.Tensor:  # (B, rows, T) -> (B, rows, length)
         return right_pad(x.flatten(0, 1), length, value).view(x.shape[0], x.shape[1], length)
 
     # One pad id after the counted tokens makes equal sequences equal rows (see `first_occurrence_mask`).
-    token_ids = torch.cat([widen(ids.masked_fill(~mask.bool(), pad), pad) for ids, mask in parts], dim=1)
-    token_mask = torch.cat([widen(mask.long(), 0).bool() for _, mask in parts], dim=1)
+    token_ids = torch.cat([widen(ids.masked_fill(~mask.bool(), pad), pad) for ids, mask in grouped], dim=1)
+    token_mask = torch.cat([widen(mask.long(), 0).bool() for _, mask in grouped], dim=1)
     k = token_ids.shape[1]
-    is_sample = (torch.arange(k, device=token_ids.device) < num_samples).repeat(batch)
-    return token_ids.flatten(0, 1), token_mask.flatten(0, 1), is_sample
+    is_drawn = (torch.arange(k, device=token_ids.device) < drawn).repeat(batch)
+    return token_ids.flatten(0, 1), token_mask.flatten(0, 1), is_drawn
 
 
 class MRTTrainer(SeqRLTrainer):
@@ -78,6 +79,37 @@ class MRTTrainer(SeqRLTrainer):
     def rollout_with_greedy(self) -> bool:
         return self.args.mrt_include_greedy
 
+    def draw_candidates(self, unwrapped, inputs) -> tuple[list[tuple[torch.Tensor, torch.Tensor, int]], torch.Tensor | None]:
+        """Returns the candidates each source draws, as `candidate_set` parts (its samples, its beam's n-best, its
+        greedy decode, as configured; each capped at the source's length limit), and the greedy rows `(B, T)` or
+        None."""
+        args, n = self.args, self.args.num_samples
+        limits = None
+        if args.max_len_b is not None:
+            source_lengths = self.family.prompts(unwrapped, inputs)[1].sum(dim=1)
+            limits = length_limits(source_lengths, args.max_len_a, args.max_len_b)
+        eos, pad = (eos_ids(unwrapped) or [pad_id(unwrapped)])[0], pad_id(unwrapped)
+
+        def capped(ids, mask, rows_per_source):
+            if limits is None:
+                return ids, mask, rows_per_source
+            return (*cap_lengths(ids, mask, limits.repeat_interleave(rows_per_source), eos, pad), rows_per_source)
+
+        parts, greedy_ids = [], None
+        if args.mrt_candidates != "beam":
+            rollout = self.sample_rollout(unwrapped, inputs)
+            parts.append(capped(rollout.sample_ids, rollout.sample_mask, n))
+            if args.mrt_include_greedy:
+                greedy = capped(rollout.greedy_ids, rollout.greedy_mask, 1)
+                greedy_ids = greedy[0]
+        if "beam" in args.mrt_candidates:
+            config = self.rollout_config
+            budget = config.max_new_tokens or max(1, config.max_length - 1)
+            parts.append((*self.family.beam_search(unwrapped, inputs, args.mrt_beam_size, n, budget, limits), n))
+        if greedy_ids is not None:
+            parts.append(greedy)
+        return parts, greedy_ids
+
     def rl_loss(self, model, inputs, text: BatchText):
         """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
         args, n = self.args, self.args.num_samples
@@ -87,14 +119,13 @@ class MRTTrainer(SeqRLTrainer):
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
-        rollout = self.sample_rollout(unwrapped, inputs)
-        extra = [(rollout.greedy_ids, rollout.greedy_mask)] if args.mrt_include_greedy else []
+        parts, greedy_ids = self.draw_candidates(unwrapped, inputs)
+        drawn = sum(m for _, _, m in parts)
         if args.mrt_include_reference:
             targets = self.family.target_labels(inputs)  # the label in target coordinates (a causal completion)
-            extra.append((targets, targets != -100))
-        pad = pad_id(unwrapped)
-        token_ids, token_mask, is_sample = candidate_set(rollout.sample_ids, rollout.sample_mask, n, extra, pad)
-        k = n + len(extra)
+            parts.append((targets, targets != -100, 1))
+        token_ids, token_mask, is_drawn = candidate_set(parts, drawn, pad_id(unwrapped))
+        k = sum(m for _, _, m in parts)
         candidates = self.reward_values(token_ids, repeat_rows(text, k))
         rewards, bad = candidates.rewards, candidates.left_out
         keep = losses.first_occurrence_mask(token_ids, k) & ~bad
@@ -113,12 +144,12 @@ class MRTTrainer(SeqRLTrainer):
             else:
                 xe_loss = self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
         loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
-        samples = candidates.select(is_sample)
-        metrics = self.sample_metrics(samples, samples.left_out, rollout.sample_ids, rollout.sample_mask, unwrapped)
-        if self.completions is not None:  # the samples' rows; no baseline or advantage in MRT
-            self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
-                                    greedy_ids=rollout.greedy_ids)
-        sampled_tokens = token_mask & is_sample.unsqueeze(1)  # entropy and KL on the sampled positions, as elsewhere
+        samples = candidates.select(is_drawn)
+        drawn_ids, drawn_mask = token_ids[is_drawn], token_mask[is_drawn]
+        metrics = self.sample_metrics(samples, samples.left_out, drawn_ids, drawn_mask, unwrapped)
+        if self.completions is not None:  # the drawn candidates' rows; no baseline or advantage in MRT
+            self.record_completions(inputs, text, samples, drawn_ids, drawn_mask, unwrapped, greedy_ids=greedy_ids)
+        sampled_tokens = token_mask & is_drawn.unsqueeze(1)  # entropy and KL on the drawn candidates, as elsewhere
         loss = self.add_regularizers(loss, inputs, token_ids, k, scored.sample_logits, sampled_tokens, metrics,
                                      scored.banned)
         with torch.no_grad():

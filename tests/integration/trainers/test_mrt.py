@@ -9,6 +9,7 @@ import torch
 from helpers import heldout_chrf, make_config, params, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import MRTConfig, MRTTrainer, losses
 from hf_seqrl.rewards import get_reward
+from hf_seqrl.models.base import completion_mask
 from hf_seqrl.models.seq2seq import score_rollout
 from hf_seqrl.trainers.mrt import candidate_set
 
@@ -30,8 +31,8 @@ def test_candidate_set_pads_alike_and_finds_duplicates():
     sample_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
     greedy, greedy_mask = torch.tensor([[5, 6, eos]]), torch.tensor([[1, 1, 1]], dtype=torch.bool)
     reference = torch.tensor([[7, eos, -100, -100, -100]])  # -100: label padding
-    ids, mask, is_sample = candidate_set(samples, sample_mask, 2, [(greedy, greedy_mask),
-                                                                    (reference, reference != -100)], pad)
+    ids, mask, is_sample = candidate_set([(samples, sample_mask, 2), (greedy, greedy_mask, 1),
+                                          (reference, reference != -100, 1)], 2, pad)
     # every candidate widened to the longest (5), pad after its last counted token
     assert ids.tolist() == [[5, 6, eos, pad, pad], [7, eos, pad, pad, pad], [5, 6, eos, pad, pad],
                             [7, eos, pad, pad, pad]]
@@ -47,7 +48,7 @@ def test_reference_candidate_scores_like_the_gold_labels(tokenizer):
     labels = tokenizer(text_target=["abc", "d"], return_tensors="pt", padding=True)["input_ids"]
     labels = labels.masked_fill(labels == 0, -100)
     samples = torch.tensor([[100, 101, 1, 0, 0, 0, 0], [102, 1, 0, 0, 0, 0, 0]])
-    ids, mask, _ = candidate_set(samples, samples != 0, 1, [(labels, labels != -100)], pad=0)
+    ids, mask, _ = candidate_set([(samples, samples != 0, 1), (labels, labels != -100, 1)], 1, pad=0)
     scored = score_rollout(model, enc["input_ids"], enc["attention_mask"], ids, 2, 0, 0)
     gold = score_rollout(model, enc["input_ids"], enc["attention_mask"], samples, 1, 0, 0, gold_labels=labels)
     from_candidates = scored.sample_logits[:, -1, : labels.shape[1]]
@@ -136,3 +137,108 @@ def test_reference_candidate_without_labels_names_the_fix(tmp_path, tokenizer):
                          reward_funcs="chrf", train_dataset=ds, processing_class=tokenizer)
     with pytest.raises(ValueError, match="mrt_include_reference=True .* no 'labels'"):
         trainer.train()
+
+
+# ---- candidates from the beam's n-best list, length limits ------------------------------------------------------
+
+def capture_candidates(trainer):
+    """Records the candidate rows of every MRT step (what the scoring pass reads)."""
+    seen = []
+    score_policy = trainer.score_policy
+
+    def recorded(model, inputs, token_ids, group, *args, **kwargs):
+        seen.append((dict(inputs), token_ids.clone(), group))
+        return score_policy(model, inputs, token_ids, group, *args, **kwargs)
+
+    trainer.score_policy = recorded
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["t5", "marian", "llama"])
+def test_beam_candidates_are_the_n_best_of_generate(tmp_path, tokenizer, arch):
+    from helpers import prompt_completion_dataset, tiny_causal_model
+    from hf_seqrl.models import family_for
+    from hf_seqrl.models.causal import generate_completions
+
+    causal = arch == "llama"
+    model = tiny_causal_model("llama") if causal else tiny_model(arch, dropout=0.1)
+    data = prompt_completion_dataset(tokenizer, n=8) if causal else copy_dataset(tokenizer, n=8)
+    args = config(tmp_path, max_steps=1, per_device_train_batch_size=4, learning_rate=0.0, num_samples=3,
+                  mrt_candidates="beam", mrt_beam_size=4, max_new_tokens=6)
+    trainer = MRTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=data, processing_class=tokenizer)
+    seen = capture_candidates(trainer)
+    trainer.train()
+    (inputs, token_ids, group), = seen
+    input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+    assert group == 3
+    model.eval()
+    with torch.no_grad():
+        if causal:
+            prompt_ids, prompt_mask = family_for(model).prompts(model, inputs)
+            expected, expected_mask = generate_completions(model, prompt_ids, prompt_mask, num_beams=4,
+                                                           num_return_sequences=3, do_sample=False, max_new_tokens=6)
+        else:
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=4,
+                                 num_return_sequences=3, do_sample=False, max_new_tokens=6)[:, 1:]
+            expected_mask = completion_mask(out, [1])
+            expected = out.masked_fill(~expected_mask, 0)
+    width = expected.shape[1]
+    assert torch.equal(token_ids[:, :width], expected) and (token_ids[:, width:] == 0).all()
+
+
+def test_sample_and_beam_candidates_count_duplicates_once(tmp_path, tokenizer):
+    # top_k=1: every sample is the greedy decode, which is also the beam's best hypothesis (ties aside)
+    args = config(tmp_path, max_steps=2, num_samples=2, mrt_candidates="sample+beam", mrt_beam_size=2, top_k=1,
+                  max_new_tokens=5)
+    trainer = MRTTrainer(model=tiny_model("t5"), args=args, reward_funcs="chrf", train_dataset=copy_dataset(tokenizer),
+                         processing_class=tokenizer)
+    seen = capture_candidates(trainer)
+    trainer.train()
+    for _, token_ids, group in seen:
+        assert group == 4
+        distinct = losses.first_occurrence_mask(token_ids, 4).view(-1, 4).sum(dim=1)
+        assert (distinct <= 3).all()  # the two samples are one candidate
+    logged = [h["mrt/distinct_candidates"] for h in trainer.state.log_history if "mrt/distinct_candidates" in h]
+    assert len(logged) == 2 and all(1 <= d <= 3 for d in logged)
+
+
+@pytest.mark.parametrize("candidates", ["sample", "beam", "sample+beam"])
+def test_the_relative_length_limit_caps_every_candidate(tmp_path, tokenizer, candidates):
+    from hf_seqrl.models.beam import length_limits
+
+    args = config(tmp_path, max_steps=1, num_samples=2, mrt_candidates=candidates, mrt_beam_size=2,
+                  mrt_include_greedy=candidates != "beam", max_new_tokens=12, max_len_a=0.5, max_len_b=1)
+    trainer = MRTTrainer(model=tiny_model("t5"), args=args, reward_funcs="chrf", train_dataset=copy_dataset(tokenizer),
+                         processing_class=tokenizer)
+    seen = capture_candidates(trainer)
+    trainer.train()
+    (inputs, token_ids, group), = seen
+    limits = length_limits(inputs["attention_mask"].sum(dim=1), 0.5, 1)  # int(0.5 * source tokens + 1): 2 to 4
+    lengths = completion_mask(token_ids, [1]).sum(dim=1)  # up to and including the first EOS
+    assert (lengths.view(-1, group) <= limits.unsqueeze(1)).all()
+    ends = token_ids.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
+    assert (ends == 1).all()  # every candidate ends with EOS by its limit (below max_new_tokens=12)
+
+
+def test_cap_lengths_by_hand():
+    from hf_seqrl.models.beam import cap_lengths, length_limits
+
+    # limits: int(0.5 * [4, 7] + 1) = [3, 4]
+    assert length_limits(torch.tensor([4, 7]), 0.5, 1).tolist() == [3, 4]
+    ids = torch.tensor([[5, 6, 7, 8, 1], [5, 1, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    capped, capped_mask = cap_lengths(ids, mask, torch.tensor([3, 3]), eos_id=1, pad_id=0)
+    # row 0 (5 tokens) keeps 2 and ends with EOS; row 1 (2 tokens) is under its limit
+    assert capped.tolist() == [[5, 6, 1, 0, 0], [5, 1, 0, 0, 0]]
+    assert capped_mask.sum(dim=1).tolist() == [3, 2]
+
+
+def test_beam_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="mrt_candidates='nbest' is not one of"):
+        config(tmp_path, mrt_candidates="nbest")
+    with pytest.raises(ValueError, match="mrt_beam_size=2 is below num_samples=4"):
+        config(tmp_path, mrt_candidates="beam", mrt_beam_size=2)
+    with pytest.raises(ValueError, match="mrt_include_greedy=True with mrt_candidates='beam'"):
+        config(tmp_path, mrt_candidates="beam", mrt_include_greedy=True)
+    with pytest.raises(ValueError, match="max_len_a=0.5 needs max_len_b"):
+        config(tmp_path, max_len_a=0.5)
