@@ -47,14 +47,15 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "noise": "C + noise-level forcing (σ_t ~ U(0, 0.3))", "kstep2": "C + 2-step rollout",
           "kstep4": "C + 4-step rollout",
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)",
-          "scst_clip": "C + SCST, clipped multi-update", "mrt": "C + minimum risk training"}
+          "scst_clip": "C + SCST, clipped multi-update", "mrt": "C + minimum risk training",
+          "mrt_beam": "C + MRT over the beam's n-best"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
               "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "mrt/risk", "mrt/q_entropy", "loss")
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
            "scst_clip": {"baseline": "greedy", "num_samples": 1}}
 # The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
-SEQUENCE_ARMS = (*RL_ARMS, "mrt")
+SEQUENCE_ARMS = (*RL_ARMS, "mrt", "mrt_beam")
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ class Settings:
     clip_iterations: int = 2  # scst_clip: optimizer steps per rollout (the token ratio clipped to 1 ± clip_epsilon)
     clip_epsilon: float = 0.2  # scst_clip
     mrt_alpha: float = 0.005  # mrt: Q ∝ p(y|x)^alpha over each source's candidates (summed log-probs)
-    mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them
+    mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them (mrt_beam: n-best)
+    mrt_beam_size: int = 4  # mrt_beam: beam width of the candidates (the beam's decoder positions count in the budget)
     pf_adversarial_weight: float = 1.0  # pf: weight of the adversarial loss beside cross-entropy
     eval_batch: int = 64
     beams: tuple[int, ...] = (1, 4)
@@ -565,19 +567,24 @@ def _rl_arm(arm: str):
     return build
 
 
-def _mrt_arm(ctx: "ArmContext"):
-    from hf_seqrl.configs import MRTConfig
-    from hf_seqrl.trainers.mrt import MRTTrainer
+def _mrt_arm(candidates: str):
+    def build(ctx: "ArmContext"):
+        from hf_seqrl.configs import MRTConfig
+        from hf_seqrl.trainers.mrt import MRTTrainer
 
-    # The candidates of a source: `mrt_samples` samples and the greedy decode; no baseline, so center_advantages
-    # does not apply. The risk is mixed with cross-entropy as the policy-gradient arms are.
-    settings = ctx.settings
-    args = ctx.args(MRTConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
-                    max_new_tokens=settings.max_new_tokens, temperature=settings.rl_temperature,
-                    num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha, mrt_include_greedy=True,
-                    disable_dropout=settings.disable_dropout)
-    return MRTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
-                      processing_class=ctx.tokenizer)
+        # The candidates of a source: `mrt_samples` samples and the greedy decode, or the `mrt_samples`-best list of a
+        # beam of width `mrt_beam_size`; no baseline, so center_advantages does not apply. The risk is mixed with
+        # cross-entropy as the policy-gradient arms are.
+        settings = ctx.settings
+        args = ctx.args(MRTConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
+                        max_new_tokens=settings.max_new_tokens, temperature=settings.rl_temperature,
+                        num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha,
+                        mrt_candidates=candidates, mrt_beam_size=settings.mrt_beam_size,
+                        mrt_include_greedy=candidates == "sample", disable_dropout=settings.disable_dropout)
+        return MRTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
+                          processing_class=ctx.tokenizer)
+
+    return build
 
 
 def _mixer_arm(ctx: "ArmContext"):
@@ -638,7 +645,7 @@ class ArmContext:
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
 ARM_TRAINERS = {
     "xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"),
-    "scst_clip": _rl_arm("scst_clip"), "mrt": _mrt_arm, "pf": _pf_arm, "mixer": _mixer_arm,
+    "scst_clip": _rl_arm("scst_clip"), "mrt": _mrt_arm("sample"), "mrt_beam": _mrt_arm("beam"), "pf": _pf_arm, "mixer": _mixer_arm,
     "pc": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.15),
     "noise": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.3,
                                  per_token_levels=True),
@@ -800,7 +807,7 @@ REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
 ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
             "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
             **dict.fromkeys(("clip_iterations", "clip_epsilon"), ("scst_clip",)),
-            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt",)), "pf_adversarial_weight": ("pf",),
+            **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt", "mrt_beam")), "mrt_beam_size": ("mrt_beam",), "pf_adversarial_weight": ("pf",),
             "reward": REWARDED_ARMS}
 
 

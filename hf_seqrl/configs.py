@@ -147,8 +147,8 @@ class SeqRLConfig(SeqRLBaseConfig):
         draws from its own key (seed, process, optimizer step, row), so the samples and gradients do not depend on
         this setting.
     generation_batch_size (`int`, *optional*, defaults to `None`):
-        The same in sources over all processes (TRL's name): `per_device_train_batch_size` × processes ×
-        `steps_per_generation`. Set either field; the other is derived.
+        The same in sources over all processes: `per_device_train_batch_size` × processes × `steps_per_generation`
+        (TRL's name; TRL counts completions, hf-seqrl sources). Set either; `generation_steps` is what they mean.
 
     > Loss
 
@@ -242,8 +242,9 @@ class SeqRLConfig(SeqRLBaseConfig):
                     f"SeqRLConfig.reward_weights={self.reward_weights!r}: give one finite number per reward of "
                     "reward_funcs, or None for equal weights.")
             self.reward_weights = [float(w) for w in self.reward_weights]
-        if isinstance(self.scale_rewards, bool) or str(self.scale_rewards).lower() in ("true", "false"):
-            self.scale_rewards = "batch" if str(self.scale_rewards).lower() == "true" else "none"
+        self.scale_rewards = str(self.scale_rewards).lower()
+        if self.scale_rewards in ("true", "false"):
+            self.scale_rewards = "batch" if self.scale_rewards == "true" else "none"
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"SeqRLConfig.scale_rewards={self.scale_rewards!r} is not one of {SCALE_REWARDS}.")
         if self.scale_rewards == "group" and self.num_samples < 2:
@@ -305,10 +306,17 @@ class SeqRLConfig(SeqRLBaseConfig):
                 "never logs: set logging_strategy='steps' (every logging_steps) or log_completions=False.")
         self._resolve_generation_batch()
 
+    @property
+    def generation_steps(self) -> int:
+        """Returns the micro-batches one rollout decode serves: `steps_per_generation`, or what
+        `generation_batch_size` means on this run's processes, else 1 (the fields keep what the user set)."""
+        return self._generation_steps
+
     def _resolve_generation_batch(self) -> None:
-        """Derives `steps_per_generation` from `generation_batch_size` or the other way round (when either is set)
-        and checks that they agree with each other and with the batch and accumulation sizes."""
+        """Sets `generation_steps` from `steps_per_generation` or `generation_batch_size` and checks that they agree
+        with each other and with the batch and accumulation sizes."""
         name = type(self).__name__
+        self._generation_steps = 1
         if self.steps_per_generation is None and self.generation_batch_size is None:
             return
         per_step = self.per_device_train_batch_size * self.world_size
@@ -324,14 +332,13 @@ class SeqRLConfig(SeqRLBaseConfig):
                     f"{name}.generation_batch_size={self.generation_batch_size} means steps_per_generation={derived} "
                     f"(with {per_step} sources per micro-batch over all processes), but steps_per_generation="
                     f"{self.steps_per_generation}: set only one of the two.")
-            self.steps_per_generation = derived
-        steps = self.steps_per_generation
+        steps = self.steps_per_generation if self.generation_batch_size is None else derived
         if steps < 1 or self.gradient_accumulation_steps % steps:
             raise ValueError(
                 f"{name}.steps_per_generation={steps} must divide gradient_accumulation_steps="
                 f"{self.gradient_accumulation_steps}: one decode serves micro-batches of one optimizer step (for "
                 "rollouts that serve several optimizer steps, use num_iterations).")
-        self.generation_batch_size = per_step * steps
+        self._generation_steps = steps
 
 
 @dataclass
@@ -489,7 +496,7 @@ class MixerConfig(SeqRLConfig):
             raise ValueError(f"MixerConfig.mixer_increment_steps must be >= 1, got {self.mixer_increment_steps}.")
         refused = {"length_normalize": self.length_normalize, "loss_normalization": self.loss_normalization != "sequence",
                    "num_iterations": self.num_iterations != 1,
-                   "steps_per_generation": (self.steps_per_generation or 1) != 1}
+                   "steps_per_generation": self.generation_steps != 1}
         for name, is_set in refused.items():
             if is_set:
                 raise ValueError(

@@ -64,15 +64,17 @@ def center_advantages(adv: torch.Tensor, keep: torch.Tensor | None = None) -> to
     return torch.where(keep, adv - mean, torch.zeros_like(adv))
 
 
-def scale_advantages(adv: torch.Tensor, std: torch.Tensor | float, eps: float = 1e-6) -> torch.Tensor:
+def scale_advantages(adv: torch.Tensor, std: torch.Tensor | float | None = None, eps: float = 1e-6) -> torch.Tensor:
     """Returns `adv / std`, leaving unchanged each advantage whose `std` is below `eps` or not finite (a source or a
     batch whose rewards are all equal, or one value only).
 
     Args:
         adv (`torch.Tensor` of shape `(B*n,)`): advantages.
-        std (`torch.Tensor` of shape `(B*n,)` or `()`, or a float): the scale of each advantage (`group_std`,
-            `std_from_moments`).
+        std (`torch.Tensor` of shape `(B*n,)` or `()`, or a float, *optional*): the scale of each advantage
+            (`group_std`, `std_from_moments`); None takes the unbiased std of `adv`.
     """
+    if std is None:
+        std = std_from_moments(moments(adv))
     std = torch.as_tensor(std, dtype=adv.dtype, device=adv.device).expand_as(adv)
     usable = torch.isfinite(std) & (std >= eps)
     return torch.where(usable, adv / torch.where(usable, std, torch.ones_like(std)), adv)

@@ -11,7 +11,7 @@ A reward is a callable called with keywords, one value per prediction:
 """
 
 from .builtin import BUILTIN_REWARDS, SACREBLEU_INTERNALS, RewardFn, bleu_reward, chrf_reward, get_reward, rouge_reward
-from .combine import WeightedReward, as_reward, build_reward, place_on, unique_names
+from .combine import WeightedReward, as_reward, build_reward, model_rewards, place_on, unique_names
 from .convention import (call_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                          is_evaluation_module, is_number, reward_name)
 from .modules import EvaluateReward, accepts_reference_lists
@@ -23,4 +23,4 @@ __all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometRe
            "EvaluateReward", "ModelReward", "PooledReward", "RewardFn", "RewardModelReward", "WeightedReward",
            "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "call_reward_parts",
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
-           "is_number", "model_reward", "place_on", "reward_name", "rouge_reward", "unique_names"]
+           "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names"]

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .builtin import RewardFn, get_reward
-from .convention import call_reward, check_reward_spec, is_evaluation_module, reward_name
+from .convention import call_reward, check_reward_spec, is_evaluation_module, is_torch_module, reward_name, takes_predictions
 from .modules import EvaluateReward
-from .neural import ModelReward, is_torch_module, model_reward
+from .neural import ModelReward, model_reward
 
 
 def as_reward(item: Any) -> RewardFn:
@@ -16,17 +16,23 @@ def as_reward(item: Any) -> RewardFn:
     its head, `neural.model_reward`)."""
     if is_evaluation_module(item):
         return EvaluateReward(item)
-    if is_torch_module(item):
+    if is_torch_module(item) and not takes_predictions(item):
         return model_reward(item)
     return item if callable(item) else get_reward(item)
 
 
+def model_rewards(reward: RewardFn) -> list[ModelReward]:
+    """Returns the model rewards in `reward` (itself, or the parts of a `WeightedReward`)."""
+    return [part for part in getattr(reward, "rewards", [reward]) if isinstance(part, ModelReward)]
+
+
 def place_on(reward: RewardFn, device) -> None:
-    """Moves every model reward in `reward` (one, or the parts of a `WeightedReward`) that has no device of its own to
-    `device`."""
-    for part in getattr(reward, "rewards", [reward]):
-        if isinstance(part, ModelReward) and part.device is None:
-            part.to(device)
+    """Moves every model reward in `reward` whose model sits on the CPU and that was given no device to `device` (a
+    model the user put on an accelerator stays there)."""
+    for part in model_rewards(reward):
+        if part.device is None:
+            where = next(part.model.parameters()).device
+            part.to(device if where.type == "cpu" else where)
 
 
 class WeightedReward:

@@ -25,6 +25,44 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def reward_model_kind(obj: Any) -> str | None:
+    """Returns what a model given to `reward_funcs` becomes, by its head (checked without importing torch): `"comet"`
+    (a COMET model), `"reward_model"` (a sequence classifier with one output), `"encoder"` (a model without a head: a
+    sentence encoder), or None for anything else, a non-model included."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.nn.Module):
+        return None
+    name, config = type(obj).__name__, getattr(obj, "config", None)
+    if type(obj).__module__.startswith("comet."):
+        return "comet"
+    if name.endswith("ForSequenceClassification"):
+        return "reward_model" if getattr(config, "num_labels", None) == 1 else None
+    generates = callable(getattr(obj, "can_generate", None)) and obj.can_generate()
+    if "For" not in name and hasattr(obj, "get_input_embeddings") and not getattr(config, "is_encoder_decoder", False) \
+            and not generates:
+        return "encoder"
+    return None
+
+
+MODEL_REWARD_CLASSES = ("EmbeddingSimilarityReward", "BERTScoreReward", "RewardModelReward", "CometReward")
+
+
+def is_torch_module(obj: Any) -> bool:
+    """Returns True for a `torch.nn.Module` (checked without importing torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def takes_predictions(module: Any) -> bool:
+    """Returns True for a module whose `forward` has a `predictions` parameter: a reward written as a module."""
+    import inspect
+
+    try:
+        return "predictions" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def is_evaluation_module(obj: Any) -> bool:
     """Returns True for an `evaluate.EvaluationModule` (checked without importing `evaluate`)."""
     evaluate = sys.modules.get("evaluate")
@@ -40,6 +78,12 @@ def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None
     if not items:
         raise ValueError("reward_funcs is an empty list: name at least one reward, e.g. reward_funcs='bleu'.")
     for item in items:
+        if is_torch_module(item) and not takes_predictions(item) and reward_model_kind(item) is None:
+            raise ValueError(
+                f"reward_funcs got a {type(item).__name__}, which is no reward by itself: wrap it in one of "
+                f"{', '.join(MODEL_REWARD_CLASSES)} (hf_seqrl.rewards), e.g. RewardModelReward(model, tokenizer=..., "
+                "pair='source-prediction') for a one-output sequence classifier or EmbeddingSimilarityReward(encoder, "
+                "tokenizer=...) for a sentence encoder.")
         if callable(item) or is_evaluation_module(item) or (isinstance(item, str) and ":" in item):
             continue
         if not isinstance(item, str) or item not in BUILTIN_REWARDS:

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-MODEL_REWARD_CLASSES = ("EmbeddingSimilarityReward", "BERTScoreReward", "RewardModelReward", "CometReward")
+from .convention import check_reward_spec, reward_model_kind
 
 
 @contextlib.contextmanager
@@ -392,29 +392,12 @@ class CometReward(ModelReward):
         return best_per_owner(scores, owners, len(predictions))
 
 
-def is_torch_module(obj) -> bool:
-    """Returns True for a `torch.nn.Module` (checked without importing torch)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.nn.Module)
-
-
 def model_reward(model) -> ModelReward:
-    """Returns the model reward for a model given directly to `reward_funcs`, by its head: a sequence classifier with
-    one output scores (source, prediction) pairs (`RewardModelReward`), a COMET model is a `CometReward`, a bare encoder
-    (`AutoModel`) gives `EmbeddingSimilarityReward`. Anything else (a language-model head, a classifier with several
-    labels) is refused with a message naming the classes to wrap it in."""
-    name = type(model).__name__
-    if type(model).__module__.startswith("comet."):
-        return CometReward(model)
-    if name.endswith("ForSequenceClassification") and getattr(model.config, "num_labels", None) == 1:
-        return RewardModelReward(model)
-    config = getattr(model, "config", None)
-    bare_encoder = "For" not in name and hasattr(model, "get_input_embeddings") and not getattr(
-        config, "is_encoder_decoder", False) and not (callable(getattr(model, "can_generate", None))
-                                                      and model.can_generate())
-    if bare_encoder:  # an AutoModel without a head: a sentence encoder
-        return EmbeddingSimilarityReward(model)
-    raise ValueError(
-        f"reward_funcs got a {name}, which is no reward by itself: wrap it in one of {', '.join(MODEL_REWARD_CLASSES)} "
-        "(hf_seqrl.rewards), e.g. RewardModelReward(model, pair='source-prediction') for a one-output sequence "
-        "classifier or EmbeddingSimilarityReward(encoder) for a sentence encoder.")
+    """Returns the model reward for a model given directly to `reward_funcs`, by its head
+    (`convention.reward_model_kind`): a sequence classifier with one output scores (source, prediction) pairs
+    (`RewardModelReward`), a COMET model is a `CometReward`, a bare encoder gives `EmbeddingSimilarityReward`. Anything
+    else is refused (`convention.check_reward_spec` names the classes to wrap it in)."""
+    kind = reward_model_kind(model)
+    if kind is None:
+        check_reward_spec([model])
+    return {"comet": CometReward, "reward_model": RewardModelReward, "encoder": EmbeddingSimilarityReward}[kind](model)

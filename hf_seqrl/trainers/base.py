@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 
 import torch
+from accelerate.utils import gather_object
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
@@ -231,15 +232,19 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                       None)
         mode = "eval" if prefix is not None else "train"
         buffer = self._metrics[mode]
-        if buffer:
-            keys = sorted(buffer)
-            sums = torch.tensor([[math.fsum(buffer[k]), len(buffer[k])] for k in keys], dtype=torch.float64,
-                                device=self.args.device)
+        keys = sorted(buffer)
+        if self.accelerator.num_processes > 1:
+            # Processes may have recorded different names (a metric only some of their batches produce): reduce over
+            # the union, a name a process lacks counting (0, 0) there.
+            keys = sorted(set().union(*gather_object([keys])))
+        if keys:
+            sums = torch.tensor([[math.fsum(buffer.get(k, [])), len(buffer.get(k, []))] for k in keys],
+                                dtype=torch.float64, device=self.args.device)
             if self.accelerator.num_processes > 1:
                 sums = self.accelerator.reduce(sums, reduction="sum")
             for key, (total, count) in zip(keys, sums.tolist()):
-                name = f"{prefix}_{key}" if mode == "eval" else key
-                logs[name] = total / max(count, 1.0)
+                if count:
+                    logs[f"{prefix}_{key}" if mode == "eval" else key] = total / count
             buffer.clear()
         super().log(logs, start_time)
 

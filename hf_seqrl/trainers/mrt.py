@@ -79,6 +79,10 @@ class MRTTrainer(SeqRLTrainer):
     def rollout_with_greedy(self) -> bool:
         return self.args.mrt_include_greedy
 
+    @property
+    def decodes_rollouts(self) -> bool:
+        return self.args.mrt_candidates != "beam"  # the n-best alone comes from `generate`
+
     def draw_candidates(self, unwrapped, inputs) -> tuple[list[tuple[torch.Tensor, torch.Tensor, int]], torch.Tensor | None]:
         """Returns the candidates each source draws, as `candidate_set` parts (its samples, its beam's n-best, its
         greedy decode, as configured; each capped at the source's length limit), and the greedy rows `(B, T)` or
@@ -97,7 +101,7 @@ class MRTTrainer(SeqRLTrainer):
 
         parts, greedy_ids = [], None
         if args.mrt_candidates != "beam":
-            rollout = self.sample_rollout(unwrapped, inputs)
+            rollout = self.take_rollout(unwrapped, inputs)
             parts.append(capped(rollout.sample_ids, rollout.sample_mask, n))
             if args.mrt_include_greedy:
                 greedy = capped(rollout.greedy_ids, rollout.greedy_mask, 1)

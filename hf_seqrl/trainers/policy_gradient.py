@@ -19,7 +19,7 @@ from ..configs import SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import Rollout, ended_with_eos, eos_ids, replayed_rng, rng_state
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
-                       place_on, reward_name)
+                       model_rewards, place_on, reward_name)
 from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
@@ -119,7 +119,12 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         self.reward_fn = (PooledReward(reward_funcs, self.args.reward_weights, workers) if workers >= 2
                           else build_reward(reward_funcs, self.args.reward_weights))
         # A model reward runs on this process's device, outside the model that DDP / ZeRO / FSDP wrap.
-        place_on(getattr(self.reward_fn, "local", self.reward_fn), self.args.device)
+        local = getattr(self.reward_fn, "local", self.reward_fn)
+        if workers >= 2 and model_rewards(local):
+            raise ValueError(
+                f"SeqRLConfig.reward_workers={workers} scores rewards in worker processes, but reward_funcs holds a "
+                "model reward, which runs batched on the trainer's device: set reward_workers=0.")
+        place_on(local, self.args.device)
         self.reward_label = reward_name(self.reward_fn)
         self.baseline_ema: float | None = None
         self.ref_model, self.reference_adapter = None, None
@@ -179,6 +184,11 @@ class SeqRLTrainer(SeqRLBaseTrainer):
     def rollout_with_greedy(self) -> bool:
         """Returns whether a rollout decodes each source's greedy row beside its samples."""
         return self.baseline == "greedy"
+
+    @property
+    def decodes_rollouts(self) -> bool:
+        """Whether a step draws its samples through `take_rollout` (what `steps_per_generation` decodes ahead)."""
+        return True
 
     def _get_train_sampler(self, train_dataset=None):
         if self.reuse is None:
@@ -241,11 +251,11 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
         """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
-        return self.rollout_batch(self.sample_rollout(unwrapped, inputs), text, unwrapped, inputs)
+        return self.rollout_batch(self.take_rollout(unwrapped, inputs), text, unwrapped, inputs)
 
     # ---- rollouts: one decode per micro-batch, or per `steps_per_generation` micro-batches ---------------------
 
-    def sample_rollout(self, unwrapped, inputs) -> Rollout:
+    def take_rollout(self, unwrapped, inputs) -> Rollout:
         """Returns the rollout of a micro-batch: the one decoded ahead with other micro-batches of its optimizer step
         (`steps_per_generation > 1`), else one decoded now."""
         rollout = self.rollouts_ahead.take(inputs["input_ids"])
@@ -266,9 +276,9 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         """`Trainer.get_batch_samples` (the micro-batches of one optimizer step); with `steps_per_generation > 1`, also
         decodes their rollouts, `steps_per_generation` micro-batches per decode, before the first of them trains."""
         batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
-        steps = self.args.steps_per_generation or 1
+        steps = self.args.generation_steps
         ahead = []
-        if steps > 1 and self.phase == "rl" and self.uses_rollouts and not (
+        if steps > 1 and self.phase == "rl" and self.uses_rollouts and self.decodes_rollouts and not (
                 self.reuse is not None and self.reuse.holds(self.state.global_step)):
             unwrapped = self.accelerator.unwrap_model(self.model)
             inputs = [model_inputs(batch, self.args.device) for batch in batches]
@@ -296,12 +306,14 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         elif args.scale_rewards == "batch":
             adv = losses.scale_advantages(adv, self.batch_std(adv, ~bad))
         metrics = self.sample_metrics(samples, bad, rollout.sample_ids, rollout.sample_mask, unwrapped)
-        metrics.update({
-            "rl/baseline_reward": baseline_rewards.mean().item(),
-            "rl/advantage_abs": adv.abs().mean().item(),
-            "rl/advantage_mean": adv.mean().item(),
-            "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item(),
-        })
+        kept = ~bad
+        if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
+            metrics.update({
+                "rl/baseline_reward": baseline_rewards[kept].mean().item(),
+                "rl/advantage_abs": adv[kept].abs().mean().item(),
+                "rl/advantage_mean": adv[kept].mean().item(),
+                "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
+            })
         if self.completions is not None:
             self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
                                     baseline_rewards, adv, rollout.greedy_ids)
@@ -336,8 +348,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
                 metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
                 metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
         missing = samples.missing()
-        if missing:
-            metrics["rl/missing_rewards"] = float(missing)
+        metrics["rl/missing_rewards"] = float(missing)
         if self.args.nonfinite_rewards == "drop":
             metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
         return metrics
@@ -417,7 +428,9 @@ class SeqRLTrainer(SeqRLBaseTrainer):
             return losses.leave_one_out_baseline(sample_rewards, n, ~bad), bad
         if self.baseline == "moving_average":
             good = sample_rewards[~bad]
-            batch_mean = good.mean().item() if good.numel() else (self.baseline_ema or 0.0)
+            if not good.numel():  # no reward in this batch: nothing to average in, and no advantage to give
+                return torch.full_like(sample_rewards, self.baseline_ema or 0.0), bad
+            batch_mean = good.mean().item()
             current = self.baseline_ema if self.baseline_ema is not None else batch_mean
             self.baseline_ema = losses.moving_average(self.baseline_ema, batch_mean, self.args.baseline_ema_decay)
             return torch.full_like(sample_rewards, current), bad

@@ -100,10 +100,11 @@ def run_model_reward(output_dir: str, **overrides):
     return trainer
 
 
-def run_batched_rollouts(output_dir: str):
-    """Returns the trainer after one step of the `one_step` setup in 2 micro-batches of 2 decoded together."""
-    return run_one_step(output_dir, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                        steps_per_generation=2)
+def run_batched_rollouts(output_dir: str, steps_per_generation: int = 2):
+    """Returns the trainer after one step of the `one_step` setup in 2 micro-batches of 2, sampling (not top-1), their
+    rollouts decoded together (or one by one, `steps_per_generation=1`)."""
+    return run_one_step(output_dir, per_device_train_batch_size=2, gradient_accumulation_steps=2, top_k=0,
+                        num_samples=2, steps_per_generation=steps_per_generation)
 
 
 def run_reuse(output_dir: str, **overrides):
@@ -269,7 +270,8 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
           "zero3": (("one_step", lambda out: run_one_step(out, max_grad_norm=1.0)),
                     ("causal_one_step", lambda out: run_one_step_causal(out, max_grad_norm=1.0)),
                     ("causal_eval", run_causal_evaluation)),
-          "model_reward_and_batched": (("model_reward", run_model_reward), ("batched", run_batched_rollouts)),
+          "model_reward_and_batched": (("model_reward", run_model_reward), ("batched", run_batched_rollouts),
+                                       ("unbatched", lambda out: run_batched_rollouts(out, 1))),
           "causal_trainers": (("causal_mrt", lambda out: run_mrt(out, causal=True)),
                               ("causal_kstep", lambda out: run_input_schedule_step(out, "kstep", causal=True)))}
 

@@ -279,20 +279,23 @@ def test_trainers_of_a_suite_on_two_processes(tmp_path, suite, runs):
 
 
 def test_model_reward_batch_scaling_and_batched_rollouts_on_two_processes(tmp_path):
-    """2 processes x batch 4: a reward model on each rank with the advantages scaled by their std over both ranks,
-    and 2 x 2 micro-batches whose rollouts one decode serves; each equals one process with the global batch of 8."""
+    """2 processes x batch 4: a reward model on each rank with the advantages scaled by their std over both ranks
+    equals one process with the global batch of 8; 2 x 2 sampled micro-batches whose rollouts one decode serves end
+    where decoding them one by one ends."""
     import distributed_worker as worker
 
-    results, _ = run_worker(tmp_path, ("model_reward", "batched"), "model_reward_and_batched")
-    singles = {"model_reward": worker.run_model_reward(str(tmp_path / "single_rm"), per_device_train_batch_size=8),
-               "batched": worker.run_one_step(str(tmp_path / "single_batched"), per_device_train_batch_size=8)}
-    for run, single in singles.items():
+    results, _ = run_worker(tmp_path, ("model_reward", "batched", "unbatched"), "model_reward_and_batched")
+    single = worker.run_model_reward(str(tmp_path / "single_rm"), per_device_train_batch_size=8)
+    for run in ("model_reward", "batched", "unbatched"):
         assert results[f"{run}0"]["world_size"] == 2
         logged = [h["rl/reward"] for h in results[f"{run}0"]["log_history"] if "rl/reward" in h]
         assert len(logged) == 1 and math.isfinite(logged[0])
-        for name, value in single.model.state_dict().items():
-            assert torch.equal(results[f"{run}0"]["params"][name], results[f"{run}1"]["params"][name]), (run, name)
-            torch.testing.assert_close(results[f"{run}0"]["params"][name], value, atol=ATOL, rtol=RTOL)
+        for name, value in results[f"{run}0"]["params"].items():
+            assert torch.equal(value, results[f"{run}1"]["params"][name]), (run, name)
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(results["model_reward0"]["params"][name], value, atol=ATOL, rtol=RTOL)
+    for name, value in results["unbatched0"]["params"].items():
+        torch.testing.assert_close(results["batched0"]["params"][name], value, atol=ATOL, rtol=RTOL)
 
 
 def test_deepspeed_zero3_trains_as_one_process(tmp_path):

@@ -48,6 +48,19 @@ def test_leave_one_out_baseline_leaves_out_the_samples_without_a_reward():
         losses.leave_one_out_baseline(r, 4).tolist()
 
 
+def test_a_row_without_counted_tokens_is_out_of_the_loss_and_its_mean():
+    # rows' summed log-probs [-1, -2, -4], advantages [1, 2, 3]; row 2 left out (no counted token):
+    # loss = -(1 * -1 + 2 * -2) / 2 = 2.5, not / 3
+    token_logprobs = torch.tensor([[-1.0, 0.0], [-1.5, -0.5], [-2.0, -2.0]])
+    mask = torch.tensor([[True, False], [True, True], [False, False]])
+    adv = torch.tensor([1.0, 2.0, 3.0])
+    assert losses.policy_gradient_loss(token_logprobs, mask, adv).item() == pytest.approx(2.5)
+    # ratio 1: the surrogate is A per counted token: -(1 * 1 token + 2 * 2 tokens) / 2 rows = -2.5
+    old = token_logprobs.clone()
+    assert losses.clipped_policy_loss(token_logprobs, old, mask, adv, 0.2).item() == pytest.approx(-2.5)
+    assert losses.mean_over_counted(torch.tensor([1.0, 2.0]), torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0
+
+
 def test_scale_advantages():
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     # moments [4, 0, 4]: std (unbiased) = sqrt((4 - 0/4) / 3) = sqrt(4/3)

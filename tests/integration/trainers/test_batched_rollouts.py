@@ -35,18 +35,19 @@ class GradientRecorder(TrainerCallback):
 
 
 def train(trainer_class, config_class, model, dataset, tmp_path, **overrides):
-    """Trains 2 optimizer steps of 4 micro-batches of 2 sources; returns (samples of each micro-batch in training
-    order, gradients of each step, number of decodes)."""
-    args = make_config(config_class, tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=4,
-                       max_steps=2, num_samples=2, learning_rate=1e-2, **overrides)
+    """Trains (by default) 2 optimizer steps of 4 micro-batches of 2 sources; returns (samples of each micro-batch in
+    training order, gradients of each step, the sources of each decode)."""
+    args = make_config(config_class, tmp_path, **{"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4,
+                                                  "max_steps": 2, "num_samples": 2, "learning_rate": 1e-2,
+                                                  **overrides})
     recorder = GradientRecorder()
     trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=byt5_tokenizer(),
                             reward_funcs=overlap_reward, callbacks=[recorder])
     samples, decodes = [], []
-    sample_rollout, sample = trainer.sample_rollout, trainer.family.sample
+    take_rollout, sample = trainer.take_rollout, trainer.family.sample
 
-    def record_sample_rollout(*a, **k):
-        rollout = sample_rollout(*a, **k)
+    def record_take_rollout(*a, **k):
+        rollout = take_rollout(*a, **k)
         samples.append(rollout.sample_ids.clone())
         return rollout
 
@@ -54,7 +55,7 @@ def train(trainer_class, config_class, model, dataset, tmp_path, **overrides):
         decodes.append(batch["input_ids"].shape[0])
         return sample(model, batch, *a, **k)
 
-    trainer.sample_rollout, trainer.family.sample = record_sample_rollout, record_decode
+    trainer.take_rollout, trainer.family.sample = record_take_rollout, record_decode
     try:
         trainer.train()
     finally:
@@ -118,13 +119,32 @@ def test_batched_rollouts_with_clipped_reuse(tmp_path):
             torch.testing.assert_close(step[name], grad, rtol=1e-5, atol=1e-7)
 
 
+def test_batched_rollouts_after_a_warm_up_and_on_a_short_last_step(tmp_path):
+    """20 rows, 2 per micro-batch, 4 micro-batches per step: steps of 4, 4 and 2 micro-batches, the first a
+    teacher-forced warm-up (no decode); the short last step decodes its 2 micro-batches together."""
+    runs = {}
+    for steps in (1, 2, 4):
+        torch.manual_seed(0)
+        runs[steps] = train(SCSTTrainer, SeqRLConfig, tiny_model("t5", dropout=0.1), seq2seq_data(20),
+                            tmp_path / str(steps), steps_per_generation=steps, max_steps=-1, num_train_epochs=1,
+                            warmup_xe_steps=1)
+    assert runs[1][2] == [2] * 6 and runs[2][2] == [4] * 3 and runs[4][2] == [8, 4]
+    for steps in (2, 4):
+        samples, gradients, _ = runs[steps]
+        assert len(samples) == 6 and all(torch.equal(a, b) for a, b in zip(samples, runs[1][0]))
+        assert len(gradients) == 3
+        for step, reference in zip(gradients, runs[1][1]):
+            for name, grad in reference.items():
+                torch.testing.assert_close(step[name], grad, rtol=1e-5, atol=1e-7)
+
+
 def test_generation_batch_size_and_steps_per_generation(tmp_path):
     config = partial(make_config, SeqRLConfig, tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=4)
-    assert config().steps_per_generation is None  # default: every micro-batch decodes on its own
+    assert config().generation_steps == 1  # default: every micro-batch decodes on its own
     derived = config(generation_batch_size=8)
-    assert derived.steps_per_generation == 4
-    assert config(steps_per_generation=2).generation_batch_size == 4
-    assert config(steps_per_generation=2, generation_batch_size=4).steps_per_generation == 2  # agreeing: accepted
+    assert derived.generation_steps == 4 and derived.steps_per_generation is None  # the fields stay as given
+    assert config(steps_per_generation=2).generation_steps == 2
+    assert config(steps_per_generation=2, generation_batch_size=4).generation_steps == 2  # agreeing: accepted
     with pytest.raises(ValueError, match="steps_per_generation=3 must divide gradient_accumulation_steps=4"):
         config(steps_per_generation=3)
     with pytest.raises(ValueError, match="generation_batch_size=5 must be a multiple of"):
