@@ -230,11 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
            "runs": results["runs"], "wall_seconds": results["wall_seconds"]}
     print()
     print(markdown)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {output}")
-    return out
+    return quality.write_json(out, output)
 
 
 if __name__ == "__main__":

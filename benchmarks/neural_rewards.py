@@ -179,11 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(results["markdown"])
     name = "neural_rewards_timing.json" if args.timing else "neural_rewards.json"
     output = args.output or (os.path.join(work_dir(args), name) if args.quick else os.path.join(HERE, "results", name))
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {output}")
-    return results
+    return quality.write_json(results, output)
 
 
 if __name__ == "__main__":

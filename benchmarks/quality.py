@@ -864,6 +864,11 @@ def write_dev_results(args, settings: Settings, overrides: dict, command: str, c
               f"{cell['mean']:>12.2f} ({cell['min']:.2f}..{cell['max']:.2f})")
     results = {"task": args.task, "dev_only": True, "overrides": overrides, "command": command,
                "settings": asdict(settings), "C": c_eval, "arms": arms, "runs": runs}
+    return write_json(results, output)
+
+
+def write_json(results: dict, output: str) -> dict:
+    """Writes `results` to the JSON file `output` (its folder made), says so, and returns them."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w") as f:
         json.dump(results, f, indent=2)
@@ -995,11 +1000,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_table(settings, summary))
     print()
     print(format_markdown(settings, summary))
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {output}")
-    return results
+    return write_json(results, output)
 
 
 if __name__ == "__main__":

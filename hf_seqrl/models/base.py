@@ -89,6 +89,8 @@ def counted_width(mask: torch.Tensor) -> int:
 
 def pad_columns(x: torch.Tensor, length: int, value: int, side: str) -> torch.Tensor:
     """Returns `x` `(N, T)` padded with `value` to `(N, length)` on the `"left"` or `"right"`."""
+    if side not in ("left", "right"):
+        raise ValueError(f"pad_columns: side={side!r} is not 'left' or 'right'.")
     if x.shape[1] >= length:
         return x
     width = length - x.shape[1]

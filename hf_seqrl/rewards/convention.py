@@ -208,6 +208,22 @@ def _checked_values(values, count: int, name: str, where: str) -> list[float | N
     return [None if v is None else float(v) for v in values]
 
 
+def reference_pairs(references: Sequence[Sequence[str]]) -> tuple[list[int], list[str]]:
+    """Returns `(owners, flat)`: one entry per (prediction, reference) pair, the prediction's index and the reference
+    (what a reward that scores one reference at a time reads; `best_per_owner` keeps each prediction's best)."""
+    owners = [i for i, refs in enumerate(references) for _ in refs]
+    return owners, [ref for refs in references for ref in refs]
+
+
+def best_per_owner(values: Sequence[float], owners: Sequence[int], count: int) -> list[float]:
+    """Returns, for each of `count` predictions, the largest of the `values` whose `owners` entry names it (-inf for
+    a prediction without one)."""
+    best = [-math.inf] * count
+    for owner, value in zip(owners, values):
+        best[owner] = max(best[owner], float(value))
+    return best
+
+
 def check_finite(values: Sequence[float | None], name: str) -> None:
     """Raises a clear error if any reward value is NaN or inf (`None`, a reward that does not apply, is fine)."""
     bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]

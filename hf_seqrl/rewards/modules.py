@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from .convention import is_evaluation_module, is_number
+from .convention import best_per_owner, is_evaluation_module, is_number, reference_pairs
 
 
 def accepts_reference_lists(module) -> bool:
@@ -83,8 +82,8 @@ class EvaluateReward:
         """Returns the (prediction, reference-argument) pairs to score and the prediction index of each pair."""
         if self.multi_reference:
             return list(predictions), [list(r) for r in references], list(range(len(predictions)))
-        owners = [i for i, refs in enumerate(references) for _ in refs]
-        return [predictions[i] for i in owners], [ref for refs in references for ref in refs], owners
+        owners, flat = reference_pairs(references)
+        return [predictions[i] for i in owners], flat, owners
 
     def __call__(self, predictions: list[str], references: list[list[str]], sources=None, **columns) -> list[float]:
         if not predictions:
@@ -105,8 +104,5 @@ class EvaluateReward:
         if not self.per_example:
             values = [self._compute([p], [r], [s] if self.takes_sources else None)[self.key]
                       for p, r, s in zip(preds, refs, srcs)]
-        best = [-math.inf] * len(predictions)
-        for owner, value in zip(owners, values):
-            value = float(value.item() if hasattr(value, "item") else value)
-            best[owner] = max(best[owner], value)
-        return [self.scale * v for v in best]
+        values = [float(v.item() if hasattr(v, "item") else v) for v in values]
+        return [self.scale * v for v in best_per_owner(values, owners, len(predictions))]

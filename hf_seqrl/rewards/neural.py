@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .convention import check_reward_spec, reward_model_kind
+from .convention import best_per_owner, check_reward_spec, reference_pairs, reward_model_kind
 
 
 @contextlib.contextmanager
@@ -65,14 +65,6 @@ def unique(items: Sequence) -> tuple[list, list[int]]:
     return list(index), positions
 
 
-def best_per_owner(values: Sequence[float], owners: Sequence[int], count: int) -> list[float]:
-    """Returns, for each of `count` predictions, the largest of the `values` whose `owners` entry names it."""
-    best = [float("-inf")] * count
-    for owner, value in zip(owners, values):
-        best[owner] = max(best[owner], float(value))
-    return best
-
-
 class ModelReward:
     """What the model rewards share: the device, eval mode, the batch size."""
 
@@ -93,6 +85,11 @@ class ModelReward:
         self.device = torch.device(device)
         self.model.to(self.device).eval().requires_grad_(False)
         return self
+
+    @property
+    def model_device(self):
+        """Returns where the reward's model runs: its device, or where its parameters are."""
+        return self.device or next(self.model.parameters()).device
 
     def batches(self, items: list) -> list[list]:
         """Returns `items` in consecutive slices of `batch_size`."""
@@ -136,7 +133,7 @@ class EmbeddingSimilarityReward(ModelReward):
 
         distinct, positions = unique(texts)
         order = sorted(range(len(distinct)), key=lambda i: len(distinct[i]))
-        device = self.device or next(self.model.parameters()).device
+        device = self.model_device
         rows = [None] * len(distinct)
         with torch.inference_mode():
             for chunk in self.batches(order):
@@ -164,8 +161,7 @@ class EmbeddingSimilarityReward(ModelReward):
                                  "column (or text columns) to the dataset, or compare='references'.")
             targets, owners = list(sources), list(range(len(predictions)))
         else:
-            owners = [i for i, refs in enumerate(references) for _ in refs]
-            targets = [ref for refs in references for ref in refs]
+            owners, targets = reference_pairs(references)
         vectors = self.embed(list(predictions) + targets)
         mine, theirs = vectors[:len(predictions)], vectors[len(predictions):]
         similarity = (mine[owners] * theirs).sum(dim=-1).tolist()
@@ -224,13 +220,13 @@ class BERTScoreReward(ModelReward):
         import torch
 
         # An empty prediction scores 0, as bert-score scores it (whose own path for it fails under transformers 5).
-        owners = [i for i, refs in enumerate(references) for _ in refs if predictions[i].strip()]
-        if not owners:
+        pairs = [(i, ref) for i, ref in zip(*reference_pairs(references)) if predictions[i].strip()]
+        if not pairs:
             return [0.0] * len(predictions)
+        owners = [i for i, _ in pairs]
         with torch.inference_mode():
-            precision, recall, f1 = self.scorer.score([predictions[i] for i in owners],
-                                                      [ref for i, refs in enumerate(references) for ref in refs
-                                                       if predictions[i].strip()], batch_size=self.batch_size)
+            precision, recall, f1 = self.scorer.score([predictions[i] for i in owners], [ref for _, ref in pairs],
+                                                      batch_size=self.batch_size)
         values = {"precision": precision, "recall": recall, "f1": f1}[self.score]
         best = best_per_owner(values.tolist(), owners, len(predictions))
         return [0.0 if value == float("-inf") else value for value in best]
@@ -274,8 +270,8 @@ class RewardModelReward(ModelReward):
                 raise ValueError("RewardModelReward(pair='source-prediction') needs the sources: add a `sources` "
                                  "column (or text columns) to the dataset, or choose another pair.")
             return list(zip(sources, predictions)), list(range(len(predictions)))
-        owners = [i for i, refs in enumerate(references) for _ in refs]
-        return [(predictions[i], ref) for i, refs in enumerate(references) for ref in refs], owners
+        owners, flat = reference_pairs(references)
+        return [(predictions[i], ref) for i, ref in zip(owners, flat)], owners
 
     def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
         import torch
@@ -284,7 +280,7 @@ class RewardModelReward(ModelReward):
             return []
         inputs, owners = self.pairs(predictions, references, sources)
         distinct, positions = unique(inputs)
-        device = self.device or next(self.model.parameters()).device
+        device = self.model_device
         scores: list[float] = []
         with torch.inference_mode():
             for chunk in self.batches(distinct):
@@ -347,7 +343,7 @@ class CometReward(ModelReward):
         import torch
 
         distinct, positions = unique(texts)
-        device = self.device or next(self.model.parameters()).device
+        device = self.model_device
         rows = []
         for chunk in self.batches(distinct):
             encoded = self.model.encoder.prepare_sample(chunk)
@@ -359,7 +355,7 @@ class CometReward(ModelReward):
         """Returns the model's score of each sample dict through `prepare_sample` and `forward`, distinct ones once."""
         keys = [tuple(sorted(sample.items())) for sample in samples]
         distinct, positions = unique(keys)
-        device = self.device or next(self.model.parameters()).device
+        device = self.model_device
         scores: list[float] = []
         for chunk in self.batches(distinct):
             inputs = self.model.prepare_sample([dict(key) for key in chunk], stage="predict")
@@ -380,8 +376,8 @@ class CometReward(ModelReward):
         with torch.inference_mode():
             if not self.uses_references:
                 return self._forward_scores([{"src": s, "mt": p} for s, p in zip(sources, predictions)])
-            owners = [i for i, refs in enumerate(references) for _ in refs]
-            rows = [(sources[i], predictions[i], ref) for i, refs in enumerate(references) for ref in refs]
+            owners, flat = reference_pairs(references)
+            rows = [(sources[i], predictions[i], ref) for i, ref in zip(owners, flat)]
             if not self.reuses_embeddings:
                 scores = self._forward_scores([{"src": s, "mt": p, "ref": r} for s, p, r in rows])
             else:

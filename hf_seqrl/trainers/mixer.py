@@ -107,7 +107,7 @@ class MixerTrainer(SeqRLTrainer):
         Args:
             labels (`torch.LongTensor` of shape `(B, T)`): the gold targets in target coordinates.
         """
-        n, with_greedy, family = self.args.num_samples, self.baseline == "greedy", self.family
+        n, with_greedy, family = self.args.num_samples, self.rollout_with_greedy(), self.family
         keys = self.rollout_keys.next(self.state.global_step, labels.shape[0], n, labels.device)
         if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
             return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy, keys=keys)

@@ -132,8 +132,8 @@ def test_call_reward_validates_output():
         call_reward(lambda predictions, **_: [1.0], preds, refs, name="short")
     with pytest.raises(TypeError, match=r"reward 'strings' returned '1' \(str\) at index 0"):
         call_reward(lambda predictions, **_: ["1", "0"], preds, refs, name="strings")
-    with pytest.raises(TypeError, match=r"returned None \(NoneType\) at index 1"):
-        call_reward(lambda predictions, **_: [0.5, None], preds, refs)
+    # None: the reward does not apply to that prediction (the trainers leave the sample out)
+    assert call_reward(lambda predictions, **_: [0.5, None], preds, refs) == [0.5, None]
     with pytest.raises(TypeError, match=r"returned True \(bool\) at index 0"):
         call_reward(lambda predictions, **_: [True, False], preds, refs)
     with pytest.raises(ValueError, match=r"shape \(2, 1\).*shape \(2,\)"):
