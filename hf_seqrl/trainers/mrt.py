@@ -81,7 +81,7 @@ class MRTTrainer(SeqRLTrainer):
 
     @property
     def decodes_rollouts(self) -> bool:
-        return self.args.mrt_candidates != "beam"  # the n-best alone comes from `generate`
+        return super().decodes_rollouts and self.args.mrt_candidates != "beam"  # the n-best comes from `generate`
 
     def draw_candidates(self, unwrapped, inputs) -> tuple[list[tuple[torch.Tensor, torch.Tensor, int]], torch.Tensor | None]:
         """Returns the candidates each source draws, as `candidate_set` parts (its samples, its beam's n-best, its

@@ -187,8 +187,9 @@ class SeqRLTrainer(SeqRLBaseTrainer):
 
     @property
     def decodes_rollouts(self) -> bool:
-        """Whether a step draws its samples through `take_rollout` (what `steps_per_generation` decodes ahead)."""
-        return True
+        """Whether a step after the warm-up draws its samples through `take_rollout` (what `steps_per_generation`
+        decodes ahead)."""
+        return self.uses_rollouts
 
     def _get_train_sampler(self, train_dataset=None):
         if self.reuse is None:
@@ -278,7 +279,7 @@ class SeqRLTrainer(SeqRLBaseTrainer):
         batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         steps = self.args.generation_steps
         ahead = []
-        if steps > 1 and self.phase == "rl" and self.uses_rollouts and self.decodes_rollouts and not (
+        if steps > 1 and self.phase == "rl" and self.decodes_rollouts and not (
                 self.reuse is not None and self.reuse.holds(self.state.global_step)):
             unwrapped = self.accelerator.unwrap_model(self.model)
             inputs = [model_inputs(batch, self.args.device) for batch in batches]

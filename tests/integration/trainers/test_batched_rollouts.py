@@ -83,14 +83,14 @@ CASES = {
 def test_batched_rollouts_equal_the_per_micro_batch_path(case, tmp_path):
     trainer_class, config_class, build, data, extra = CASES[case]
     runs = {}
-    for steps in (1, 2, 4):
+    for steps in (1, 4):  # (2 is in the warm-up test below)
         torch.manual_seed(0)
         runs[steps] = train(trainer_class, config_class, build(), data(), tmp_path / str(steps),
                             steps_per_generation=steps, **extra)
     one_by_one = runs[1]
     assert one_by_one[2] == [2] * 8  # 8 micro-batches of 2 sources, each decoded on its own
-    assert runs[2][2] == [4] * 4 and runs[4][2] == [8] * 2  # one decode per 2 or 4 micro-batches
-    for steps in (2, 4):
+    assert runs[4][2] == [8] * 2  # one decode per optimizer step of 4 micro-batches
+    for steps in (4,):
         samples, gradients, _ = runs[steps]
         assert len(samples) == 8
         for mine, theirs in zip(samples, one_by_one[0]):
