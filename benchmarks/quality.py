@@ -722,7 +722,9 @@ def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
                      "seconds_per_step": _spread([round(r["train_seconds_exact"] / max(r["steps"], 1), 4)
                                                   for r in mine if "train_seconds_exact" in r] or [0.0])}
         for decoding in decodings:
-            arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine]) for m in scored_metrics(settings)}
+            # (the output length too: how much of a metric change is a length change)
+            arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine])
+                                   for m in (*scored_metrics(settings), "length_ratio")}
         arms[arm]["diagnostics"] = {key: _spread([r["diagnostics"][key] for r in mine])
                                     for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop",
                                                 "jacobian_growth")
