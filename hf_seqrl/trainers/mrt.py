@@ -83,10 +83,10 @@ class MRTTrainer(SeqRLTrainer):
     def decodes_rollouts(self) -> bool:
         return super().decodes_rollouts and self.args.mrt_candidates != "beam"  # the n-best comes from `generate`
 
-    def draw_candidates(self, unwrapped, inputs) -> tuple[list[tuple[torch.Tensor, torch.Tensor, int]], torch.Tensor | None]:
-        """Returns the candidates each source draws, as `candidate_set` parts (its samples, its beam's n-best, its
-        greedy decode, as configured; each capped at the source's length limit), and the greedy rows `(B, T)` or
-        None."""
+    def draw_candidates(self, unwrapped, inputs):
+        """Returns `(drawn, greedy)`: the candidates each source draws as `candidate_set` parts (its samples, its
+        beam's n-best, as configured), and its greedy decode as one more part `(ids (B, T), mask, 1)` or None; each
+        capped at the source's length limit."""
         args, n = self.args, self.args.num_samples
         limits = None
         if args.max_len_b is not None:
@@ -99,20 +99,17 @@ class MRTTrainer(SeqRLTrainer):
                 return ids, mask, rows_per_source
             return (*cap_lengths(ids, mask, limits.repeat_interleave(rows_per_source), eos, pad), rows_per_source)
 
-        parts, greedy_ids = [], None
+        parts, greedy = [], None
         if args.mrt_candidates != "beam":
             rollout = self.take_rollout(unwrapped, inputs)
             parts.append(capped(rollout.sample_ids, rollout.sample_mask, n))
             if args.mrt_include_greedy:
                 greedy = capped(rollout.greedy_ids, rollout.greedy_mask, 1)
-                greedy_ids = greedy[0]
         if "beam" in args.mrt_candidates:
             config = self.rollout_config
             budget = config.max_new_tokens or max(1, config.max_length - 1)
             parts.append((*self.family.beam_search(unwrapped, inputs, args.mrt_beam_size, n, budget, limits), n))
-        if greedy_ids is not None:
-            parts.append(greedy)
-        return parts, greedy_ids
+        return parts, greedy
 
     def rl_loss(self, model, inputs, text: BatchText):
         """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
@@ -123,8 +120,11 @@ class MRTTrainer(SeqRLTrainer):
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
-        parts, greedy_ids = self.draw_candidates(unwrapped, inputs)
+        parts, greedy = self.draw_candidates(unwrapped, inputs)
         drawn = sum(m for _, _, m in parts)
+        greedy_ids = None if greedy is None else greedy[0]
+        if greedy is not None:
+            parts.append(greedy)
         if args.mrt_include_reference:
             targets = self.family.target_labels(inputs)  # the label in target coordinates (a causal completion)
             parts.append((targets, targets != -100, 1))
