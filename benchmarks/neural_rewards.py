@@ -3,15 +3,16 @@
 From the quality benchmark's BERT2BERT checkpoint C (`quality.py --task summarization`, cached and shared), SCST
 with four rewards at the quality protocol's budget of decoder positions: sentence ROUGE-L, MiniLM embedding
 similarity to the references, BERTScore F1 on MiniLM (layer `quality.BERTSCORE_LAYER`), and the mean of ROUGE-L and
-the embedding similarity; beside more cross-entropy from the same C. Every arm is scored on dev and test with
-ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word 3-grams found in the
-source: an arm that games a metric by copying shows there).
+the embedding similarity. C and every arm are scored on dev and test (greedy, and any other width of `--set beams=`)
+with ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word 3-grams found in
+the source: an arm that games a metric by copying shows there). The arms are cached units of the quality benchmark,
+so `--rewards` lets processes split the rewards and a last run without it assembles the table.
 
 `--timing` measures instead one SCST step from C per reward and batch size, each in a fresh process: the step time
 and the time inside the reward (decoding the samples and scoring them), median over the timed steps.
 
     python benchmarks/neural_rewards.py --quick                      # smoke run on a slice (also a test)
-    python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7
+    python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1
     python benchmarks/neural_rewards.py --timing --batch-sizes 8 32
 
 Writes benchmarks/results/neural_rewards.json (or --output) and prints a markdown table.
@@ -34,6 +35,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 import quality  # noqa: E402
 
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")
+# --timing also times a reward model: MiniLM with a fresh one-output head scoring source-prediction pairs (its values
+# mean nothing; its cost is a reward model's of that size). It is not trained with.
+TIMED = (*REWARDS, "reward_model")
 EXTRA = "extra_metrics=embedding,bertscore,source_copy"
 COLUMNS = ("rougeL", "rouge1", "rouge2", "embedding", "bertscore", "length_ratio", "source_copy")
 
@@ -54,16 +58,14 @@ def work_dir(args) -> str:
 
 
 def compare(args) -> dict:
-    """Runs the arms of every reward (cross-entropy once) and returns the merged results."""
+    """Runs the SCST arms of every reward in `args.rewards` and returns the merged results."""
     work = os.path.join(work_dir(args), "neural_rewards")
     os.makedirs(work, exist_ok=True)
     merged, c_eval = {}, None
-    for reward in REWARDS:
-        arms = ["xe", "scst"] if reward == REWARDS[0] else ["scst"]
-        result = quality.main(quality_args(args, reward, arms, os.path.join(work, f"{reward}.json")))
+    for reward in args.rewards:
+        result = quality.main(quality_args(args, reward, ["scst"], os.path.join(work, f"{reward}.json")))
         c_eval = result["C"]
-        for arm, row in result["arms"].items():
-            merged["cross-entropy" if arm == "xe" else f"SCST, reward {reward}"] = row
+        merged[f"SCST, reward {reward}"] = result["arms"]["scst"]
     return {"C": c_eval, "arms": merged}
 
 
@@ -100,7 +102,7 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     if not os.path.isdir(folder):
         raise SystemExit(f"No checkpoint C in {folder}: run the comparison (or quality.py --task summarization) first.")
     model = quality.load_model(settings, folder)
-    ends, inside = [], [0.0]
+    ends, inside, scored = [], [0.0], [0]
 
     class StepEnds(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -121,6 +123,7 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
         start = time.perf_counter()
         out = reward_values(*a, **k)
         inside[0] += time.perf_counter() - start
+        scored[0] += len(out.predictions)
         return out
 
     trainer.reward_values = timed
@@ -128,15 +131,17 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     pairs = list(zip(ends, ends[1:]))[1:]
     step_s = [t1 - t0 for (t0, _), (t1, _) in pairs]
     reward_s = [r1 - r0 for (_, r0), (_, r1) in pairs]
+    per_step = scored[0] / (steps + 1)  # sampled and greedy sequences scored per step
     return {"reward": reward, "batch": batch, "threads": torch.get_num_threads(), "step_s": statistics.median(step_s),
             "reward_s": statistics.median(reward_s), "share": statistics.median(r / s for r, s in zip(reward_s, step_s)),
+            "scored_per_step": per_step, "ms_per_sample": 1000 * statistics.median(reward_s) / per_step,
             "steps_s": step_s, "rewards_s": reward_s}
 
 
 def timing(args) -> dict:
     rows = []
     for batch in args.batch_sizes:
-        for reward in REWARDS:
+        for reward in args.timed:
             cmd = [sys.executable, __file__, "--_time", reward, str(batch), str(args.steps), "--threads",
                    str(args.threads), "--work-dir", work_dir(args)] + (["--quick"] if args.quick else [])
             cmd += ["--data-dir", args.data_dir] if args.data_dir else []
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--rewards", nargs="+", choices=REWARDS, default=list(REWARDS))
+    parser.add_argument("--timed", nargs="+", choices=TIMED, default=list(TIMED), help="--timing: the rewards timed")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="quality.py settings")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--data-dir", default=None)

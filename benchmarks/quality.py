@@ -51,7 +51,8 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "mrt_beam": "C + MRT over the beam's n-best"}
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
-              "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "mrt/risk", "mrt/q_entropy", "loss")
+              "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "mrt/risk", "mrt/q_entropy",
+              "mrt/distinct_candidates", "loss")
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
            "scst_clip": {"baseline": "greedy", "num_samples": 1}}
 # The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
@@ -200,13 +201,24 @@ _MODEL_METRICS: dict = {}
 
 
 def model_metric(name: str):
-    """Returns the MiniLM model reward `name` (`embedding`: embedding similarity, `bertscore`: BERTScore F1), built
-    once per process."""
+    """Returns the MiniLM model reward `name` (`embedding`: embedding similarity, `bertscore`: BERTScore F1,
+    `reward_model`: MiniLM with a fresh one-output head on prediction-reference pairs, for timing only), built once
+    per process."""
     if name not in _MODEL_METRICS:
-        from hf_seqrl.rewards import BERTScoreReward, EmbeddingSimilarityReward
+        from hf_seqrl.rewards import BERTScoreReward, EmbeddingSimilarityReward, RewardModelReward
 
-        _MODEL_METRICS[name] = (EmbeddingSimilarityReward(minilm_path()) if name == "embedding"
-                                else BERTScoreReward(minilm_path(), num_layers=BERTSCORE_LAYER))
+        if name == "embedding":
+            _MODEL_METRICS[name] = EmbeddingSimilarityReward(minilm_path())
+        elif name == "bertscore":
+            _MODEL_METRICS[name] = BERTScoreReward(minilm_path(), num_layers=BERTSCORE_LAYER)
+        else:
+            import torch
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            torch.manual_seed(0)
+            head = AutoModelForSequenceClassification.from_pretrained(minilm_path(), num_labels=1)
+            _MODEL_METRICS[name] = RewardModelReward(head, AutoTokenizer.from_pretrained(minilm_path()),
+                                                     pair="prediction-reference")
     return _MODEL_METRICS[name]
 
 
@@ -214,7 +226,7 @@ def arm_reward(settings: Settings):
     """Returns the `reward_funcs` of the rewarded arms: `settings.reward` (names joined by "+", averaged), else the
     task's first metric."""
     names = (settings.reward or settings.metrics[0]).split("+")
-    funcs = [model_metric(n) if n in ("embedding", "bertscore") else n for n in names]
+    funcs = [model_metric(n) if n in ("embedding", "bertscore", "reward_model") else n for n in names]
     return funcs[0] if len(funcs) == 1 else funcs
 
 
@@ -960,8 +972,8 @@ def main(argv: list[str] | None = None) -> dict:
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
     torch.set_num_threads(args.threads)
     suffix = "_dev" if args.dev_only else ""
-    # C's scores are cached per set of extra metrics (they score every split).
-    extra_tag = run_tag(None, {k: v for k, v in overrides.items() if k == "extra_metrics"})
+    # C's scores are cached per set of extra metrics and of beam widths (they define what is scored).
+    extra_tag = run_tag(None, {k: v for k, v in overrides.items() if k in ("extra_metrics", "beams")})
     units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}{suffix}.json"))
              for seed in settings.seeds for arm in args.arms]
     pool = None
