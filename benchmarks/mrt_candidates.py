@@ -74,14 +74,14 @@ def candidate_sets(model, tokenizer, rows: list[dict], kind: str, size: int, set
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             batch = tokenize_sources(family, tokenizer, [r["source"] for r in chunk], settings.max_source_tokens)
-            start = time.perf_counter()
+            began = time.perf_counter()
             if kind == "beam":
                 ids, mask = family.beam_search(model, batch, size, size, settings.max_new_tokens)
             else:
                 rollout = family.sample(model, batch, config, num_samples=size)
                 ids, mask = rollout.sample_ids, rollout.sample_mask
             if cost is not None:
-                cost["decode_s"] = cost.get("decode_s", 0.0) + time.perf_counter() - start
+                cost["decode_s"] = cost.get("decode_s", 0.0) + time.perf_counter() - began
                 cost["positions"] = cost.get("positions", 0) + ids.numel()
             scored = family.score(model, batch, ids, size)
             logprobs = (scored.token_logprobs * mask).sum(-1).tolist()

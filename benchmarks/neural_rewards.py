@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import quality  # noqa: E402
 
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")
-# --timing also times a reward model: MiniLM with a fresh one-output head scoring source-prediction pairs (its values
+# --timing also times a reward model: MiniLM with a fresh one-output head scoring prediction-reference pairs (its values
 # mean nothing; its cost is a reward model's of that size). It is not trained with.
 TIMED = (*REWARDS, "reward_model")
 EXTRA = "extra_metrics=embedding,bertscore,source_copy"
