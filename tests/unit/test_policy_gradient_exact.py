@@ -171,3 +171,33 @@ def test_minimum_risk_gradient_over_the_whole_output_space_is_exact():
     target, _, _ = exact_gradient(theta)  # gradient of -E[r]
     (grad_alpha_one,) = torch.autograd.grad(losses.minimum_risk_loss(seq_lp, rewards, len(seqs), 1.0), theta)
     torch.testing.assert_close(grad_alpha_one, target, atol=1e-6, rtol=1e-5)
+
+
+def test_minimum_risk_gradient_over_a_fixed_n_best_is_the_explicit_one():
+    """Over a fixed candidate set (the 4 likeliest sequences, as a beam's n-best would be, plus a repeat of the
+    first, which must count once), MRT's loss and gradient are those of sum_{y in S} p(y)^α (1 - r(y)) /
+    sum_{y in S} p(y)^α over the distinct candidates: Q renormalizes over the set, whatever mass lies outside it."""
+    theta = make_theta()
+    seqs = all_sequences()
+    with torch.no_grad():
+        lp, mask = token_logprobs(theta, seqs)
+        order = losses.masked_sum(lp, mask).argsort(descending=True).tolist()
+    n_best = [seqs[i] for i in order[:4]]
+    candidates = n_best + [n_best[0]]
+    lp, mask = token_logprobs(theta, candidates)
+    seq_lp = losses.masked_sum(lp, mask)
+    rewards = torch.tensor([reward(s) for s in candidates])
+    keep = torch.tensor([True, True, True, True, False])  # what the candidate set marks for the repeat
+    for alpha in (1.0, 0.3):
+        loss = losses.minimum_risk_loss(seq_lp, rewards, len(candidates), alpha, keep)
+        (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
+        distinct = seq_lp[:4].exp() ** alpha  # the repeat left out, spelled out
+        explicit = (distinct * (1 - rewards[:4])).sum() / distinct.sum()
+        (explicit_grad,) = torch.autograd.grad(explicit, theta, retain_graph=True)
+        assert loss.item() == pytest.approx(explicit.item(), rel=1e-5), alpha
+        torch.testing.assert_close(grad, explicit_grad, atol=1e-6, rtol=1e-5)
+    # the set leaves mass out: its risk is not the whole space's
+    lp_all, mask_all = token_logprobs(theta, seqs)
+    whole = losses.minimum_risk_loss(losses.masked_sum(lp_all, mask_all),
+                                     torch.tensor([reward(s) for s in seqs]), len(seqs), 1.0)
+    assert abs(whole.item() - losses.minimum_risk_loss(seq_lp, rewards, len(candidates), 1.0, keep).item()) > 1e-3
