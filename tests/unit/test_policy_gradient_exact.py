@@ -179,15 +179,17 @@ def test_minimum_risk_gradient_over_a_fixed_n_best_is_the_explicit_one():
     sum_{y in S} p(y)^α over the distinct candidates: Q renormalizes over the set, whatever mass lies outside it."""
     theta = make_theta()
     seqs = all_sequences()
-    with torch.no_grad():
-        lp, mask = token_logprobs(theta, seqs)
-        order = losses.masked_sum(lp, mask).argsort(descending=True).tolist()
-    n_best = [seqs[i] for i in order[:4]]
+    lp_all, mask_all = token_logprobs(theta, seqs)
+    seq_lp_all = losses.masked_sum(lp_all, mask_all)
+    n_best = [seqs[i] for i in seq_lp_all.detach().argsort(descending=True)[:4].tolist()]
     candidates = n_best + [n_best[0]]
     lp, mask = token_logprobs(theta, candidates)
     seq_lp = losses.masked_sum(lp, mask)
     rewards = torch.tensor([reward(s) for s in candidates])
-    keep = torch.tensor([True, True, True, True, False])  # what the candidate set marks for the repeat
+    # the candidate set's duplicate mask, from the ids padded after their last token
+    ids = torch.tensor([s + [-1] * (L - len(s)) for s in candidates])
+    keep = losses.first_occurrence_mask(ids, len(candidates))
+    assert keep.tolist() == [True, True, True, True, False]
     for alpha in (1.0, 0.3):
         loss = losses.minimum_risk_loss(seq_lp, rewards, len(candidates), alpha, keep)
         (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
@@ -197,7 +199,5 @@ def test_minimum_risk_gradient_over_a_fixed_n_best_is_the_explicit_one():
         assert loss.item() == pytest.approx(explicit.item(), rel=1e-5), alpha
         torch.testing.assert_close(grad, explicit_grad, atol=1e-6, rtol=1e-5)
     # the set leaves mass out: its risk is not the whole space's
-    lp_all, mask_all = token_logprobs(theta, seqs)
-    whole = losses.minimum_risk_loss(losses.masked_sum(lp_all, mask_all),
-                                     torch.tensor([reward(s) for s in seqs]), len(seqs), 1.0)
+    whole = losses.minimum_risk_loss(seq_lp_all, torch.tensor([reward(s) for s in seqs]), len(seqs), 1.0)
     assert abs(whole.item() - losses.minimum_risk_loss(seq_lp, rewards, len(candidates), 1.0, keep).item()) > 1e-3
