@@ -39,7 +39,7 @@ _LAZY = {
     "strip_start_token": "data",
     "run_diagnostics": "diagnostics",
     "DiagnosticsCallback": "diagnostics",
-    "Rollout": "models",
+    "Rollout": "types",
     "sample_rollout": "models",
     "score_rollout": "models",
     "build_tiny_model": "models.tiny",

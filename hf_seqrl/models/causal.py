@@ -19,9 +19,9 @@ from ..functional.logprobs import group_logprobs
 from ..functional.sampling import rollout_uniforms
 from .bans import TokenBans, token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
-                   completion_mask, eos_ids, eval_mode, lockstep_group, pad_id, right_pad, rows_to_keep, split_groups,
-                   unwrap)
+from ..types import Rollout, ScoredRollout
+from .base import (DecodeSettings, ModelFamily, any_rank_running, choose_tokens, completion_mask, eos_ids, eval_mode,
+                   lockstep_group, pad_id, right_pad, rows_to_keep, split_groups, unwrap)
 
 
 # Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares

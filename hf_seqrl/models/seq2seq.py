@@ -42,9 +42,10 @@ from ..functional.logprobs import group_logprobs
 from ..functional.sampling import rollout_uniforms
 from .bans import TokenBans, token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, Rollout, ScoredRollout, any_rank_running, choose_tokens,
-                   completion_mask, decoder_start_id, eos_ids, eval_mode, lockstep_group, pad_id, right_pad,
-                   rows_to_keep, shift_right, split_groups, unwrap)
+from ..types import Rollout, ScoredRollout
+from .base import (DecodeSettings, ModelFamily, any_rank_running, choose_tokens, completion_mask, decoder_start_id,
+                   eos_ids, eval_mode, lockstep_group, pad_id, right_pad, rows_to_keep, shift_right, split_groups,
+                   unwrap)
 
 
 def rollout_generation_config(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..functional.sampling import row_keys, stream_key
-from ..models.base import Rollout
+from ..types import Rollout
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
 

@@ -17,7 +17,8 @@ import torch
 from .. import losses
 from ..configs import MixerConfig
 from ..hub import Method, Paper
-from ..models.base import Rollout, pad_id, right_pad
+from ..models.base import pad_id, right_pad
+from ..types import Rollout
 from ..schedules import mixer_delta
 from .policy_gradient import SeqRLTrainer
 

@@ -17,7 +17,8 @@ import torch
 from .. import losses
 from ..configs import SeqRLConfig
 from ..hub import Method, Paper
-from ..models.base import Rollout, ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..types import Rollout
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from .adapters import add_reference_adapter, is_peft_model, reference_of

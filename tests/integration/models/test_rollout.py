@@ -161,7 +161,7 @@ def test_decoding_uses_the_kv_cache_when_the_model_config_says_not_to(arch):
 
 
 def test_rollout_split_cuts_each_part_to_its_own_longest_row():
-    from hf_seqrl.models.base import Rollout
+    from hf_seqrl.types import Rollout
 
     # 3 sources x 2 samples; source 0's rows end after 1 and 2 tokens, source 1's after 4, source 2's after 2;
     # source 0's greedy row runs 3 tokens, so part 0 keeps 3 columns, part 1 (sources 1 and 2) keeps 4.
