@@ -63,7 +63,7 @@ def load_model_and_pairs(args: CheckpointDataArguments):
     """Returns `(model, tokenizer, sources, references)` named by `args`, the model on `args.device`."""
     from transformers import AutoTokenizer
 
-    from ..data import load_pairs
+    from ..data.files import load_pairs
     from ..models import load_pretrained
 
     sources, references = load_pairs(args.data, args.source_column, args.target_column, args.max_examples)

@@ -19,7 +19,8 @@ import torch
 import transformers
 from transformers import HfArgumentParser
 
-from ..data import drop_empty_pairs, load_text_files, select_pair_columns, tokenize_for
+from ..data import tokenize_for
+from ..data.files import drop_empty_pairs, load_text_files, select_pair_columns
 from ..evaluation import build_compute_metrics
 from ..models import FAMILIES, family_for
 from ..models.tiny import ARCHITECTURES

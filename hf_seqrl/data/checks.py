@@ -1,0 +1,148 @@
+"""Row and column checks: a row that would poison training silently is named before training starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def has_text(value: Any) -> bool:
+    """Returns whether `value` is a string with at least one non-blank character (a usable source or reference).
+
+    The one emptiness rule of the package: every check of a source, prompt, target or reference cell calls it.
+    """
+    return isinstance(value, str) and bool(value.strip())
+
+
+def normalize_references(references: Any, field_name: str = "references", offset: int = 0) -> list[list[str]]:
+    """Returns references as a list (one per source) of non-empty lists of non-empty strings.
+
+    Each row may be a string or a list of strings. Raises a clear error naming the row (counted from `offset`)
+    otherwise.
+
+    Args:
+        references (`Iterable`): one cell per source, a string or a list of strings.
+        field_name (`str`, *optional*, defaults to `"references"`): how errors name the column.
+        offset (`int`, *optional*, defaults to `0`): the index errors give the first row.
+    """
+    rows = []
+    for i, row in enumerate(references, start=offset):
+        refs = [row] if isinstance(row, str) else row
+        if not isinstance(refs, (list, tuple)):
+            raise TypeError(
+                f"{field_name}[{i}] is a {type(row).__name__}; each row must be a string or a list of strings."
+            )
+        if len(refs) == 0:
+            raise ValueError(f"{field_name}[{i}] is an empty list: give at least one reference per source.")
+        for ref in refs:
+            if not isinstance(ref, str):
+                raise TypeError(
+                    f"{field_name}[{i}] contains a {type(ref).__name__} ({ref!r}); references must be strings."
+                )
+            if not has_text(ref):
+                raise ValueError(
+                    f"{field_name}[{i}] contains an empty reference string: every prediction would score 0 "
+                    "against it. Drop it or the row."
+                )
+        rows.append(list(refs))
+    return rows
+
+
+def _batched_columns(dataset) -> list[str] | None:
+    """Returns the column names of a `datasets.Dataset` that can be read in batches; None for any other dataset
+    (plain lists, torch datasets, dataset dicts), which the row checks leave alone."""
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list) or not hasattr(dataset, "iter"):
+        return None
+    return columns
+
+
+def _row_batches(dataset, columns: list[str], batch_size: int):
+    """Yields `(offset, batch)` over `columns` of `dataset`, `offset` being the index of the batch's first row, so
+    that errors name rows of the whole dataset."""
+    offset = 0
+    for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
+        yield offset, batch
+        offset += len(batch[columns[0]])
+
+
+def check_rows(dataset, name: str = "train_dataset", batch_size: int = 1000) -> None:
+    """Raises a clear error naming the row for rows that would poison training silently.
+
+    Checks a `datasets.Dataset` (other datasets are left alone): empty `input_ids`, `labels` that are empty or
+    all -100, empty `sources`, and `references` that are not non-empty strings / lists of them.
+
+    Args:
+        dataset (`datasets.Dataset`): the tokenized dataset.
+        name (`str`, *optional*, defaults to `"train_dataset"`): how errors name the dataset.
+        batch_size (`int`, *optional*, defaults to `1000`): rows read at a time.
+    """
+    columns = _batched_columns(dataset)
+    if columns is None:
+        return
+    wanted = [c for c in ("input_ids", "labels", "references", "sources") if c in columns]
+    if not wanted:
+        return
+    for offset, batch in _row_batches(dataset, wanted, batch_size):
+        for i in range(len(batch[wanted[0]])):
+            row = offset + i
+            if "input_ids" in batch and len(batch["input_ids"][i]) == 0:
+                raise ValueError(f"{name} row {row}: 'input_ids' is empty (empty source?). Drop or fix that row.")
+            if "labels" in batch:
+                labels = batch["labels"][i]
+                if len(labels) == 0 or all(t == -100 for t in labels):
+                    raise ValueError(
+                        f"{name} row {row}: 'labels' is empty or all -100, so it has no target. Drop or fix that row."
+                    )
+            if "sources" in batch and not has_text(batch["sources"][i]):
+                raise ValueError(f"{name} row {row}: 'sources' is empty or not a string. Drop or fix that row.")
+        if "references" in batch:
+            normalize_references(batch["references"], field_name=f"{name} references", offset=offset)
+
+
+def check_causal_rows(dataset, name: str) -> None:
+    """Raises a clear error naming a row of a `datasets.Dataset` a decoder-only model cannot train on."""
+    columns = _batched_columns(dataset)
+    if columns is None or "labels" not in columns:
+        return
+    for offset, batch in _row_batches(dataset, ["input_ids", "labels"], 1000):
+        for i, (ids, labels) in enumerate(zip(batch["input_ids"], batch["labels"])):
+            if len(ids) != len(labels):
+                raise ValueError(
+                    f"{name} row {offset + i}: a causal LM reads 'labels' aligned with 'input_ids' (prompt + "
+                    f"completion, -100 on the prompt), but they have {len(labels)} and {len(ids)} tokens. Build the "
+                    "rows with hf_seqrl.data.tokenize_prompt_completion.")
+            if labels and labels[0] != -100:
+                raise ValueError(f"{name} row {offset + i}: its first token is already a label, so it has no "
+                                 "prompt to sample from: set labels to -100 on the prompt tokens.")
+
+
+def check_dataset_columns(dataset, name: str, family=None) -> None:
+    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, a
+    column named like a reward keyword (`predictions`), or rows the model family cannot read (a causal row's labels
+    must align with its input_ids and leave a prompt).
+
+    Args:
+        dataset (`datasets.Dataset`): the tokenized dataset; others are left alone.
+        name (`str`): how errors name the dataset.
+        family (`hf_seqrl.models.base.ModelFamily`, *optional*): the model's family; a causal one also checks rows.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or isinstance(columns, dict):
+        return
+    if "predictions" in columns:
+        raise ValueError(
+            f"{name} has a column named 'predictions': rewards receive every dataset column as a keyword, and "
+            "'predictions' is the decoded outputs. Rename that column."
+        )
+    if "input_ids" not in columns:
+        raise ValueError(
+            f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
+            "hf_seqrl.data.tokenize_pairs."
+        )
+    if "labels" not in columns and "references" not in columns:
+        raise ValueError(
+            f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
+            "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."
+        )
+    if family is not None and family.name == "causal":
+        check_causal_rows(dataset, name)

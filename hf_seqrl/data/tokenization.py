@@ -1,0 +1,252 @@
+"""Text → token features for both model families: source/target pairs for encoder-decoder models, prompt +
+completion rows for decoder-only ones, and text datasets tokenized when a trainer is built (as TRL takes them)."""
+
+from __future__ import annotations
+
+from ..models.base import decoder_start_id, pad_columns
+from .checks import has_text, normalize_references
+
+# ---- encoder-decoder models: source → input_ids, target → labels ----------------------------------------------
+
+
+def strip_start_token(label_ids: list[list[int]], decoder_start_token_id: int | None) -> list[list[int]]:
+    """Returns the label rows without a leading `decoder_start_token_id`.
+
+    Tokenizers of encoder-only checkpoints (BERT, RoBERTa) wrap a target in [CLS] ... [SEP], and a BERT2BERT
+    `EncoderDecoderModel` starts decoding from [CLS]: left in the labels, the leading [CLS] teaches the model to
+    emit a second one, and teacher-forced scores see a prefix that decoding never produces. Labels of T5, BART,
+    Marian, mBART and Pegasus do not start with their decoder start token and are returned unchanged.
+    """
+    if decoder_start_token_id is None:
+        return label_ids
+    return [ids[1:] if len(ids) > 1 and ids[0] == decoder_start_token_id else ids for ids in label_ids]
+
+
+def tokenize_pairs(
+    examples: dict[str, list],
+    tokenizer,
+    source_column: str,
+    target_column: str,
+    max_source_length: int | None = None,
+    max_target_length: int | None = None,
+    prefix: str = "",
+    decoder_start_token_id: int | None = None,
+) -> dict[str, list]:
+    """Returns tokenized `input_ids`, `attention_mask`, `labels` and raw `references` / `sources` (batched map).
+
+    A target cell may hold one string or a list of references; the first reference is the training label,
+    all of them are kept as rewards' references. With `decoder_start_token_id`, labels lose a leading copy of
+    that token (`strip_start_token`).
+    """
+    sources = examples[source_column]
+    for i, src in enumerate(sources):
+        if not has_text(src):
+            raise ValueError(f"Row {i} of this batch has an empty or non-string {source_column!r}: drop or fix it.")
+    # Raises on an empty target too: every reference of a row must have text.
+    references = normalize_references(examples[target_column], field_name=target_column)
+    model_inputs = tokenizer([prefix + s for s in sources], max_length=max_source_length, truncation=True)
+    labels = tokenizer(text_target=[refs[0] for refs in references], max_length=max_target_length, truncation=True)
+    model_inputs["labels"] = strip_start_token(labels["input_ids"], decoder_start_token_id)
+    model_inputs["references"] = references
+    model_inputs["sources"] = list(sources)
+    return model_inputs
+
+
+# ---- decoder-only models: prompt + completion in one row, the loss on the completion only ----------------------
+
+def render_prompt(prompt, tokenizer) -> str:
+    """Returns the text a causal model reads before its completion: `prompt` as is, or, for a conversation (a list
+    of `{"role", "content"}` messages), the tokenizer's chat template with the generation prompt added."""
+    if isinstance(prompt, str):
+        return prompt
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("A conversational prompt (a list of messages) needs a tokenizer with a chat_template; give "
+                         "plain-text prompts or set tokenizer.chat_template.")
+    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+
+
+def _message_text(value) -> str:
+    """Returns the text of a completion or reference: a string, or the content of the last of a list of messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[-1], dict):
+        return str(value[-1].get("content", ""))
+    raise ValueError(f"Expected a string or a list of messages, got {type(value).__name__}.")
+
+
+def source_text(value) -> str:
+    """Returns the text of a source or prompt cell: a string, or the user turns of a list of chat messages."""
+    if isinstance(value, str):
+        return value
+    return _message_text([m for m in value if m.get("role") == "user"] or value)
+
+
+def prompt_token_ids(prompt, tokenizer, max_length: int | None = None) -> list[int]:
+    """Returns the token ids of a prompt (text or messages, see `render_prompt`), cut from the left to `max_length`.
+
+    A chat template writes its own special tokens; plain text gets the tokenizer's (a BOS), less a final EOS (ByT5
+    and T5 tokenizers append one), since the completion follows.
+    """
+    ids = tokenizer(render_prompt(prompt, tokenizer), add_special_tokens=isinstance(prompt, str))["input_ids"]
+    if ids and ids[-1] == tokenizer.eos_token_id:
+        ids = ids[:-1]
+    return ids[-max_length:] if max_length is not None else ids
+
+
+def completion_token_ids(text: str, tokenizer, max_length: int | None = None) -> list[int]:
+    """Returns the token ids of a completion followed by EOS, cut from the right to `max_length` (EOS kept)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_length is not None:
+        ids = ids[: max_length - 1]
+    return ids + [tokenizer.eos_token_id]
+
+
+def tokenize_prompt_completion(
+    examples: dict[str, list],
+    tokenizer,
+    prompt_column: str = "prompt",
+    completion_column: str = "completion",
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    prompt_template: str | None = None,
+    use_chat_template: bool = False,
+) -> dict[str, list]:
+    """Returns causal-LM features (batched map): `input_ids` = prompt + completion + EOS, `attention_mask`, `labels`
+    (-100 on the prompt, the completion and its EOS otherwise), and raw `references` / `sources`.
+
+    The prompt of a row is what precedes its first label (`hf_seqrl.models.causal.split_prompts` reads it back for
+    rollouts), so no other column is needed. A prompt is plain text or a list of chat messages (rendered with the
+    tokenizer's chat template and its generation prompt); `prompt_template` (with a `{prompt}` field) formats plain
+    prompts first, and `use_chat_template` then wraps the result as one user message. A completion cell may be a
+    string, a list of messages (the last one's content), or a list of references: the first one is the training
+    target, all of them are the rewards' references. Prompts are cut from the left to `max_prompt_length` tokens (the
+    end of a prompt says what to write), completions from the right to `max_completion_length` (EOS kept).
+    """
+    prompts, targets = examples[prompt_column], examples[completion_column]
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenize_prompt_completion needs a tokenizer with an eos_token: completions end with it.")
+    features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": []}
+    for i, (prompt, target) in enumerate(zip(prompts, targets)):
+        source = source_text(prompt)
+        if isinstance(prompt, str):
+            if not has_text(prompt):
+                raise ValueError(f"Row {i} of this batch has an empty {prompt_column!r}: drop or fix it.")
+            prompt = prompt_template.format(prompt=prompt) if prompt_template else prompt
+            if use_chat_template:
+                prompt = [{"role": "user", "content": prompt}]
+        is_list_of_refs = isinstance(target, (list, tuple)) and target and isinstance(target[0], str)
+        references = [_message_text(t) for t in target] if is_list_of_refs else [_message_text(target)]
+        if not has_text(references[0]):
+            raise ValueError(f"Row {i} of this batch has an empty {completion_column!r}: drop or fix it.")
+        prompt_ids = prompt_token_ids(prompt, tokenizer, max_prompt_length)
+        completion_ids = completion_token_ids(references[0], tokenizer, max_completion_length)
+        features["input_ids"].append(prompt_ids + completion_ids)
+        features["attention_mask"].append([1] * (len(prompt_ids) + len(completion_ids)))
+        features["labels"].append([-100] * len(prompt_ids) + completion_ids)
+        features["references"].append(references)
+        features["sources"].append(source)
+    return features
+
+
+# ---- by model family: what `hf_seqrl.models` families read -----------------------------------------------------
+
+def tokenize_for(examples: dict[str, list], family, tokenizer, source_column: str, target_column: str,
+                 max_source_length: int | None = None, max_target_length: int | None = None, prefix: str = "",
+                 decoder_start_token_id: int | None = None, prompt_template: str | None = None,
+                 use_chat_template: bool = False) -> dict[str, list]:
+    """Returns the tokenized features of source/target pairs for a model of `family` (a `datasets.map(batched=True)`
+    function): `tokenize_pairs` for encoder-decoder models, `tokenize_prompt_completion` for decoder-only ones."""
+    if family.name == "seq2seq":
+        if prompt_template is not None or use_chat_template:
+            raise ValueError("prompt_template and use_chat_template shape the prompts of decoder-only models; an "
+                             "encoder-decoder model reads the source itself (source_prefix adds a task prefix).")
+        return tokenize_pairs(examples, tokenizer, source_column, target_column, max_source_length,
+                              max_target_length, prefix, decoder_start_token_id)
+    if prefix and prompt_template is None:
+        prompt_template = prefix + "{prompt}"
+    return tokenize_prompt_completion(examples, tokenizer, source_column, target_column, max_source_length,
+                                      max_target_length, prompt_template, use_chat_template)
+
+
+def tokenize_sources(family, tokenizer, sources, max_length: int | None = None) -> dict:
+    """Returns the padded `input_ids` / `attention_mask` tensors `(B, S)` of source or prompt texts (prompts
+    left-padded, as decoder-only models continue them)."""
+    import torch
+
+    if family.name == "seq2seq":
+        enc = tokenizer(list(sources), return_tensors="pt", padding=True, truncation=max_length is not None,
+                        max_length=max_length)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    rows = [torch.tensor([prompt_token_ids(source, tokenizer, max_length)], dtype=torch.long) for source in sources]
+    width = max(row.shape[1] for row in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return {"input_ids": torch.cat([pad_columns(row, width, pad, "left") for row in rows]),
+            "attention_mask": torch.cat([pad_columns(torch.ones_like(row), width, 0, "left") for row in rows])}
+
+
+def tokenize_targets(family, model, tokenizer, texts, max_length: int | None = None) -> list[list[int]]:
+    """Returns the target token ids of reference texts, EOS included, as a model of `family` writes them."""
+    if family.name == "seq2seq":
+        ids = tokenizer(text_target=list(texts), truncation=max_length is not None, max_length=max_length)["input_ids"]
+        return strip_start_token(ids, decoder_start_id(model))
+    return [completion_token_ids(text, tokenizer, max_length) for text in texts]
+
+
+# ---- text datasets as TRL's trainers take them: tokenized when a trainer is built ------------------------------
+
+SOURCE_COLUMNS, TARGET_COLUMNS = ("source", "prompt"), ("target", "completion")
+
+
+def _pick(columns: list[str], given: str | None, defaults: tuple[str, ...]) -> str | None:
+    """Returns `given` when it is a column (None when it is not), else the first of `defaults` that is one."""
+    if given is not None:
+        return given if given in columns else None
+    return next((name for name in defaults if name in columns), None)
+
+
+def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None):
+    """Returns `dataset` tokenized for a model of `family` when it holds text columns instead of `input_ids`
+    (one `datasets.map`, cached as `datasets` caches maps); tokenized datasets and other iterables are returned as
+    they are.
+
+    Encoder-decoder models read a source column (`args.source_column`; default `source`, else `prompt`) and a
+    target column (`args.target_column`; default `target`, else `completion`), decoder-only models the same pair
+    as prompt → completion (text or chat messages). The target may be left out when a `references` column gives
+    the rewards' references (RL without cross-entropy). Every other column stays and reaches the rewards; a
+    `references` column of the dataset is kept over the target's.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list) or "input_ids" in columns:
+        return dataset
+    source = _pick(columns, getattr(args, "source_column", None), SOURCE_COLUMNS)
+    target = _pick(columns, getattr(args, "target_column", None), TARGET_COLUMNS)
+    if source is None or (target is None and "references" not in columns):
+        raise ValueError(
+            f"{name} has no tokenized 'input_ids' and no text columns to tokenize (columns: {columns}): give "
+            "'source' and 'target' columns (encoder-decoder models; other names through source_column / "
+            "target_column) or 'prompt' and 'completion' (decoder-only models, as TRL takes them); 'references' may "
+            "stand in for the target. Or tokenize yourself with hf_seqrl.data.tokenize_pairs / "
+            "tokenize_prompt_completion.")
+    causal = family.name == "causal"
+    limits = ((getattr(args, "max_prompt_length", None), getattr(args, "max_completion_length", None)) if causal
+              else (getattr(args, "max_source_length", None), getattr(args, "max_target_length", None)))
+    keep_references = "references" in columns
+
+    def tokenize(batch):
+        if target is None:  # prompts / sources only: the rewards read `references`
+            out = {"sources": [source_text(value) for value in batch[source]]}
+            if causal:
+                ids = [prompt_token_ids(value, tokenizer, limits[0]) for value in batch[source]]
+                out.update(input_ids=ids, attention_mask=[[1] * len(row) for row in ids])
+            else:
+                enc = tokenizer(list(batch[source]), max_length=limits[0], truncation=limits[0] is not None)
+                out.update(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+            return out
+        out = tokenize_for(batch, family, tokenizer, source, target, limits[0], limits[1],
+                           decoder_start_token_id=decoder_start_token_id)
+        if keep_references:
+            out.pop("references", None)
+        return dict(out)
+
+    used = [c for c in (source, target) if c is not None and c not in ("references", "sources")]
+    return dataset.map(tokenize, batched=True, remove_columns=used, desc=f"{name}: tokenize")
