@@ -22,6 +22,8 @@ _LAZY = {
     "PrefixCorruptionConfig": "configs",
     "KStepRolloutConfig": "configs",
     "SeqRLTrainer": "trainers.policy_gradient",
+    "RolloutTrainer": "trainers.rollout",
+    "RolloutConfig": "configs",
     "SeqRLBaseTrainer": "trainers.base",
     "ReinforceTrainer": "trainers.policy_gradient",
     "SCSTTrainer": "trainers.policy_gradient",

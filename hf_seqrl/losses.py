@@ -6,6 +6,8 @@ Shapes: `B` sources in a batch, `n` samples per source (samples of one source ar
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -134,6 +136,55 @@ def token_ratios(
     return delta.exp()
 
 
+class ClippedPolicyLoss(NamedTuple):
+    """The clipped surrogate loss and what is logged of its token ratios, all from one ratio computation."""
+
+    loss: torch.Tensor  # scalar, with grad
+    clip_fraction: torch.Tensor  # scalar, no grad: share of counted tokens whose clipped term is taken
+    ratio_mean: torch.Tensor  # scalar, no grad: mean ratio over the counted tokens
+
+
+def clipped_policy_objective(
+    token_logprobs: torch.Tensor,
+    old_token_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float | None = None,
+    length_normalize: bool = False,
+    loss_normalization: str = "sequence",
+) -> ClippedPolicyLoss:
+    """Returns the clipped surrogate loss (PPO, Schulman et al., 2017; GRPO) with its clip fraction and mean ratio.
+
+    Per token, `l_it = -min(rho_it A_i, clip(rho_it, 1 - epsilon, 1 + epsilon_high) A_i)` with the token ratio
+    `rho_it = p_theta(y_it | ...) / p_old(y_it | ...)`, reduced like `policy_gradient_loss` (sum or mean over a
+    sequence's tokens, mean over sequences; or mean over all tokens). At `rho = 1` its gradient equals the policy
+    gradient's; a token whose ratio left the band in the direction its advantage pushes gets no gradient: those
+    tokens' share of the counted ones is `clip_fraction` (ratio below `1 - epsilon` with a negative advantage, or
+    above `1 + epsilon_high` with a positive one).
+
+    Args:
+        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token under the current
+            model, with grad.
+        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)`): the same when the rollout was taken (no grad).
+        token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
+        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
+        epsilon (`float`): lower clipping range, `> 0`.
+        epsilon_high (`float`, *optional*): upper clipping range; `None` takes `epsilon`.
+        length_normalize (`bool`), loss_normalization (`str`): as in `policy_gradient_loss`.
+    """
+    high = epsilon if epsilon_high is None else epsilon_high
+    ratio = token_ratios(token_logprobs, old_token_logprobs, token_mask)
+    adv = advantages.detach().to(ratio.dtype).unsqueeze(-1)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - epsilon, 1.0 + high) * adv)
+    loss = reduce_token_losses(-surrogate, token_mask, length_normalize, loss_normalization)
+    with torch.no_grad():
+        clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + high) & (adv > 0))
+        mask = token_mask.flatten()
+        return ClippedPolicyLoss(loss, masked_mean(clipped.float().flatten(), mask, 0),
+                                 masked_mean(ratio.detach().flatten(), mask, 0))
+
+
 def clipped_policy_loss(
     token_logprobs: torch.Tensor,
     old_token_logprobs: torch.Tensor,
@@ -144,51 +195,9 @@ def clipped_policy_loss(
     length_normalize: bool = False,
     loss_normalization: str = "sequence",
 ) -> torch.Tensor:
-    """Returns the clipped surrogate loss (PPO, Schulman et al., 2017; GRPO), a scalar.
-
-    Per token, `l_it = -min(rho_it A_i, clip(rho_it, 1 - epsilon, 1 + epsilon_high) A_i)` with the token ratio
-    `rho_it = p_theta(y_it | ...) / p_old(y_it | ...)`, reduced like `policy_gradient_loss` (sum or mean over a
-    sequence's tokens, mean over sequences; or mean over all tokens). At `rho = 1` its gradient equals the policy
-    gradient's; a token whose ratio left the band in the direction its advantage pushes gets no gradient.
-
-    Args:
-        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token under the current
-            model, with grad.
-        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)`): the same when the rollout was taken (no grad).
-        token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
-        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
-        epsilon (`float`): lower clipping range, `> 0`.
-        epsilon_high (`float`, *optional*): upper clipping range; `None` takes `epsilon`.
-    """
-    high = epsilon if epsilon_high is None else epsilon_high
-    ratio = token_ratios(token_logprobs, old_token_logprobs, token_mask)
-    adv = advantages.detach().to(ratio.dtype).unsqueeze(-1)
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - epsilon, 1.0 + high) * adv)
-    return reduce_token_losses(-surrogate, token_mask, length_normalize, loss_normalization)
-
-
-def clip_statistics(
-    token_logprobs: torch.Tensor,
-    old_token_logprobs: torch.Tensor,
-    token_mask: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon: float,
-    epsilon_high: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns `(clip_fraction, ratio_mean)` over the counted tokens, without grad.
-
-    `clip_fraction` is the share of tokens whose clipped term is the one `clipped_policy_loss` takes (ratio below
-    `1 - epsilon` with a negative advantage, or above `1 + epsilon_high` with a positive one): they get no gradient.
-
-    Args: as `clipped_policy_loss`.
-    """
-    high = epsilon if epsilon_high is None else epsilon_high
-    with torch.no_grad():
-        ratio = token_ratios(token_logprobs, old_token_logprobs, token_mask)
-        adv = advantages.unsqueeze(-1)
-        clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + high) & (adv > 0))
-        mask = token_mask.flatten()
-        return (masked_mean(clipped.float().flatten(), mask, 0), masked_mean(ratio.flatten(), mask, 0))
+    """Returns the clipped surrogate loss of `clipped_policy_objective`, a scalar (arguments as there)."""
+    return clipped_policy_objective(token_logprobs, old_token_logprobs, token_mask, advantages, epsilon, epsilon_high,
+                                    length_normalize, loss_normalization).loss
 
 
 def first_occurrence_mask(token_ids: torch.Tensor, num_candidates: int) -> torch.Tensor:
@@ -236,14 +245,21 @@ def candidate_distribution(
     return torch.softmax(scores, dim=-1) * any_kept
 
 
-def minimum_risk_loss(
+class MinimumRisk(NamedTuple):
+    """The minimum risk training loss and the distribution `Q` it was computed over."""
+
+    loss: torch.Tensor  # scalar, with grad
+    q: torch.Tensor  # `(B, k)`, with grad: `candidate_distribution` of the candidates
+
+
+def minimum_risk(
     sequence_logprobs: torch.Tensor,
     rewards: torch.Tensor,
     num_candidates: int,
     alpha: float,
     candidate_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Returns the minimum risk training loss: the mean over sources of `sum_{y in S} Q(y) (1 - r(y))`, a scalar.
+) -> MinimumRisk:
+    """Returns the minimum risk training loss, the mean over sources of `sum_{y in S} Q(y) (1 - r(y))`, with `Q`.
 
     `Q` is `candidate_distribution` (Shen et al., 2016; Edunov et al., 2018). Rewards are constants: the gradient
     flows through `Q` only, `d risk / d log p(y) = alpha Q(y) (cost(y) - risk)`. Sources with no kept candidate are
@@ -260,10 +276,21 @@ def minimum_risk_loss(
     q = candidate_distribution(sequence_logprobs, num_candidates, alpha, candidate_mask)
     cost = (1.0 - rewards.detach().to(q.dtype)).view_as(q)
     if candidate_mask is None:
-        return (q * cost).sum(dim=-1).mean()
+        return MinimumRisk((q * cost).sum(dim=-1).mean(), q)
     keep = candidate_mask.view_as(q).bool()
     risk = (q * torch.where(keep, cost, torch.zeros_like(cost))).sum(dim=-1)
-    return risk.sum() / keep.any(dim=-1).sum().clamp(min=1)
+    return MinimumRisk(risk.sum() / keep.any(dim=-1).sum().clamp(min=1), q)
+
+
+def minimum_risk_loss(
+    sequence_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    num_candidates: int,
+    alpha: float,
+    candidate_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Returns the loss of `minimum_risk`, a scalar (arguments as there)."""
+    return minimum_risk(sequence_logprobs, rewards, num_candidates, alpha, candidate_mask).loss
 
 
 def mix_losses(rl_loss: torch.Tensor, xe_loss: torch.Tensor | None, rl_weight: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The types passed between the stages of a training step: what a rollout decodes (`Rollout`) and what the scoring
-pass returns over it (`ScoredRollout`).
+"""The types passed between the stages of a training step: what a rollout decodes (`Rollout`), what the scoring
+pass returns over it (`ScoredRollout`), the batch's text columns (`BatchText`), what the rewards give for decoded
+sequences (`RewardValues`) and a scored rollout as the policy-gradient loss needs it (`RolloutBatch`).
 
 This is the lowest layer of the package: it imports torch and the standard library only, so every other module
 (the model families, the trainers, the losses' callers) can name these types without importing a model.
@@ -7,7 +8,8 @@ This is the lowest layer of the package: it imports torch and the standard libra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -81,3 +83,82 @@ class ScoredRollout:
     gold_logits: torch.Tensor | None
     gold_logprobs: torch.Tensor | None = None
     banned: torch.Tensor | None = None
+
+
+class BatchText(NamedTuple):
+    """The columns of a batch that stay out of the model: what rewards and evaluation read."""
+
+    references: list[list[str]] | None
+    sources: list[str] | None
+    columns: dict[str, list]  # every other non-model column, one entry per row
+
+
+def repeat_rows(text: BatchText, n: int) -> BatchText:
+    """Returns `text` with each row repeated `n` times in place (the layout of `n` samples per source)."""
+    def repeat(values):
+        return None if values is None else [v for v in values for _ in range(n)]
+
+    return BatchText(repeat(text.references), repeat(text.sources),
+                     {key: repeat(values) for key, values in text.columns.items()})
+
+
+class RewardValues(NamedTuple):
+    """The rewards of `N` decoded sequences, one row of `BatchText` each, every reward function scored once."""
+
+    predictions: list[str]  # the decoded sequences
+    values: list[float | None]  # the reward of each, as the reward returned it (NaN / inf and None kept)
+    parts: dict[str, list[float | None]]  # each reward function's values by name (a single reward: its own name)
+    rewards: torch.Tensor  # `(N,)` float32, 0 where the sequence is left out
+    left_out: torch.Tensor  # `(N,)` bool: no reward applies (None), or a non-finite one dropped
+
+    def select(self, rows: torch.Tensor) -> RewardValues:
+        """Returns the values of the sequences where the bool tensor `rows` `(N,)` is true."""
+        keep = rows.tolist()
+
+        def pick(values):
+            return [v for v, k in zip(values, keep) if k]
+
+        return RewardValues(pick(self.predictions), pick(self.values),
+                            {name: pick(values) for name, values in self.parts.items()}, self.rewards[rows],
+                            self.left_out[rows])
+
+    def missing(self) -> int:
+        """Returns how many sequences no reward applies to (`None`)."""
+        return sum(value is None for value in self.values)
+
+    def part_rewards(self) -> dict[str, torch.Tensor]:
+        """Returns each part's values as a float32 tensor `(N,)`, NaN where that part gives no finite value (it
+        returned None or NaN / inf) or the sequence is left out."""
+        def number(value):
+            return float("nan") if value is None else value
+
+        return {name: torch.tensor([number(v) for v in values], dtype=torch.float32, device=self.rewards.device)
+                .masked_fill(self.left_out, float("nan")) for name, values in self.parts.items()}
+
+
+@dataclass
+class RolloutBatch:
+    """A scored rollout of one micro-batch, as the policy-gradient loss needs it.
+
+    Attributes:
+        sample_ids (`torch.LongTensor` of shape `(B*n, T)`), sample_mask (`torch.BoolTensor` of shape `(B*n, T)`):
+            the samples, as in `Rollout`.
+        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample.
+        metrics (`dict[str, float]`): what the rollout measured (`rl/reward`, ...), logged at every use.
+        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)` or None): log-probs at rollout time (reused rollouts
+            only).
+        kept (`torch.BoolTensor` of shape `(B*n,)` or None): false for the samples left out of the loss (no usable
+            reward); None keeps every sample.
+    """
+
+    sample_ids: torch.Tensor
+    sample_mask: torch.Tensor
+    advantages: torch.Tensor
+    metrics: dict = field(default_factory=dict)
+    old_token_logprobs: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """Returns the tokens the policy-gradient term counts, `(B*n, T)`: `sample_mask` without the left-out rows."""
+        return self.sample_mask if self.kept is None else self.sample_mask & self.kept.unsqueeze(1)

@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import transformers
@@ -24,7 +24,7 @@ from ..data.files import drop_empty_pairs, load_text_files, select_pair_columns
 from ..evaluation import build_compute_metrics
 from ..models import FAMILIES, family_for
 from ..models.tiny import ARCHITECTURES
-from ..trainers import TRAINER_CLASSES, SeqRLTrainer
+from ..trainers import TRAINER_CLASSES, RolloutTrainer
 
 # algorithm -> trainer class; each trainer names its config class (`config_class`)
 TRAINERS = {trainer.algorithm_id: trainer for trainer in TRAINER_CLASSES}
@@ -51,15 +51,16 @@ class ScriptArguments:
       `.json`/`.jsonl` and `.csv`/`.tsv` (a header line) name their columns; `.txt` holds one example a line,
       `source<TAB>reference[<TAB>reference ...]`. A target cell may be a list of references; all of them are used
       by rewards and metrics. A `translation` column of dicts (wmt16) is read with `source_lang` / `target_lang`.
+    - The task (`task`, a field of every config: `translation`, the default here, or `summarization`) picks the
+      default reward and the reported corpus metrics, and what the model card says.
     """
 
     config: str | None = field(default=None, metadata={"help": "YAML file of settings; CLI flags override it."})
     algorithm: str = field(default="scst", metadata={"choices": ALGORITHMS, "help": (
-        "The trainer: " + " | ".join(name for name, trainer in TRAINERS.items() if issubclass(trainer, SeqRLTrainer))
+        "The trainer: " + " | ".join(name for name, trainer in TRAINERS.items() if issubclass(trainer, RolloutTrainer))
         + " (rewarded), " + " | ".join(name for name, trainer in TRAINERS.items()
-                                       if not issubclass(trainer, SeqRLTrainer))
+                                       if not issubclass(trainer, RolloutTrainer))
         + " (cross-entropy on changed inputs).")})
-    task: Literal["translation", "summarization"] = field(default="translation")
     reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
                 "reward_weights; default: bleu for translation, rougeL for summarization."})
@@ -123,7 +124,7 @@ def config_class(algorithm: str) -> type:
 
 def takes_rewards(algorithm: str) -> bool:
     """Returns whether `algorithm`'s trainer is rewarded (takes `reward_funcs`)."""
-    return issubclass(trainer_class(algorithm), SeqRLTrainer)
+    return issubclass(trainer_class(algorithm), RolloutTrainer)
 
 
 def _no_accelerator() -> bool:
@@ -152,7 +153,8 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
         values.update(from_file)
     algorithm = known.algorithm or values.get("algorithm", "scst")
     parser = HfArgumentParser((ScriptArguments, config_class(algorithm)))
-    dests = {action.dest: action for action in parser._actions}
+    dests = {f.name for dataclass in (ScriptArguments, config_class(algorithm)) for f in dataclasses.fields(dataclass)
+             if f.init}
     other_fields = {f.name for name in ALGORITHMS for f in dataclasses.fields(config_class(name))}
     ignored = sorted(k for k in values if k not in dests and k in other_fields)
     if ignored:  # e.g. a scheduled-sampling run from a config written for SCST
@@ -161,25 +163,20 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
     unknown = sorted(set(values) - set(dests))
     if unknown:
         raise ValueError(f"{known.config}: unknown setting(s) {unknown}; see `--help` for the accepted names.")
-    for key, value in values.items():
-        dests[key].required = False  # given by the file
     parser.set_defaults(**values)
     if "use_cpu" not in values and int(os.environ.get("WORLD_SIZE", "1")) > 1 and _no_accelerator():
         # `accelerate launch --multi_gpu` on a machine without GPUs: run the processes on CPU over gloo.
         parser.set_defaults(use_cpu=True)
     script_args, training_args = parser.parse_args_into_dataclasses(argv)
-    # The data fields live in the trainer's config (a trainer tokenizes text datasets itself); the pipeline's
-    # defaults fill the lengths, and the script arguments read the same values.
-    for name, default in PIPELINE_DATA_DEFAULTS.items():
+    # The pipeline's defaults fill the config fields it needs and the config leaves open.
+    for name, default in PIPELINE_DEFAULTS.items():
         if getattr(training_args, name) is None:
             setattr(training_args, name, default)
-        setattr(script_args, name, getattr(training_args, name))
     return script_args, training_args
 
 
-# The config's data fields as the pipeline reads them, with its defaults where the config has None.
-PIPELINE_DATA_DEFAULTS = {"source_column": None, "target_column": None, "max_source_length": 256,
-                          "max_target_length": 128}
+# Config fields the pipeline needs, with its defaults where the config has None.
+PIPELINE_DEFAULTS = {"task": "translation", "max_source_length": 256, "max_target_length": 128}
 
 
 def peft_config_of(script_args: ScriptArguments, family):
@@ -193,8 +190,9 @@ def peft_config_of(script_args: ScriptArguments, family):
                       target_modules=script_args.lora_target_modules)
 
 
-def load_model_and_tokenizer(script_args: ScriptArguments):
-    """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config."""
+def load_model_and_tokenizer(script_args: ScriptArguments, training_args=None):
+    """Returns `(model, tokenizer)`: from the Hub / a folder, or a tiny model built from a config (with position
+    embeddings for `training_args`' source and target lengths, by default the pipeline's)."""
     from transformers import AutoTokenizer, ByT5Tokenizer
 
     from ..models import load_pretrained
@@ -204,7 +202,7 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
     if script_args.tiny_model is not None:
         tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name, trust_remote_code=remote) \
             if script_args.tokenizer_name else ByT5Tokenizer()
-        lengths = [getattr(script_args, name, None) or PIPELINE_DATA_DEFAULTS[name]
+        lengths = [getattr(training_args, name, None) or PIPELINE_DEFAULTS[name]
                    for name in ("max_source_length", "max_target_length")]
         positions = max(1024, *lengths) + 2
         model = build_tiny_model(script_args.tiny_model, tokenizer=tokenizer, d_model=script_args.tiny_d_model,
@@ -216,9 +214,10 @@ def load_model_and_tokenizer(script_args: ScriptArguments):
     return model, tokenizer
 
 
-def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id: int | None = None,
+def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_start_token_id: int | None = None,
                 family=None) -> dict:
-    """Returns the tokenized splits present among train / validation / test (with `references`, `sources`).
+    """Returns the tokenized splits present among train / validation / test (with `references`, `sources`), their
+    columns and lengths from `training_args`' data fields.
 
     `family` (an `hf_seqrl.models` family, default seq2seq) says how the pairs are tokenized: source → target for
     encoder-decoders, prompt + completion rows for decoder-only models.
@@ -226,13 +225,13 @@ def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id:
     family = family or FAMILIES["seq2seq"]
     from datasets import load_dataset
 
-    s = script_args
+    s, data_args = script_args, training_args
     if s.dataset_name is not None:
         raw = load_dataset(s.dataset_name, s.dataset_config)
     else:
         files = {"train": s.train_file, "validation": s.validation_file, "test": s.test_file}
-        raw = load_text_files({k: v for k, v in files.items() if v}, s.source_column or "source",
-                              s.target_column or "target")
+        raw = load_text_files({k: v for k, v in files.items() if v}, data_args.source_column or "source",
+                              data_args.target_column or "target")
     limits = {"train": s.max_train_samples, "validation": s.max_eval_samples, "test": s.max_test_samples}
     out = {}
     for split, _ in SPLITS:
@@ -242,12 +241,14 @@ def load_splits(script_args: ScriptArguments, tokenizer, decoder_start_token_id:
         data = raw[split]
         if limits[split] is not None:
             data = data.select(range(min(limits[split], len(data))))
-        data = select_pair_columns(data, s.source_column, s.target_column, s.source_lang, s.target_lang, where)
+        data = select_pair_columns(data, data_args.source_column, data_args.target_column, s.source_lang,
+                                   s.target_lang, where)
         data = drop_empty_pairs(data, where)
         out[split] = data.map(
             tokenize_for, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
             fn_kwargs=dict(family=family, tokenizer=tokenizer, source_column="source", target_column="target",
-                           max_source_length=s.max_source_length, max_target_length=s.max_target_length,
+                           max_source_length=data_args.max_source_length,
+                           max_target_length=data_args.max_target_length,
                            prefix=s.source_prefix, decoder_start_token_id=decoder_start_token_id,
                            prompt_template=s.prompt_template, use_chat_template=s.use_chat_template))
     if "train" not in out:
@@ -260,25 +261,24 @@ def task_metrics(task: str) -> tuple[str, ...]:
     return ("bleu", "chrf") if task == "translation" else ("rouge1", "rouge2", "rougeL")
 
 
-def task_rewards(script_args: ScriptArguments) -> list[str]:
+def task_rewards(script_args: ScriptArguments, task: str) -> list[str]:
     """Returns `reward_funcs` as given, else the task's default: sentence BLEU (translation) or ROUGE-L."""
-    return script_args.reward_funcs or (["bleu"] if script_args.task == "translation" else ["rougeL"])
+    return script_args.reward_funcs or (["bleu"] if task == "translation" else ["rougeL"])
 
 
 def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer, splits: dict):
     """Returns the algorithm's trainer over the tokenized splits, evaluating with generation."""
     training_args.predict_with_generate = True
     if training_args.generation_max_length is None:
-        training_args.generation_max_length = script_args.max_target_length
+        training_args.generation_max_length = training_args.max_target_length
     validation = splits.get("validation")
-    rewards = {"reward_funcs": task_rewards(script_args)} if takes_rewards(script_args.algorithm) else {}
+    rewards = {"reward_funcs": task_rewards(script_args, training_args.task)} if takes_rewards(script_args.algorithm) else {}
     trainer = trainer_class(script_args.algorithm)(
         model=model, args=training_args, train_dataset=splits["train"], eval_dataset=validation,
         processing_class=tokenizer, peft_config=peft_config_of(script_args, family_for(model)), **rewards,
         compute_metrics=None if validation is None else build_compute_metrics(
-            tokenizer, task_metrics(script_args.task), validation["references"]),
+            tokenizer, task_metrics(training_args.task), validation["references"]),
     )
-    trainer.card_task = script_args.task
     return trainer
 
 
@@ -295,10 +295,10 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     """Returns the final metrics after training, evaluating, saving and (when asked) pushing."""
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     transformers.set_seed(training_args.seed)  # the tiny model's initial weights
-    model, tokenizer = load_model_and_tokenizer(script_args)
+    model, tokenizer = load_model_and_tokenizer(script_args, training_args)
     family = family_for(model)
     with training_args.main_process_first(desc="data"):
-        splits = load_splits(script_args, tokenizer, family.label_start_id(model), family)
+        splits = load_splits(script_args, training_args, tokenizer, family.label_start_id(model), family)
     trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
 
     resume = training_args.resume_from_checkpoint
@@ -309,11 +309,12 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     trainer.log_metrics("train", result.metrics)
     for split, prefix in SPLITS[1:]:
         if split in splits:
-            metrics.update(evaluate_split(trainer, splits[split], prefix, script_args.task, script_args.eval_num_beams))
+            metrics.update(evaluate_split(trainer, splits[split], prefix, training_args.task,
+                                          script_args.eval_num_beams))
     trainer.save_metrics("all", metrics)
     trainer.save_state()
 
-    card = dict(tasks=script_args.task, dataset=[script_args.dataset_name] if script_args.dataset_name else None)
+    card = dict(tasks=training_args.task, dataset=[script_args.dataset_name] if script_args.dataset_name else None)
     if training_args.push_to_hub:
         trainer.push_to_hub(commit_message="End of training", **card)  # saves model, tokenizer and card first
     else:
@@ -337,9 +338,9 @@ def train_main(argv: list[str] | None = None, task: str | None = None) -> dict[s
     """
     owns_process_group = not _process_group_initialized()
     script_args, training_args = parse_args(argv, defaults={"task": task} if task else None)
-    if task is not None and script_args.task != task:
+    if task is not None and training_args.task != task:
         other = "summarization" if task == "translation" else "translation"
-        raise SystemExit(f"task={script_args.task!r}: this is the {task} recipe; use recipes/{other}.py.")
+        raise SystemExit(f"task={training_args.task!r}: this is the {task} recipe; use recipes/{other}.py.")
     # parse → data → trainer → train → evaluate on the test split → save (model, tokenizer, card) → push
     metrics = run(script_args, training_args)
     if owns_process_group and _process_group_initialized():

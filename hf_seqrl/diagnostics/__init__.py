@@ -3,7 +3,7 @@
 Four measurements on `sources` and `references`; metrics use all references. Token positions count the
 tokenized gold target, EOS included, without the decoder start token. A decoder-only model reads each source as its
 prompt (`hf_seqrl.data.prompt_token_ids`) and writes the target as its completion: the prefix at position `k` is the
-prompt plus the first `k` completion tokens, and the model family (`hf_seqrl.families`) runs every pass.
+prompt plus the first `k` completion tokens, and the model family (`hf_seqrl.models`) runs every pass.
 
 Gold target. The teacher-forced measures (1-4 below) score one reference per source, the *gold*: the
 reference closest to the model's own greedy output under the chosen sentence metric

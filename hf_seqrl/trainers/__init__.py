@@ -1,5 +1,6 @@
 """Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses), by family of idea: `base` (shared
-orchestration), `policy_gradient` (SCST, REINFORCE, leave-one-out; `reuse`: clipped multi-update steps), `mrt`,
+orchestration), `rollout` (`RolloutTrainer`: what every rewarded trainer shares), `baselines` (baselines and
+advantages), `policy_gradient` (SCST, REINFORCE, leave-one-out; `reuse`: clipped multi-update steps), `mrt`,
 `mixer`, `input_schedules` and `scheduled_sampling`, `professor_forcing`."""
 
 from .base import SeqRLBaseTrainer
@@ -8,6 +9,7 @@ from .mixer import MixerTrainer
 from .mrt import MRTTrainer
 from .policy_gradient import ReinforceTrainer, SCSTTrainer, SeqRLTrainer
 from .professor_forcing import ProfessorForcingTrainer
+from .rollout import RolloutTrainer
 from .scheduled_sampling import ScheduledSamplingTrainer
 
 # Every trainer `hf-seqrl train --algorithm` runs, by its `algorithm_id`.
@@ -15,5 +17,5 @@ TRAINER_CLASSES = (SCSTTrainer, ReinforceTrainer, MRTTrainer, MixerTrainer, Sche
                    PrefixCorruptionTrainer, KStepRolloutTrainer, ProfessorForcingTrainer)
 
 __all__ = ["TRAINER_CLASSES", "KStepRolloutTrainer", "MRTTrainer", "MixerTrainer", "PrefixCorruptionTrainer",
-           "ProfessorForcingTrainer", "ReinforceTrainer", "SCSTTrainer", "ScheduledSamplingTrainer", "SeqRLBaseTrainer",
+           "ProfessorForcingTrainer", "ReinforceTrainer", "RolloutTrainer", "SCSTTrainer", "ScheduledSamplingTrainer", "SeqRLBaseTrainer",
            "SeqRLTrainer"]

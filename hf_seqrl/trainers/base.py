@@ -27,7 +27,8 @@ from ..hub import Method, card_settings, final_eval_metrics, training_curve, wri
 from ..models import family_for
 from ..models.base import disable_dropout
 from .adapters import base_model_name, is_peft_model, with_adapter
-from .inputs import BatchText, check_model_family, load_tokenizer_for
+from ..types import BatchText
+from .inputs import check_model_family, forward_arguments, load_tokenizer_for
 
 STATE_FILE = "seqrl_state.json"
 logger = logging.get_logger(__name__)
@@ -66,6 +67,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     # The `hf_seqrl.models` families a trainer takes: a trainer opts in to decoder-only models once every pass of its
     # loss goes through `self.family`.
     model_families: tuple[str, ...] = ("seq2seq",)
+    # What `disable_dropout=None` means for this trainer (`SeqRLBaseConfig.disable_dropout`).
+    default_disable_dropout = False
 
     @classmethod
     def method_for(cls, baseline: str | None = None) -> Method:
@@ -87,7 +90,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                 f"{self.config_class.__name__} accepts every Seq2SeqTrainingArguments field plus its own."
             )
         model = with_adapter(model, peft_config)
-        if getattr(args, "disable_dropout", False):
+        if self.default_disable_dropout if args.disable_dropout is None else args.disable_dropout:
             disable_dropout(model)
         family = family_for(model)
         check_model_family(family, self.model_families, type(self).__name__)
@@ -113,14 +116,14 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             data_collator = SeqRLDataCollator(data_collator)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
-        super()._set_signature_columns_if_needed()
         if data_collator.model_input_names is None:
             # Every column the model does not take reaches the rewards (as TRL passes a dataset's extra columns).
-            data_collator.model_input_names = set(self._signature_columns) - set(TEXT_COLUMNS)
+            data_collator.model_input_names = forward_arguments(self.model, self.label_names) - set(TEXT_COLUMNS)
         self._model_input_names = set(data_collator.model_input_names)
         self.family = family
         self.reward_label = "none (cross-entropy)"  # a rewarded trainer names its reward
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self.generation_kwargs: dict = {}  # what the running `evaluate` / `predict` generates with
         for callback in self.callback_handler.callbacks:
             self._bind(callback)
 
@@ -209,9 +212,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         the family's `generate` output and the targets, both in target coordinates."""
         loss, _, _ = super().prediction_step(model, inputs, True, ignore_keys)
         inputs = self._prepare_inputs(inputs)
-        if not gen_kwargs and hasattr(self, "_gen_kwargs"):
-            gen_kwargs = self._gen_kwargs.copy()
-        gen_kwargs = {k: v for k, v in gen_kwargs.items() if v is not None}
+        gen_kwargs = {k: v for k, v in (gen_kwargs or self.generation_kwargs).items() if v is not None}
         with torch.no_grad():
             generated = self.family.generate(self.accelerator.unwrap_model(model), inputs, **gen_kwargs)
         labels = inputs.get("labels")
@@ -220,11 +221,34 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def on_generated(self, generated, inputs, text: BatchText) -> None:
         """Called with the generated ids of each evaluation batch (a hook for extra metrics)."""
 
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
+        self.generation_kwargs = self.evaluation_generation_kwargs(gen_kwargs)
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                                **gen_kwargs)
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix="test", **gen_kwargs):
+        self.generation_kwargs = self.evaluation_generation_kwargs(gen_kwargs)
+        return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                               **gen_kwargs)
+
+    def evaluation_generation_kwargs(self, gen_kwargs: dict) -> dict:
+        """Returns the generation arguments of an evaluation: `gen_kwargs`, with `generation_max_length` and
+        `generation_num_beams` where they say nothing of length and beams (as `Seq2SeqTrainer.evaluate` fills them)."""
+        kwargs = dict(gen_kwargs)
+        if kwargs.get("max_length") is None and kwargs.get("max_new_tokens") is None \
+                and self.args.generation_max_length is not None:
+            kwargs["max_length"] = self.args.generation_max_length
+        if kwargs.get("num_beams") is None and self.args.generation_num_beams is not None:
+            kwargs["num_beams"] = self.args.generation_num_beams
+        return kwargs
+
     # ---- metrics --------------------------------------------------------------------------------
 
-    def _record(self, mode: str, metrics: dict[str, float]) -> None:
+    def _record(self, mode: str, metrics: dict[str, float | list[float]]) -> None:
+        """Keeps `metrics` for the next log of `mode` (`"train"` or `"eval"`), which averages each name's values; a
+        list adds one value per entry."""
         for key, value in metrics.items():
-            self._metrics[mode][key].append(float(value))
+            self._metrics[mode][key].extend(float(v) for v in (value if isinstance(value, list) else [value]))
 
     def log(self, logs, start_time=None):
         """Adds the means of the recorded `rl/*` metrics (averaged over processes) to `logs`."""
@@ -258,7 +282,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         return dict(
             model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
             method=self.run_method(),
-            task=task or getattr(self, "card_task", "translation"),
+            task=task or args.task or "translation",
             base_model=finetuned_from or base_model_name(model),
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
             reward=self.reward_label,

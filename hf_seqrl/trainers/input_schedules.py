@@ -1,6 +1,6 @@
 """Input-schedule trainers: cross-entropy on the gold targets, with decoder inputs other than the gold prefix.
 
-`InputScheduleTrainer` holds the one code path they share, through the model's family (`hf_seqrl.families`):
+`InputScheduleTrainer` holds the one code path they share, through the model's family (`hf_seqrl.models`):
 the source pass runs once (an encoder-decoder's encoder, with grad; a decoder-only model's prompt is the fixed
 context of every pass); no-grad passes over its detached output produce the model's own tokens where a trainer
 needs them; `decoder_rows` builds the rows fed in place of the gold targets (target coordinates: a decoder-only
@@ -51,7 +51,7 @@ class EncodedBatch:
     """A batch after its source pass: what the no-grad passes read.
 
     Attributes:
-        family (`ModelFamily`): the model's family (`hf_seqrl.families`).
+        family (`ModelFamily`): the model's family (`hf_seqrl.models`).
         model: the unwrapped model.
         encoded: the family's `encode` output, detached (seq2seq: the encoder states; causal: the prompts). The
             model's tokens are discrete, so no gradient could flow back through them anyway.
@@ -113,8 +113,9 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
     model_families = ("seq2seq", "causal")
 
     def schedule_position(self) -> float:
-        """Returns the time of the schedules: optimizer steps after the warm-up, or completed epochs."""
-        if getattr(self.args, "schedule_unit", "step") == "epoch":
+        """Returns the time of the schedule of a `ScheduleConfig` (scheduled sampling, prefix corruption): optimizer
+        steps after the warm-up, or completed epochs."""
+        if self.args.schedule_unit == "epoch":
             return float(int(self.state.epoch or 0))
         return float(max(0, self.state.global_step - self.args.warmup_xe_steps))
 

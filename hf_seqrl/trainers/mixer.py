@@ -18,9 +18,10 @@ from .. import losses
 from ..configs import MixerConfig
 from ..hub import Method, Paper
 from ..models.base import pad_id, right_pad
-from ..types import Rollout
 from ..schedules import mixer_delta
-from .policy_gradient import SeqRLTrainer
+from ..types import BatchText, Rollout
+from .baselines import BaselineTrainer
+from .rollout import RolloutPlan
 
 RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",
                      title="Sequence Level Training with Recurrent Neural Networks", citation="""\
@@ -31,7 +32,6 @@ RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="h
   year      = {2016},
   url       = {https://arxiv.org/abs/1511.06732}
 }""")
-from .inputs import BatchText
 
 
 def prefix_lengths(labels: torch.Tensor, delta: int) -> torch.Tensor:
@@ -43,10 +43,10 @@ def prefix_lengths(labels: torch.Tensor, delta: int) -> torch.Tensor:
     return ((labels != -100).sum(dim=1) - delta).clamp(min=0)
 
 
-class MixerTrainer(SeqRLTrainer):
+class MixerTrainer(BaselineTrainer):
     """MIXER (Ranzato et al., 2016): cross-entropy on the first `T - Δ` gold tokens of each target and REINFORCE on
     the model's continuation of that prefix, rewarded as a whole sequence; Δ grows by `mixer_delta` every
-    `mixer_increment_steps` optimizer steps. Any baseline of `SeqRLConfig` (default: moving average); with Δ at
+    `mixer_increment_steps` optimizer steps. Any baseline of `BaselineConfig` (default: moving average); with Δ at
     least the target length the loss is exactly `ReinforceTrainer`'s. Logs `mixer/delta` and
     `mixer/prefix_fraction` (the teacher-forced share of the targets) next to the `rl/*` metrics.
     """
@@ -64,7 +64,11 @@ class MixerTrainer(SeqRLTrainer):
         step = max(0, self.state.global_step - self.args.warmup_xe_steps)
         return mixer_delta(step, self.args.mixer_delta, self.args.mixer_increment_steps)
 
-    def sequence_loss(self, model, inputs, text, num_items_in_batch):
+    def rollout_plan(self) -> RolloutPlan | None:
+        plan = super().rollout_plan()
+        return plan and plan._replace(from_source=False)  # continuations of each micro-batch's own gold prefixes
+
+    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         if inputs.get("labels") is None:
             raise ValueError("MixerTrainer teacher-forces a prefix of each target: the dataset needs tokenized "
                              "'labels' (tokenizer(text_target=...), or tokenize_prompt_completion for a decoder-only "
@@ -72,6 +76,7 @@ class MixerTrainer(SeqRLTrainer):
         return super().sequence_loss(model, inputs, text, num_items_in_batch)
 
     def rl_loss(self, model, inputs, text: BatchText):
+        """Returns the MIXER loss of a batch and records the `mixer/*` and `rl/*` metrics."""
         args, n = self.args, self.args.num_samples
         unwrapped = self.accelerator.unwrap_model(model)
         labels, delta = self.family.target_labels(inputs), self.delta()  # target coordinates (causal: completions)
@@ -88,18 +93,11 @@ class MixerTrainer(SeqRLTrainer):
             scored.sample_logits, batch.sample_ids, banned=scored.banned)
         mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
                                        prefix_logprobs)
-        xe_loss = None if gold is None else self._xe_from_logits(scored.gold_logits, gold, scored.gold_logprobs)
-        loss = losses.mix_losses(mixer_loss, xe_loss, args.rl_weight)
-        metrics = dict(batch.metrics)
-        loss = self.add_regularizers(loss, inputs, batch.sample_ids, n, scored.sample_logits, continuation_mask,
-                                     metrics, scored.banned)
         target_tokens = (labels != -100).sum().clamp(min=1)
-        metrics.update({"rl/pg_loss": mixer_loss.item(), "mixer/delta": float(delta),
-                        "mixer/prefix_fraction": (prefixes.sum() / target_tokens).item()})
-        if xe_loss is not None:
-            metrics["rl/xe_loss"] = xe_loss.item()
-        self._record("train", metrics)
-        return loss
+        metrics = {**batch.metrics, "rl/pg_loss": mixer_loss.item(), "mixer/delta": float(delta),
+                   "mixer/prefix_fraction": (prefixes.sum() / target_tokens).item()}
+        return self.finish_loss(mixer_loss, self.gold_cross_entropy(scored, gold), inputs, scored, batch.sample_ids, n,
+                                continuation_mask, metrics)
 
     def sample_continuations(self, unwrapped, inputs, labels: torch.Tensor, prefixes: torch.Tensor) -> Rollout:
         """Returns the samples (and greedy rows) of every source, each holding its gold prefix then its own
@@ -108,7 +106,7 @@ class MixerTrainer(SeqRLTrainer):
         Args:
             labels (`torch.LongTensor` of shape `(B, T)`): the gold targets in target coordinates.
         """
-        n, with_greedy, family = self.args.num_samples, self.rollout_with_greedy(), self.family
+        n, with_greedy, family = self.args.num_samples, self.rollout_plan().greedy, self.family
         keys = self.rollout_keys.next(self.state.global_step, labels.shape[0], n, labels.device)
         if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
             return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy, keys=keys)

@@ -16,8 +16,8 @@ from ..configs import MRTConfig
 from ..hub import Method, Paper
 from ..models.base import eos_ids, pad_id, right_pad
 from ..models.beam import cap_lengths, length_limits
-from .inputs import BatchText, repeat_rows
-from .policy_gradient import SeqRLTrainer
+from ..types import BatchText, repeat_rows
+from .rollout import RolloutPlan, RolloutTrainer
 
 SHEN_2016 = Paper(key="shen2016mrt", cite="Shen et al., 2016", url="https://aclanthology.org/P16-1159/",
                   title="Minimum Risk Training for Neural Machine Translation", citation="""\
@@ -57,7 +57,7 @@ def candidate_set(parts: list[tuple[torch.Tensor, torch.Tensor, int]], drawn: in
     return token_ids.flatten(0, 1), token_mask.flatten(0, 1), is_drawn
 
 
-class MRTTrainer(SeqRLTrainer):
+class MRTTrainer(RolloutTrainer):
     """Minimum risk training (Shen et al., 2016; Edunov et al., 2018).
 
     Loss: the expected cost `1 - reward` under `Q ∝ p(y|x)^α`, renormalized over a candidate set per source
@@ -74,14 +74,11 @@ class MRTTrainer(SeqRLTrainer):
     method = Method("Minimum risk training", "mrt", "the expected cost 1 - reward under the model's alpha-sharpened "
                     "distribution over each source's candidate set", (SHEN_2016,))
     model_families = ("seq2seq", "causal")
-    default_baseline = "none"  # no baseline to name: the renormalization over candidates plays its part
 
-    def rollout_with_greedy(self) -> bool:
-        return self.args.mrt_include_greedy
-
-    @property
-    def decodes_rollouts(self) -> bool:
-        return super().decodes_rollouts and self.args.mrt_candidates != "beam"  # the n-best comes from `generate`
+    def rollout_plan(self) -> RolloutPlan | None:
+        plan = super().rollout_plan()
+        # With beam candidates only, the n-best comes from `generate` and nothing is sampled.
+        return plan and RolloutPlan(from_source=self.args.mrt_candidates != "beam", greedy=self.args.mrt_include_greedy)
 
     def draw_candidates(self, unwrapped, inputs):
         """Returns `(drawn, greedy)`: the candidates each source draws as `candidate_set` parts (its samples, its
@@ -138,32 +135,22 @@ class MRTTrainer(SeqRLTrainer):
         scored = self.score_policy(model, inputs, token_ids, k, None if args.mrt_include_reference else xe_labels,
                                    temperature=1.0)
         seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, token_mask, args.length_normalize)
-        risk = losses.minimum_risk_loss(seq_logprobs, rewards, k, args.mrt_alpha, keep)
-        xe_loss = None
-        if xe_labels is not None:
-            if args.mrt_include_reference:  # the reference is the last candidate, scored at temperature 1
-                width = targets.shape[1]
-                reference_logprobs = scored.token_logprobs.view(-1, k, scored.token_logprobs.shape[1])[:, -1, :width]
-                xe_loss = self._xe_from_logits(scored.sample_logits[:, -1, :width], targets, reference_logprobs)
-            else:
-                xe_loss = self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
-        loss = losses.mix_losses(risk, xe_loss, args.rl_weight)
+        risk = losses.minimum_risk(seq_logprobs, rewards, k, args.mrt_alpha, keep)
+        if xe_labels is not None and args.mrt_include_reference:  # the last candidate, scored at temperature 1
+            width = targets.shape[1]
+            reference_logprobs = scored.token_logprobs.view(-1, k, scored.token_logprobs.shape[1])[:, -1, :width]
+            xe_loss = self._xe_from_logits(scored.sample_logits[:, -1, :width], targets, reference_logprobs)
+        else:
+            xe_loss = self.gold_cross_entropy(scored, xe_labels)
         samples = candidates.select(is_drawn)
         drawn_ids, drawn_mask = token_ids[is_drawn], token_mask[is_drawn]
         metrics = self.sample_metrics(samples, samples.left_out, drawn_ids, drawn_mask, unwrapped)
         if self.completions is not None:  # the drawn candidates' rows; no baseline or advantage in MRT
             self.record_completions(inputs, text, samples, drawn_ids, drawn_mask, unwrapped, greedy_ids=greedy_ids)
-        sampled_tokens = token_mask & is_drawn.unsqueeze(1)  # entropy and KL on the drawn candidates, as elsewhere
-        loss = self.add_regularizers(loss, inputs, token_ids, k, scored.sample_logits, sampled_tokens, metrics,
-                                     scored.banned)
-        with torch.no_grad():
-            q = losses.candidate_distribution(seq_logprobs, k, args.mrt_alpha, keep)
         metrics.update({
-            "mrt/risk": risk.item(),
-            "mrt/q_entropy": torch.special.entr(q).sum(dim=-1).mean().item(),
+            "mrt/risk": risk.loss.item(),
+            "mrt/q_entropy": torch.special.entr(risk.q.detach()).sum(dim=-1).mean().item(),
             "mrt/distinct_candidates": keep.view(-1, k).sum(dim=-1).float().mean().item(),
         })
-        if xe_loss is not None:
-            metrics["rl/xe_loss"] = xe_loss.item()
-        self._record("train", metrics)
-        return loss
+        sampled_tokens = token_mask & is_drawn.unsqueeze(1)  # entropy and KL on the drawn candidates, as elsewhere
+        return self.finish_loss(risk.loss, xe_loss, inputs, scored, token_ids, k, sampled_tokens, metrics)

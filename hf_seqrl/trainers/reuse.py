@@ -14,38 +14,12 @@ cycle (the first RL step after a warm-up that ends inside a cycle) rolls out ane
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch.utils.data import Sampler
 
-
-@dataclass
-class RolloutBatch:
-    """A scored rollout of one micro-batch, as the loss needs it.
-
-    Attributes:
-        sample_ids (`torch.LongTensor` of shape `(B*n, T)`), sample_mask (`torch.BoolTensor` of shape `(B*n, T)`):
-            the samples, as in `Rollout`.
-        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample.
-        metrics (`dict[str, float]`): what the rollout measured (`rl/reward`, ...), logged at every use.
-        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)` or None): log-probs at rollout time (μ > 1 only).
-        kept (`torch.BoolTensor` of shape `(B*n,)` or None): false for the samples left out of the loss (no usable
-            reward); None keeps every sample.
-    """
-
-    sample_ids: torch.Tensor
-    sample_mask: torch.Tensor
-    advantages: torch.Tensor
-    metrics: dict = field(default_factory=dict)
-    old_token_logprobs: torch.Tensor | None = None
-    kept: torch.Tensor | None = None
-
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        """Returns the tokens the policy-gradient term counts, `(B*n, T)`: `sample_mask` without the left-out rows."""
-        return self.sample_mask if self.kept is None else self.sample_mask & self.kept.unsqueeze(1)
+from ..types import RolloutBatch
 
 
 class RepeatBlockSampler(Sampler):

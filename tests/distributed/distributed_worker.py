@@ -160,10 +160,10 @@ def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_transla
         "--train_file", os.path.join(data, "toy_de_en.train.txt"), "--validation_file",
         os.path.join(data, "toy_de_en.validation.tsv"), "--test_file", os.path.join(data, "toy_de_en.test.txt"),
     ])
-    model, tokenizer = load_model_and_tokenizer(script_args)
+    model, tokenizer = load_model_and_tokenizer(script_args, training_args)
     family = family_for(model)
     with training_args.main_process_first():
-        splits = load_splits(script_args, tokenizer, family=family)
+        splits = load_splits(script_args, training_args, tokenizer, family=family)
     trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
     trainer.train()
     return trainer

@@ -86,7 +86,7 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
                                     "--validation_file", "",
                                     "--test_file", str(REPO / "recipes/data/toy_de_en.test.txt")])
     tokenizer = ByT5Tokenizer()
-    test = load_splits(script_args, tokenizer)["test"]
+    test = load_splits(script_args, args, tokenizer)["test"]
     model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     batch = tokenizer.pad({"input_ids": test["input_ids"]}, return_tensors="pt")
     with torch.no_grad():

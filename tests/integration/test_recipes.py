@@ -176,8 +176,8 @@ def test_cli_overrides_yaml_which_overrides_recipe_defaults(tmp_path):
                                     "bart"], defaults={"task": "summarization", "max_source_length": 99})
     assert args.max_steps == 3 and script_args.reward_funcs == ["chrf"] and script_args.tiny_model == "bart"  # CLI
     assert args.learning_rate == 1e-4 and script_args.eval_num_beams == 3  # YAML ("1e-4" is a YAML string)
-    assert script_args.task == "translation"  # YAML over the recipe's default
-    assert script_args.max_source_length == 99  # the recipe's default where nothing else sets it
+    assert args.task == "translation"  # YAML over the recipe's default
+    assert args.max_source_length == 99  # the recipe's default where nothing else sets it
     assert args.output_dir == str(tmp_path / "o") and type(args).__name__ == "SeqRLConfig"
     script_args, args = parse_args(["--config", config, "--reward_funcs", "bleu", "chrf", "--reward_weights", "0.3",
                                     "0.7"])
@@ -215,7 +215,7 @@ def test_every_recipe_config_parses_and_names_its_launch_command():
         assert (REPO / first[4]).is_file() and (REPO / first[5]).is_file(), config.name
         assert first[6:] == ["--config", f"recipes/configs/{config.name}"], config.name
         script_args, args = parse_args(["--config", str(config.relative_to(REPO)), "--bf16", "false"])
-        assert script_args.task in first[5]  # the translation recipe for translation configs, etc.
+        assert args.task in first[5]  # the translation recipe for translation configs, etc.
 
 
 # ---- data -------------------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_missing_column_error_lists_the_available_ones(tmp_path):
 
     with pytest.raises(ValueError, match=r"has no column 'article' \(the source\); available columns: "
                                          r"\['document', 'summary'\]\. Set --source_column"):
-        load_splits(script_args, ByT5Tokenizer())
+        load_splits(script_args, args, ByT5Tokenizer())
     with pytest.raises(ValueError, match="no column 'summary'"):
         train_main(["--config", TRANSLATION, "--output_dir", str(tmp_path), "--target_column", "summary"])
 
@@ -242,14 +242,14 @@ def test_translation_dict_column_and_multiple_references(tmp_path):
                                     str(tmp_path / "multi.jsonl"), "--source_lang", "de", "--target_lang", "en",
                                     "--output_dir", str(tmp_path / "o")])
     with pytest.raises(ValueError, match="no column 'de'.*available columns: \\['src', 'refs'\\]"):
-        load_splits(script_args, ByT5Tokenizer())
+        load_splits(script_args, args, ByT5Tokenizer())
     script_args.test_file = None
-    splits = load_splits(script_args, ByT5Tokenizer())
+    splits = load_splits(script_args, args, ByT5Tokenizer())
     assert splits["train"]["references"] == [["a dog"], ["a cat"]] and splits["train"]["sources"] == ["ein hund",
                                                                                                           "eine katze"]
     script_args.target_lang = "fr"
     with pytest.raises(ValueError, match=r"no \['fr'\] entry \(languages: \['de', 'en'\]\)"):
-        load_splits(script_args, ByT5Tokenizer())
+        load_splits(script_args, args, ByT5Tokenizer())
 
 
 def test_plain_text_pairs(tmp_path):

@@ -311,7 +311,7 @@ def test_clipped_policy_loss_by_hand():
     assert losses.clipped_policy_loss(lp, old, mask, adv, 0.2, length_normalize=True).item() == pytest.approx(
         -(1.8 - 3.4 / 3) / 2, abs=1e-6)
     # 2 of the 6 tokens are clipped; mean ratio (1.5 + 1 + 0.5 + 0.5 + 1.1 + 1.5) / 6
-    clip_fraction, ratio_mean = losses.clip_statistics(lp, old, mask, adv, epsilon=0.2)
+    _, clip_fraction, ratio_mean = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2)
     assert clip_fraction.item() == pytest.approx(2 / 6)
     assert ratio_mean.item() == pytest.approx(6.1 / 6, abs=1e-6)
 
@@ -321,7 +321,7 @@ def test_clipped_policy_loss_epsilon_high_and_masking():
     # epsilon_high 0.6: band [0.8, 1.6]; row 0's 1.5 is now inside: row 0 sums 3 + 2 + 1 = 6, loss -mean(6, -3.4)
     loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2, epsilon_high=0.6)
     assert loss.item() == pytest.approx(-1.3, abs=1e-6)
-    assert losses.clip_statistics(lp, old, mask, adv, 0.2, 0.6)[0].item() == pytest.approx(1 / 6)
+    assert losses.clipped_policy_objective(lp, old, mask, adv, 0.2, 0.6).clip_fraction.item() == pytest.approx(1 / 6)
     # a masked position neither counts nor overflows, whatever log-prob it holds (exp(100) is inf in float32)
     far = lp.detach().clone()
     far[1, 2] = 100.0

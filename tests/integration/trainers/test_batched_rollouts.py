@@ -151,5 +151,5 @@ def test_generation_batch_size_and_steps_per_generation(tmp_path):
         config(generation_batch_size=5)
     with pytest.raises(ValueError, match="set only one of the two"):
         config(steps_per_generation=2, generation_batch_size=8)
-    with pytest.raises(ValueError, match="MixerConfig.steps_per_generation"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'steps_per_generation'"):
         make_config(MixerConfig, tmp_path, gradient_accumulation_steps=2, steps_per_generation=2)

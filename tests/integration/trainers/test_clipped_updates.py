@@ -7,7 +7,8 @@ import torch
 import hf_seqrl.trainers.base as base
 from helpers import byt5_tokenizer, make_config, params, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import ReinforceTrainer, SCSTTrainer, SeqRLConfig
-from hf_seqrl.trainers.reuse import RepeatBlockSampler, RolloutBatch, RolloutReuse
+from hf_seqrl.trainers.reuse import RepeatBlockSampler, RolloutReuse
+from hf_seqrl.types import RolloutBatch
 
 config = partial(make_config, SeqRLConfig)  # config(tmp_path, **overrides)
 

@@ -1,0 +1,117 @@
+"""The fields every trainer shares (`SeqRLBaseConfig`) and those of every trainer that decodes on its own
+(`FreeRunningConfig`), with the checks the configs share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import Seq2SeqTrainingArguments
+
+TASKS = ("translation", "summarization")
+
+
+class _NoSecretsInPickle:
+    """Keeps credentials out of `training_args.bin`, which the Trainer pickles into every checkpoint."""
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for key in state:
+            if key.endswith("_token") and state[key] is not None:
+                state[key] = None
+        return state
+
+
+def check_choice(config, name: str, choices: tuple) -> None:
+    """Raises a ValueError naming `type(config).name` unless the field `name` holds one of `choices`."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{type(config).__name__}.{name}={value!r} is not one of {choices}: {name} must be one of "
+                         "these.")
+
+
+def check_at_least(config, name: str, low: float, none_ok: bool = False) -> None:
+    """Raises a ValueError naming the field unless `config.name >= low` (or is None, when `none_ok`)."""
+    value = getattr(config, name)
+    if value is None and none_ok:
+        return
+    if value is None or value < low:
+        raise ValueError(f"{type(config).__name__}.{name} must be >= {low}{' or None' if none_ok else ''}, got "
+                         f"{value!r}.")
+
+
+@dataclass
+class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
+    r"""
+    The fields every hf-seqrl trainer shares, on top of `Seq2SeqTrainingArguments`; each trainer's config extends it.
+
+    warmup_xe_steps (`int`, *optional*, defaults to `0`):
+        Optimizer steps of plain teacher-forced cross-entropy (the `Seq2SeqTrainer` loss) before the trainer's own
+        loss takes over.
+    disable_dropout (`bool`, *optional*, defaults to `None`):
+        Set every dropout probability of the model to 0 when the trainer is built (TRL's name). `None` takes the
+        trainer's default: `True` for the trainers that sample and score their own outputs (SCST, REINFORCE, MRT,
+        MIXER), `False` for the trainers that train with cross-entropy on changed inputs (scheduled sampling, prefix
+        corruption, k-step rollout) and professor forcing, where dropout regularizes as in plain fine-tuning.
+        Rollouts decode without dropout; with dropout left on, the scoring pass computes the log-probs of a randomly
+        thinned network, not of the distribution the samples came from, which biases the policy gradient, and a
+        reused rollout's ratios move even where the weights do not. See docs/math.md.
+    task (`str`, *optional*, defaults to `None`):
+        `"translation"` or `"summarization"`: what the model card says the model does (its Hub `pipeline_tag`).
+        `hf-seqrl train --task` sets it.
+
+    > Text datasets (a dataset without `input_ids` is tokenized when the trainer is built)
+
+    source_column (`str`, *optional*, defaults to `None`):
+        Encoder-decoder models: the column of the source texts (`None`: `"source"`, else `"prompt"`).
+    target_column (`str`, *optional*, defaults to `None`):
+        Encoder-decoder models: the column of the targets, a string or a list of references per row (`None`:
+        `"target"`, else `"completion"`). Optional when a `references` column gives what rewards compare with.
+    max_source_length (`int`, *optional*, defaults to `None`), max_target_length (`int`, *optional*, defaults to
+    `None`):
+        Encoder-decoder models: truncate sources / targets to this many tokens.
+    max_prompt_length (`int`, *optional*, defaults to `None`), max_completion_length (`int`, *optional*, defaults
+    to `None`):
+        Decoder-only models (TRL's names): keep the last `max_prompt_length` tokens of a prompt (`prompt` column, text
+        or chat messages) and the first `max_completion_length` of a completion (`completion`, EOS kept).
+    """
+
+    warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
+                                                              "trainer's own loss."})
+    disable_dropout: bool | None = field(default=None, metadata={
+        "help": "Set the model's dropout to 0 (default: on for the rewarded trainers, off for the others)."})
+    task: str | None = field(default=None, metadata={"help": "translation | summarization: what the model card "
+                                                             "says the model does."})
+    source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})
+    target_column: str | None = field(default=None, metadata={"help": "Target column (default: target)."})
+    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
+    max_target_length: int | None = field(default=None, metadata={"help": "Truncate targets to this many tokens."})
+    max_prompt_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the prompt's last "
+                                                                           "tokens."})
+    max_completion_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the completion's "
+                                                                               "first tokens."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.warmup_xe_steps < 0:
+            raise ValueError(f"{type(self).__name__}.warmup_xe_steps must be >= 0 (a number of optimizer steps), got "
+                             f"{self.warmup_xe_steps}.")
+        if self.task is not None:
+            check_choice(self, "task", TASKS)
+
+
+@dataclass
+class FreeRunningConfig(SeqRLBaseConfig):
+    r"""
+    The length limit of a trainer that decodes its own outputs during training, on top of [`SeqRLBaseConfig`].
+
+    max_new_tokens (`int`, *optional*, defaults to `None`):
+        Length limit of the sequences the model writes during training; `None` takes `generation_max_length`, then
+        the model's default.
+    """
+
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of the sequences the model "
+                                                                       "writes during training."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_at_least(self, "max_new_tokens", 1, none_ok=True)

@@ -1,0 +1,335 @@
+"""`RolloutTrainer`: what every rewarded trainer (SCST, REINFORCE, MRT, MIXER) shares.
+
+The rewards and their metrics, the rollout decode (one per micro-batch, or one per `steps_per_generation`
+micro-batches decoded ahead), the scoring pass under the policy and the KL reference, the sample logs, and the tail
+of every loss: mixing with cross-entropy, entropy and KL, the metrics. An algorithm subclass says whether and how it
+rolls out (`rollout_plan`) and writes its loss (`rl_loss`); the math lives in `hf_seqrl.losses`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import NamedTuple
+
+import torch
+
+from .. import losses
+from ..configs import RolloutConfig
+from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
+                       model_rewards, place_on, reward_name)
+from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
+from .adapters import add_reference_adapter, is_peft_model, reference_of
+from .base import SeqRLBaseTrainer
+from .completions import CompletionLog, completion_rows
+from .generation import RolloutKeys, RolloutsAhead, model_inputs
+
+
+class RolloutPlan(NamedTuple):
+    """How a training step after the warm-up rolls out (see `RolloutTrainer.rollout_plan`)."""
+
+    from_source: bool  # the samples are decoded from the source alone, through `take_rollout` (decodable ahead)
+    greedy: bool  # each source's greedy decode comes with its samples
+
+
+class RolloutTrainer(SeqRLBaseTrainer):
+    """Base of the rewarded trainers; same constructor as `Seq2SeqTrainer` plus `reward_funcs`, `args` a
+    `RolloutConfig`. Subclasses implement `rl_loss` and, when they roll out otherwise, `rollout_plan`."""
+
+    config_class = RolloutConfig
+    default_disable_dropout = True
+
+    def __init__(self, model=None, args: RolloutConfig | None = None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_funcs=None, **kwargs):
+        if reward_funcs is None:
+            raise ValueError(
+                f"{type(self).__name__} needs reward_funcs=: a built-in name ('bleu', 'chrf', 'rouge1', 'rouge2', "
+                "'rougeL', 'rougeLsum'), a 'module:function' path, a callable f(predictions, references, sources, "
+                "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
+        # Checked before the (slow) Trainer set-up, so that a typo fails at once.
+        check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, RolloutConfig) else None)
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.reward_funcs = reward_funcs
+        workers = self.args.reward_workers
+        self.reward_fn = (PooledReward(reward_funcs, self.args.reward_weights, workers) if workers >= 2
+                          else build_reward(reward_funcs, self.args.reward_weights))
+        # A model reward runs on this process's device, outside the model that DDP / ZeRO / FSDP wrap.
+        local = getattr(self.reward_fn, "local", self.reward_fn)
+        if workers >= 2 and model_rewards(local):
+            raise ValueError(
+                f"{type(self.args).__name__}.reward_workers={workers} scores rewards in worker processes, but "
+                "reward_funcs holds a model reward, which runs batched on the trainer's device: set reward_workers=0.")
+        place_on(local, self.args.device)
+        self.reward_label = reward_name(self.reward_fn)
+        self.ref_model, self.reference_adapter = None, None
+        if self.args.kl_coef > 0:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            if is_peft_model(unwrapped):  # the same network with its adapter off (or a frozen copy): no second copy
+                self.reference_adapter = add_reference_adapter(unwrapped)
+            else:
+                self.ref_model = copy.deepcopy(unwrapped).to(self.args.device).requires_grad_(False)
+        self._rollout_config = None
+        self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
+        self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
+        self.rollouts_ahead = RolloutsAhead()
+        self.completions = CompletionLog() if self.args.log_completions else None
+
+    # ---- how a step rolls out ---------------------------------------------------------------------
+
+    def rollout_plan(self) -> RolloutPlan | None:
+        """Returns how the current training step (after the warm-up) rolls out, or None when it decodes nothing:
+        nothing a rollout gives would reach the loss (`rl_weight`, `kl_coef` and `entropy_coef` all 0), and the step
+        trains as `Seq2SeqTrainer` does. Subclasses refine the plan of this base: samples decoded from the source, no
+        greedy row."""
+        args = self.args
+        if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
+            return None
+        return RolloutPlan(from_source=True, greedy=False)
+
+    @property
+    def rollout_config(self):
+        """Returns the generation config of the rollouts (length limit, temperature, top-k, top-p)."""
+        if self._rollout_config is None:
+            model = self.accelerator.unwrap_model(self.model)
+            self._rollout_config = self.family.generation_config(
+                model, self.args.max_new_tokens, self.args.temperature, self.args.top_k, self.args.top_p,
+                max_length=self.args.generation_max_length,
+            )
+        return self._rollout_config
+
+    def take_rollout(self, unwrapped, inputs) -> Rollout:
+        """Returns the rollout of a micro-batch: the one decoded ahead with other micro-batches of its optimizer step
+        (`steps_per_generation > 1`), else one decoded now."""
+        rollout = self.rollouts_ahead.take(inputs["input_ids"])
+        return rollout if rollout is not None else self.decode_rollouts(unwrapped, [inputs])[0]
+
+    def decode_rollouts(self, unwrapped, batches: list[dict]) -> list[Rollout]:
+        """Returns the rollouts of `batches` (micro-batches of the current optimizer step, in order) from one decode,
+        every sample row drawing from its own key (`RolloutKeys`)."""
+        sizes = [batch["input_ids"].shape[0] for batch in batches]
+        joined = batches[0] if len(batches) == 1 else self.family.join_prompts(unwrapped, batches)
+        n = self.args.num_samples
+        keys = self.rollout_keys.next(self.state.global_step, sum(sizes), n, joined["input_ids"].device)
+        rollout = self.family.sample(unwrapped, joined, self.rollout_config, n, with_greedy=self.rollout_plan().greedy,
+                                     keys=keys)
+        return [rollout] if len(batches) == 1 else rollout.split(sizes)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """`Trainer.get_batch_samples` (the micro-batches of one optimizer step); with `steps_per_generation > 1`, also
+        decodes their rollouts, `steps_per_generation` micro-batches per decode, before the first of them trains."""
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        steps = self.args.generation_steps
+        plan = self.rollout_plan() if steps > 1 and self.phase == "rl" else None
+        ahead = []
+        if plan is not None and plan.from_source:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            inputs = [model_inputs(batch, self.args.device) for batch in batches]
+            for start in range(0, len(inputs), steps):
+                group = inputs[start:start + steps]
+                ahead += [(batch["input_ids"], rollout)
+                          for batch, rollout in zip(group, self.decode_rollouts(unwrapped, group))]
+        self.rollouts_ahead.reset(ahead)
+        return batches, num_items_in_batch
+
+    # ---- the loss -------------------------------------------------------------------------------
+
+    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
+        args = self.args
+        if self.rollout_plan() is None:
+            # Nothing a rollout produces would reach the loss: skip decoding and train as Seq2SeqTrainer does.
+            self._record("train", {"rl/phase": 1.0})
+            return self.per_batch_mean_loss(model, inputs)
+        self.loss_is_scaled_for_ga = False  # per-batch mean: the Trainer divides by accumulation steps
+        if args.rl_weight < 1 and inputs.get("labels") is None:
+            raise ValueError(
+                f"{type(args).__name__}.rl_weight={args.rl_weight} mixes in cross-entropy, which needs tokenized "
+                "'labels' in the dataset: add them (tokenizer(text_target=...)) or set rl_weight=1.0 for pure RL on "
+                "'references'.")
+        if text.references is None:
+            text = text._replace(references=self.decode_labels(inputs.get("labels")))
+        return self.rl_loss(model, inputs, text)
+
+    def rl_loss(self, model, inputs, text: BatchText):
+        """Returns the loss of a batch after the warm-up and records its metrics (implemented by subclasses, which end
+        with `finish_loss`)."""
+        raise NotImplementedError
+
+    def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None,
+                     temperature: float | None = None) -> ScoredRollout:
+        """Returns the family's scoring pass of `token_ids` under the policy (with grad; at `temperature`, default the
+        rollout's), remembering its random state so that the reference pass draws the same dropout masks."""
+        self._policy_rng = rng_state(self.args.device)
+        temperature = self.args.temperature if temperature is None else temperature
+        return self.family.score(model, inputs, token_ids, group, gold_labels, temperature)
+
+    def gold_cross_entropy(self, scored: ScoredRollout, labels):
+        """Returns the cross-entropy of the gold `labels` from the scoring pass `scored`, or None without labels."""
+        return None if labels is None else self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
+
+    def finish_loss(self, rl_loss, xe_loss, inputs, scored: ScoredRollout, token_ids, group: int, token_mask,
+                    metrics: dict):
+        """Returns the loss of a step from its algorithm's `rl_loss`: mixed with `xe_loss` by `rl_weight`, minus
+        `entropy_coef` × entropy, plus `kl_coef` × KL over `token_mask` `(N, T)` of `token_ids` (`group` rows per
+        source); records `metrics` with the entropy, KL and cross-entropy added."""
+        loss = losses.mix_losses(rl_loss, xe_loss, self.args.rl_weight)
+        loss = self.add_regularizers(loss, inputs, token_ids, group, scored.sample_logits, token_mask, metrics,
+                                     scored.banned)
+        if xe_loss is not None:
+            metrics["rl/xe_loss"] = xe_loss.item()
+        self._record("train", metrics)
+        return loss
+
+    def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict, banned=None):
+        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens; records both. Both are
+        those of the rollout distribution: `banned` (`ScoredRollout.banned`) entries excluded."""
+        args = self.args
+        with torch.set_grad_enabled(args.entropy_coef > 0):
+            entropy = losses.masked_mean(losses.token_entropy(logits, banned).flatten(), token_mask.flatten(), 0)
+        if args.entropy_coef > 0:
+            loss = loss - args.entropy_coef * entropy
+        if args.kl_coef > 0:
+            kl = self.kl_to_reference(inputs, token_ids, group, logits, token_mask, banned)
+            loss = loss + args.kl_coef * kl
+            metrics["rl/kl"] = kl.item()
+        metrics["rl/entropy"] = entropy.item()
+        return loss
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Within the context, yields the KL reference model: the frozen copy, or the policy itself with its adapter
+        off (or its frozen reference adapter active)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        with reference_of(self.accelerator.unwrap_model(self.model), self.reference_adapter) as reference:
+            yield reference
+
+    def kl_to_reference(self, inputs, token_ids, group: int, logits, token_mask, banned=None):
+        """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`.
+
+        The reference runs in the policy's mode (train or eval) and replays the policy pass's random draws: with
+        dropout on, both passes thin the same units, so the KL measures the weights' difference only."""
+        # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
+        with self.reference() as reference, torch.no_grad(), self.accelerator.autocast(), \
+                replayed_rng(self._policy_rng, self.args.device):
+            reference.train(self.model.training)
+            ref = self.family.score(reference, inputs, token_ids, group, temperature=self.args.temperature)
+        kl = losses.token_kl(logits, ref.sample_logits, banned)
+        return losses.masked_mean(kl.flatten(), token_mask.flatten(), 0)
+
+    # ---- rewards --------------------------------------------------------------------------------
+
+    def reward_values(self, token_ids, text: BatchText) -> RewardValues:
+        """Returns the decoded `token_ids` `(N, T)`, their rewards and each reward function's values (scored once;
+        the rewards are the parts' weighted sum). `text` holds one row per sequence (see `repeat_rows`). A sequence
+        no reward applies to (`None`) is left out, and so is a non-finite reward with `nonfinite_rewards="drop"`."""
+        predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
+        parts = call_reward_parts(self.reward_fn, predictions, text.references, text.sources, text.columns,
+                                  name=self.reward_label, batch_index=self.state.global_step)
+        values = combine_parts(self.reward_fn, parts)
+        if self.args.nonfinite_rewards == "error":
+            check_finite(values, self.reward_label)
+        numbers = [float("nan") if value is None else value for value in values]
+        rewards = torch.tensor(numbers, dtype=torch.float32, device=token_ids.device)
+        left_out = ~torch.isfinite(rewards)
+        return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
+
+    def sample_metrics(self, samples: RewardValues, left_out, sample_ids, sample_mask, unwrapped) -> dict[str, float]:
+        """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
+        each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
+        degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
+        kept = samples.rewards[~left_out]
+        metrics = {
+            "rl/phase": 1.0,
+            "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
+            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
+            "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
+            "rl/frac_truncated": (~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))).float().mean().item(),
+        }
+        if kept.numel():
+            metrics["rl/reward"] = kept.mean().item()
+            metrics["rl/reward_std"] = kept.std().item() if kept.numel() > 1 else 0.0
+        for name, values in samples.part_rewards().items():
+            values = values[torch.isfinite(values)]
+            if values.numel():
+                metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
+                metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        missing = samples.missing()
+        metrics["rl/missing_rewards"] = float(missing)
+        if self.args.nonfinite_rewards == "drop":
+            metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
+        return metrics
+
+    def decode_labels(self, labels) -> list[list[str]]:
+        """Returns the decoded `labels` `(B, T)` as each row's single reference, or raises naming the row without."""
+        if labels is None:
+            raise ValueError(
+                "The batch has neither 'references' nor 'labels': rewards need references. Add a 'references' "
+                "column (string or list of strings per row) or tokenized 'labels'."
+            )
+        ids = labels.masked_fill(labels == -100, self.processing_class.pad_token_id)
+        texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise ValueError(
+                    f"Row {i} of the batch has no reference: its labels are all -100/padding. Fix or drop that row."
+                )
+        return [[t] for t in texts]
+
+    # ---- sample logs ------------------------------------------------------------------------------
+
+    def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_ids, sample_mask, unwrapped,
+                           baselines=None, advantages=None, greedy_ids=None) -> None:
+        """Keeps the rows of a micro-batch's samples for the sample log (`hf_seqrl.trainers.completions`).
+
+        Args:
+            text: the batch's `B` rows; samples: the `B*n` samples' `RewardValues`.
+            sample_ids, sample_mask (`(B*n, T)`): the samples, for the length-limit flag.
+            baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
+        """
+        n = sample_ids.shape[0] // len(text.references)
+        decode = self.processing_class.batch_decode
+        sources = text.sources
+        if sources is None and inputs is not None:  # no `sources` column: the model's own input, decoded
+            sources = decode(self.family.prompts(unwrapped, inputs)[0], skip_special_tokens=True)
+        greedy = None if greedy_ids is None else decode(greedy_ids, skip_special_tokens=True)
+        per_sample = repeat_rows(text._replace(sources=sources), n)
+        truncated = ~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))
+        rows = completion_rows(
+            self.state.global_step + 1, self.args.process_index, n, samples.predictions, per_sample.references,
+            samples.parts, samples.values, per_sample.sources,
+            None if greedy is None else [g for g in greedy for _ in range(n)],
+            None if baselines is None else baselines.tolist(), None if advantages is None else advantages.tolist(),
+            truncated.tolist(), per_sample.columns)
+        self.completions.add(self.state.global_step, rows)
+
+    def log(self, logs, start_time=None):
+        """`SeqRLBaseTrainer.log`; with `log_completions`, a periodic training log first publishes the samples of
+        the last rollout (evaluation logs and the end-of-training summary carry `*_runtime` keys and do not)."""
+        if self.completions is not None and not any(key.endswith("_runtime") for key in logs):
+            self.completions.publish(self)
+        super().log(logs, start_time)
+
+    # ---- evaluation: greedy/beam reward next to the usual metrics ---------------------------------
+
+    def on_generated(self, generated, inputs, text: BatchText) -> None:
+        """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
+        if text.references is None and inputs.get("labels") is not None:
+            text = text._replace(references=self.decode_labels(inputs["labels"]))
+        if text.references is not None:
+            ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
+            scored = self.reward_values(ids, text)
+            # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
+            self._record("eval", {"rl/reward": scored.rewards[~scored.left_out].tolist()})
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+
+    def extra_state(self) -> dict:
+        # The seed of the rollouts' keys goes with the run: resumed with another `seed`, it samples what it sampled.
+        return {"rollout_seed": self.rollout_keys.seed}
+
+    def load_extra_state(self, state: dict) -> None:
+        if state.get("rollout_seed") is not None:
+            self.rollout_keys.seed = state["rollout_seed"]
