@@ -1,6 +1,6 @@
 """Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses), by family of idea: `base` (shared
-orchestration), `rollout` (`RolloutTrainer`: what every rewarded trainer shares), `baselines` (baselines and
-advantages), `policy_gradient` (SCST, REINFORCE, leave-one-out; `reuse`: clipped multi-update steps), `mrt`,
+orchestration), `rollout` (`RolloutTrainer`: what every rewarded trainer shares), `policy_gradient` (baselines and
+advantages; SCST, REINFORCE, leave-one-out; `reuse`: clipped multi-update steps), `mrt`,
 `mixer`, `input_schedules` and `scheduled_sampling`, `professor_forcing`."""
 
 from .base import SeqRLBaseTrainer

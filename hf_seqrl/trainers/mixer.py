@@ -20,7 +20,7 @@ from ..hub import Method, Paper
 from ..models.base import pad_id, right_pad
 from ..schedules import mixer_delta
 from ..types import BatchText, Rollout
-from .baselines import BaselineTrainer
+from .policy_gradient import BaselineTrainer
 from .rollout import RolloutPlan
 
 RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",

@@ -1,19 +1,172 @@
-"""The policy-gradient trainers: `SeqRLTrainer` (their base), `SCSTTrainer` and `ReinforceTrainer`.
+"""The policy-gradient trainers: `BaselineTrainer` (rewards → baseline → advantages, shared with MIXER),
+`SeqRLTrainer` (the policy gradient, clipped on reused rollouts), `SCSTTrainer` and `ReinforceTrainer`.
 
 One RL step follows the diagram of DESIGN.md: rollout → rewards → baseline → advantages (`BaselineTrainer`) →
-log-probs → policy-gradient loss mixed with cross-entropy (+ KL, − entropy; `RolloutTrainer.finish_loss`). The math
-lives in `hf_seqrl.losses`, decoding and scoring in the model family (`hf_seqrl.models`). With
-`num_iterations > 1` a rollout serves several clipped updates (`reuse`).
+log-probs → policy-gradient loss mixed with cross-entropy (+ KL, − entropy; `RolloutTrainer.finish_loss`). The
+baseline decides the algorithm's name (`BASELINE_METHODS`): a policy gradient with the greedy baseline is SCST, with
+the leave-one-out mean REINFORCE with leave-one-out baseline. The math lives in `hf_seqrl.losses`, decoding and
+scoring in the model family (`hf_seqrl.models`). With `num_iterations > 1` a rollout serves several clipped updates
+(`reuse`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+
 from .. import losses
-from ..configs import SeqRLConfig
-from ..types import BatchText, RolloutBatch
-from .baselines import BaselineTrainer
+from ..configs import BaselineConfig, SeqRLConfig
+from ..hub import Method, Paper
+from ..types import BatchText, Rollout, RolloutBatch, repeat_rows
 from .reuse import RolloutReuse
-from .rollout import RolloutPlan
+from .rollout import RolloutPlan, RolloutTrainer
+
+RENNIE_2017 = Paper(key="rennie2017scst", cite="Rennie et al., 2017", url="https://arxiv.org/abs/1612.00563",
+                    title="Self-critical Sequence Training for Image Captioning", citation="""\
+@inproceedings{rennie2017scst,
+  title     = {Self-critical Sequence Training for Image Captioning},
+  author    = {Rennie, Steven J. and Marcheret, Etienne and Mroueh, Youssef and Ross, Jerret and Goel, Vaibhava},
+  booktitle = {IEEE Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2017},
+  url       = {https://arxiv.org/abs/1612.00563}
+}""")
+
+
+WILLIAMS_1992 = Paper(key="williams1992reinforce", cite="Williams, 1992", url="https://doi.org/10.1007/BF00992696",
+                      title="Simple statistical gradient-following algorithms for connectionist reinforcement learning", citation="""\
+@article{williams1992reinforce,
+  title   = {Simple statistical gradient-following algorithms for connectionist reinforcement learning},
+  author  = {Williams, Ronald J.},
+  journal = {Machine Learning},
+  volume  = {8},
+  pages   = {229--256},
+  year    = {1992},
+  doi     = {10.1007/BF00992696}
+}""")
+
+
+KOOL_2019 = Paper(key="kool2019buy4", cite="Kool, van Hoof & Welling, 2019", url="https://openreview.net/forum?id=r1lgTGL5DE",
+                  title="Buy 4 REINFORCE Samples, Get a Baseline for Free!", citation="""\
+@inproceedings{kool2019buy4,
+  title     = {Buy 4 {REINFORCE} Samples, Get a Baseline for Free!},
+  author    = {Kool, Wouter and van Hoof, Herke and Welling, Max},
+  booktitle = {ICLR 2019 Workshop on Deep Reinforcement Learning Meets Structured Prediction},
+  year      = {2019},
+  url       = {https://openreview.net/forum?id=r1lgTGL5DE}
+}""")
+
+
+# What each baseline makes of a policy gradient; the baseline, not the trainer class, decides which algorithm ran.
+BASELINE_METHODS = {
+    "greedy": Method("SCST", "scst", "self-critical sequence training: policy gradient with the greedy decode's "
+                     "reward as baseline", (RENNIE_2017,)),
+    "mean": Method("REINFORCE with leave-one-out baseline", "rloo", "policy gradient over several samples per source; "
+                   "each sample's baseline is the mean reward of the other samples of its source",
+                   (WILLIAMS_1992, KOOL_2019)),
+    "moving_average": Method("REINFORCE with a moving-average baseline", "reinforce", "policy gradient; the baseline "
+                             "is an exponential moving average of the batch-mean reward", (WILLIAMS_1992,)),
+    "none": Method("REINFORCE without baseline", "reinforce", "policy gradient on the raw sequence rewards",
+                   (WILLIAMS_1992,)),
+}
+
+
+class BaselineTrainer(RolloutTrainer):
+    """A rewarded trainer whose samples are weighed by advantages over a baseline; `args` a `BaselineConfig`.
+    Subclasses set `default_baseline` and implement `rl_loss` on `rollout_batch`."""
+
+    config_class = BaselineConfig
+    default_baseline = "greedy"
+    method = None  # named by the baseline that runs (`BASELINE_METHODS`) unless a subclass names its own
+
+    @classmethod
+    def method_for(cls, baseline: str | None = None) -> Method:
+        """Returns the policy gradient that `baseline` (default: the trainer's) makes of this trainer: the SCST trainer
+        with the leave-one-out baseline is REINFORCE with leave-one-out baseline, and any policy gradient with the
+        greedy baseline is SCST. A subclass with a `method` of its own (MIXER) is named by it."""
+        if cls.method is not None:
+            return cls.method
+        baseline = baseline if baseline not in (None, "", "None") else cls.default_baseline
+        method = BASELINE_METHODS.get(baseline) or Method(
+            f"REINFORCE with a {baseline} baseline", "reinforce", f"policy gradient with the `{baseline}` baseline",
+            (WILLIAMS_1992,))
+        return dataclasses.replace(method, baseline=baseline)
+
+    def run_method(self) -> Method:
+        return self.method_for(self.baseline)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.baseline = self.args.baseline or self.default_baseline
+        self.baseline_ema: float | None = None
+
+    def rollout_plan(self) -> RolloutPlan | None:
+        plan = super().rollout_plan()
+        return plan and plan._replace(greedy=self.baseline == "greedy")
+
+    def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
+        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). A sample left out
+        (no reward applies, a dropped non-finite one, or its source's greedy reward is missing) gets no advantage
+        and no row in the loss, and counts in no other sample's baseline or scale."""
+        args, n = self.args, rollout.num_samples
+        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
+        sample_rewards, bad = samples.rewards, samples.left_out
+        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
+        adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
+        if args.center_advantages:
+            adv = losses.center_advantages(adv, ~bad)
+        if args.scale_rewards == "group":
+            adv = losses.scale_advantages(adv, losses.group_std(adv, n, ~bad))
+        elif args.scale_rewards == "batch":
+            adv = losses.scale_advantages(adv, self.batch_std(adv, ~bad))
+        metrics = self.sample_metrics(samples, bad, rollout.sample_ids, rollout.sample_mask, unwrapped)
+        kept = ~bad
+        if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
+            metrics.update({
+                "rl/baseline_reward": baseline_rewards[kept].mean().item(),
+                "rl/advantage_abs": adv[kept].abs().mean().item(),
+                "rl/advantage_mean": adv[kept].mean().item(),
+                "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
+            })
+        if self.completions is not None:
+            self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
+                                    baseline_rewards, adv, rollout.greedy_ids)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept)
+
+    def batch_std(self, adv, keep):
+        """Returns the standard deviation of the kept advantages `(B*n,)` of this micro-batch on every process
+        together (their moments added up over processes; NaN with fewer than 2)."""
+        totals = losses.moments(adv, keep)
+        if self.accelerator.num_processes > 1:
+            totals = self.accelerator.reduce(totals, reduction="sum")
+        return losses.std_from_moments(totals)
+
+    def baseline_rewards(self, sample_rewards, bad, rollout: Rollout, text: BatchText):
+        """Returns `(baseline (B*n,), left-out mask (B*n,))` for the configured baseline: the samples left out are out
+        of their siblings' leave-one-out means, and a source whose greedy reward is missing leaves its samples out."""
+        n = rollout.num_samples
+        if self.baseline == "greedy":
+            greedy = self.reward_values(rollout.greedy_ids, text)
+            return greedy.rewards.repeat_interleave(n), bad | greedy.left_out.repeat_interleave(n)
+        if self.baseline == "mean":
+            return losses.leave_one_out_baseline(sample_rewards, n, ~bad), bad
+        if self.baseline == "moving_average":
+            good = sample_rewards[~bad]
+            if not good.numel():  # no reward in this batch: nothing to average in, and no advantage to give
+                return torch.full_like(sample_rewards, self.baseline_ema or 0.0), bad
+            batch_mean = good.mean().item()
+            current = self.baseline_ema if self.baseline_ema is not None else batch_mean
+            self.baseline_ema = losses.moving_average(self.baseline_ema, batch_mean, self.args.baseline_ema_decay)
+            return torch.full_like(sample_rewards, current), bad
+        return torch.zeros_like(sample_rewards), bad
+
+    def extra_state(self) -> dict:
+        return {**super().extra_state(), "baseline_ema": self.baseline_ema, "baseline": self.baseline}
+
+    def load_extra_state(self, state: dict) -> None:
+        super().load_extra_state(state)
+        self.baseline_ema = state.get("baseline_ema")
 
 
 class SeqRLTrainer(BaselineTrainer):

@@ -1,0 +1,111 @@
+"""Every field of `MRTConfig` and `MixerConfig` is one its trainer accepts: set to a valid non-default value, each
+builds the trainer and steps it; and every trainer's `disable_dropout` does what it says."""
+
+import dataclasses
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Seq2SeqTrainingArguments
+
+from helpers import byt5_tokenizer, params, tiny_causal_model, tiny_model, toy_pairs
+from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
+                      PrefixCorruptionConfig, PrefixCorruptionTrainer, ProfessorForcingConfig, ProfessorForcingTrainer,
+                      ReinforceTrainer, SCSTTrainer, ScheduledSamplingConfig, ScheduledSamplingTrainer, SeqRLConfig)
+
+BATCH, ACCUMULATION = 2, 2
+# A valid value other than the default for every field hf-seqrl declares (by field name, for both configs).
+SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", max_new_tokens=6,
+              reward_weights=[0.6, 0.4], nonfinite_rewards="drop", reward_workers=2, num_samples=3, temperature=0.9,
+              top_k=5, top_p=0.95, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05, log_completions=True,
+              num_completions_to_print=1)
+SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", max_source_length=24, max_target_length=12)
+CAUSAL_ONLY = dict(max_prompt_length=24, max_completion_length=12)
+MRT = dict(steps_per_generation=ACCUMULATION, generation_batch_size=BATCH * ACCUMULATION, length_normalize=True,
+           mrt_candidates="sample+beam", mrt_beam_size=3, max_len_a=1.0, max_len_b=4, mrt_alpha=0.5,
+           mrt_include_greedy=True, mrt_include_reference=True)
+MIXER = dict(baseline="mean", baseline_ema_decay=0.5, center_advantages=True, scale_rewards="group", mixer_delta=1,
+             mixer_increment_steps=1)
+INHERITED = {f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)}
+
+
+def own_fields(config_class) -> set[str]:
+    return {f.name for f in dataclasses.fields(config_class) if f.init} - INHERITED
+
+
+def length_reward(predictions, references, sources=None, **columns):
+    return [min(len(p), 10) / 10 for p in predictions]
+
+
+@pytest.mark.parametrize("config_class,own", [(MRTConfig, MRT), (MixerConfig, MIXER)])
+def test_the_table_covers_every_field(config_class, own):
+    assert own_fields(config_class) == set(SHARED) | set(SEQ2SEQ_ONLY) | set(CAUSAL_ONLY) | set(own)
+    defaults = config_class(output_dir="unused")
+    for name, value in {**SHARED, **SEQ2SEQ_ONLY, **CAUSAL_ONLY, **own}.items():
+        assert getattr(defaults, name) != value, name
+
+
+def text_data(family: str) -> Dataset:
+    sources, targets = toy_pairs(8, seed=3)
+    if family == "seq2seq":
+        return Dataset.from_dict({"src": sources, "tgt": targets})
+    return Dataset.from_dict({"prompt": [f"copy: {s} =" for s in sources], "completion": targets})
+
+
+@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("trainer_class,config_class,own", [(MRTTrainer, MRTConfig, MRT),
+                                                             (MixerTrainer, MixerConfig, MIXER)])
+def test_every_field_set_builds_and_steps_the_trainer(tmp_path, family, trainer_class, config_class, own):
+    fields = {**SHARED, **(SEQ2SEQ_ONLY if family == "seq2seq" else CAUSAL_ONLY), **own}
+    args = config_class(output_dir=str(tmp_path), per_device_train_batch_size=BATCH,
+                        gradient_accumulation_steps=ACCUMULATION, max_steps=2, learning_rate=1e-3, logging_steps=1,
+                        report_to=[], save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False, seed=0,
+                        **fields)
+    for name, value in fields.items():
+        assert getattr(args, name) == value, name
+    model = tiny_model("t5", dropout=0.1) if family == "seq2seq" else tiny_causal_model("llama")
+    before = params(model)
+    trainer = trainer_class(model=model, args=args, reward_funcs=["chrf", length_reward],
+                            train_dataset=text_data(family), processing_class=byt5_tokenizer())
+    trainer.train()
+    phases = [h["rl/phase"] for h in trainer.state.log_history if "rl/phase" in h]
+    assert phases == [0.0, 1.0]  # one warm-up step, then the trainer's own loss
+    last = [h for h in trainer.state.log_history if "rl/kl" in h][-1]
+    assert torch.isfinite(torch.tensor([last["loss"], last["rl/kl"], last["rl/entropy"]])).all()
+    assert (tmp_path / "completions" / "step-2.jsonl").is_file()
+    after = params(model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def dropout_probabilities(model) -> set[float]:
+    return {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
+
+
+# (trainer, config, its extra arguments, what disable_dropout=None means for it), one row per family of trainers.
+FAMILIES = [
+    (SCSTTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, True),
+    (ReinforceTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, True),
+    (MRTTrainer, MRTConfig, {"reward_funcs": "chrf"}, True),
+    (MixerTrainer, MixerConfig, {"reward_funcs": "chrf"}, True),
+    (ScheduledSamplingTrainer, ScheduledSamplingConfig, {}, False),
+    (PrefixCorruptionTrainer, PrefixCorruptionConfig, {}, False),
+    (KStepRolloutTrainer, KStepRolloutConfig, {}, False),
+    (ProfessorForcingTrainer, ProfessorForcingConfig, {}, False),
+]
+
+
+@pytest.mark.parametrize("trainer_class,config_class,extra,by_default", FAMILIES,
+                         ids=[row[0].__name__ for row in FAMILIES])
+@pytest.mark.parametrize("setting", [None, True, False])
+def test_disable_dropout_does_what_it_says_for_every_trainer(tmp_path, trainer_class, config_class, extra,
+                                                             by_default, setting):
+    model = tiny_model("t5", dropout=0.3)
+    assert 0.3 in dropout_probabilities(model)
+    args = config_class(output_dir=str(tmp_path), disable_dropout=setting, report_to=[])
+    trainer_class(model=model, args=args, train_dataset=text_data("seq2seq").rename_columns(
+        {"src": "source", "tgt": "target"}), processing_class=byt5_tokenizer(), **extra)
+    disabled = by_default if setting is None else setting
+    if disabled:
+        assert dropout_probabilities(model) == {0.0}
+    else:
+        assert 0.3 in dropout_probabilities(model)
