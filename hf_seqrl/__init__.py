@@ -48,11 +48,12 @@ _LAZY = {
 }
 
 # Submodules reachable as attributes (`hf_seqrl.losses`), by where they live.
-_MODULES = {"losses": "losses", "rewards": "rewards", "metrics": "evaluation", "schedules": "schedules",
-            "data": "data", "configs": "configs", "diagnostics": "diagnostics", "hub": "hub", "models": "models",
-            "functional": "functional", "decoder_inputs": "functional.decoder_inputs", "sampling": "functional.sampling"}
+# `metrics` names `evaluation`, as docs/metrics.md says.
+_MODULES = {"losses": "losses", "rewards": "rewards", "metrics": "evaluation", "evaluation": "evaluation",
+            "schedules": "schedules", "data": "data", "configs": "configs", "diagnostics": "diagnostics", "hub": "hub",
+            "models": "models", "functional": "functional", "types": "types"}
 
-__all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "decoder_inputs", "__version__"]
+__all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "__version__"]
 
 
 def __getattr__(name):

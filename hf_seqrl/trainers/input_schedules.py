@@ -6,7 +6,7 @@ context of every pass); no-grad passes over its detached output produce the mode
 needs them; `decoder_rows` builds the rows fed in place of the gold targets (target coordinates: a decoder-only
 model's completion); one gradient pass trains every row on its gold targets with the Trainer's own
 cross-entropy (label smoothing included), the mean over the batch's target tokens. The trainers differ only in
-`decoder_rows`; the tensor math is in `hf_seqrl.decoder_inputs`.
+`decoder_rows`; the tensor math is in `hf_seqrl.functional.decoder_inputs`.
 
 - `PrefixCorruptionTrainer`: each input replaced with probability σ by a random token or the model's own
   prediction; with `per_token_levels`, noise-level forcing (σ_t ~ U(0, σ) per position). One row per source.
