@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from exposure import load_quality  # noqa: E402  (the quality benchmark's data, tokenizer and checkpoint C)
+import quality_lib as quality  # noqa: E402  (the quality benchmark's data, tokenizer and checkpoint C)
 # The rollouts timed: name -> (rows per source, first row greedy).
 ROLLOUTS = {"SCST (greedy + 1 sample)": (2, True), "leave-one-out (4 samples)": (4, False)}
 ARMS = ("compacted", "all rows", "generate")
@@ -94,11 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
     from hf_seqrl.models.base import DecodeSettings
     from hf_seqrl.models.seq2seq import rollout_generation_config
 
-    quality = load_quality()
     torch.set_num_threads(args.threads)
     settings = quality.SETTINGS[(args.task, False)]
     data_dir = args.data_dir or quality.DEFAULT_DATA
-    work_dir = os.path.join(HERE, "cache", f"quality_{args.task}")
+    work_dir = quality.default_work_dir(args.task)
     c_folder = quality.c_folder(settings, work_dir)
     if not os.path.isdir(c_folder):
         sys.exit(f"No checkpoint C in {c_folder}: run `python benchmarks/quality.py --task {args.task}` first.")

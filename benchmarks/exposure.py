@@ -19,7 +19,6 @@ settings on dev (`--dev-only`), never on test.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -29,6 +28,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import quality_lib as quality  # noqa: E402  (the protocol this benchmark runs)
+
 # The remedies, with the per-step cost the background table gives them (teacher forcing = 1).
 ARMS = {
     "xe": ("more teacher forcing (cross-entropy)", "1×"),
@@ -42,15 +45,6 @@ ARMS = {
     "scst": ("SCST (greedy baseline)", "> 1× (decode)"),
 }
 DIAGNOSTICS = ("horizon_gap", "jacobian_growth", "recovery_rate")
-
-
-def load_quality():
-    """Returns the quality benchmark module (benchmarks/quality.py), whose protocol this benchmark runs."""
-    spec = importlib.util.spec_from_file_location("quality", os.path.join(HERE, "quality.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quality"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _cell(spread: dict | None, digits: int = 2) -> str:
@@ -105,12 +99,9 @@ def cost_unit(task: str, quick: bool, arm: str, steps: int, warmup: int, assignm
     import torch
     from transformers import TrainerCallback, set_seed
 
-    quality = load_quality()
     torch.set_num_threads(1)
     settings, _ = quality.apply_overrides(quality.SETTINGS[(task, quick)], assignments)
-    splits = quality.load_task(settings, data_dir or quality.DEFAULT_DATA)
-    tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work_dir, "tokenizer"))
-    dataset = quality.to_dataset(splits["train"], tokenizer, settings)
+    splits, tokenizer, dataset = quality.task_data(settings, data_dir or quality.DEFAULT_DATA, work_dir)
     folder = quality.c_folder(settings, work_dir)
     if not os.path.isdir(folder):
         sys.exit(f"No checkpoint in {folder}: run `python benchmarks/exposure.py --task {task}` first.")
@@ -140,7 +131,7 @@ def cost_unit(task: str, quick: bool, arm: str, steps: int, warmup: int, assignm
 def cost_main(args) -> dict:
     """Times every arm's optimizer step side by side: each arm in a fresh process, one at a time, the arms in turn
     for `--cost-rounds` rounds; the cost of an arm is its median step over teacher forcing's."""
-    work_dir = args.work_dir or os.path.join(HERE, "cache", f"quality_{args.task}" + ("_quick" if args.quick else ""))
+    work_dir = args.work_dir or quality.default_work_dir(args.task, args.quick)
     per_arm = {arm: [] for arm in args.arms}
     positions = {}
     for round_index in range(args.cost_rounds):
@@ -175,10 +166,7 @@ def cost_main(args) -> dict:
            "threads": 1, "overrides": args.set, "rows": rows, "markdown": markdown}
     output = args.output or (os.path.join(work_dir, "exposure_cost.json") if args.quick
                              else os.path.join(HERE, "results", f"exposure_cost_{args.task}.json"))
-    with open(output, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {output}")
-    return out
+    return quality.write_json(out, output)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -211,9 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.cost:
         return cost_main(args)
 
-    quality = load_quality()
     name = f"exposure_{args.task}" + ("_quick" if args.quick else "")
-    work_dir = args.work_dir or os.path.join(HERE, "cache", f"quality_{args.task}" + ("_quick" if args.quick else ""))
+    work_dir = args.work_dir or quality.default_work_dir(args.task, args.quick)
     output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
                              else os.path.join(HERE, "results", f"{name}.json"))
     quality_argv = ["--task", args.task, "--work-dir", work_dir, "--arms", *args.arms,

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import quality  # noqa: E402
+import quality_lib as quality  # noqa: E402
 
 
 def q_entropy(logprobs: list[float], alpha: float) -> float:
@@ -100,7 +100,7 @@ def analyse(args) -> dict:
     torch.manual_seed(0)
     settings = quality.SETTINGS[(args.task, False)]
     splits = quality.load_task(settings, args.data_dir)
-    work = args.work_dir or os.path.join(HERE, "cache", f"quality_{args.task}")
+    work = args.work_dir or quality.default_work_dir(args.task)
     tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work, "tokenizer"))
     folder = quality.c_folder(settings, work)
     if not os.path.isdir(folder):

@@ -2,7 +2,7 @@
 
 From the quality benchmark's BERT2BERT checkpoint C (`quality.py --task summarization`, cached and shared), SCST
 with four rewards at the quality protocol's budget of decoder positions: sentence ROUGE-L, MiniLM embedding
-similarity to the references, BERTScore F1 on MiniLM (layer `quality.BERTSCORE_LAYER`), and the mean of ROUGE-L and
+similarity to the references, BERTScore F1 on MiniLM (layer `quality_lib.BERTSCORE_LAYER`), and the mean of ROUGE-L and
 the embedding similarity. C and every arm are scored on dev and test (greedy, and any other width of `--set beams=`)
 with ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word 3-grams found in
 the source: an arm that games a metric by copying shows there). The arms are cached units of the quality benchmark,
@@ -27,12 +27,13 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import quality  # noqa: E402
+import quality_lib as quality  # noqa: E402
 
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")
 # --timing also times a reward model: MiniLM with a fresh one-output head scoring prediction-reference pairs (its values
@@ -54,7 +55,7 @@ def quality_args(args, reward: str, arms: list[str], output: str) -> list[str]:
 
 def work_dir(args) -> str:
     """Returns the quality benchmark's work folder (C, its tokenizer, the cached arm units) that the runs share."""
-    return args.work_dir or os.path.join(HERE, "cache", "quality_summarization" + ("_quick" if args.quick else ""))
+    return args.work_dir or quality.default_work_dir("summarization", args.quick)
 
 
 def compare(args) -> dict:
@@ -95,9 +96,7 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     from hf_seqrl import SCSTTrainer, SeqRLConfig
 
     settings = quality.SETTINGS[("summarization", quick)]
-    splits = quality.load_task(settings, data_dir or quality.DEFAULT_DATA)
-    tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work, "tokenizer"))
-    dataset = quality.to_dataset(splits["train"], tokenizer, settings)
+    splits, tokenizer, dataset = quality.task_data(settings, data_dir or quality.DEFAULT_DATA, work)
     folder = quality.c_folder(settings, work)
     if not os.path.isdir(folder):
         raise SystemExit(f"No checkpoint C in {folder}: run the comparison (or quality.py --task summarization) first.")
@@ -114,7 +113,7 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     args = SeqRLConfig(output_dir=os.path.join(work, "timing"), per_device_train_batch_size=batch, max_steps=steps + 1,
                        learning_rate=1e-7, max_new_tokens=settings.max_new_tokens, report_to=[], save_strategy="no",
                        logging_steps=10**6, disable_tqdm=True, use_cpu=True, dataloader_pin_memory=False, seed=0)
-    settings = quality.replace(settings, reward=reward)
+    settings = replace(settings, reward=reward)
     trainer = SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                           reward_funcs=quality.arm_reward(settings), callbacks=[StepEnds()])
     reward_values = trainer.reward_values

@@ -54,7 +54,8 @@ def test_exposure_quick_runs_every_remedy_from_one_checkpoint(tmp_path):
 def test_exposure_arms_read_their_settings(tmp_path):
     # Each remedy's trainer gets the benchmark's settings of that arm (professor forcing's adversarial weight,
     # MIXER's rate, mixing weight, temperature and centering, which also name its runs).
-    quality = load("quality")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import quality_lib as quality
     settings, _ = quality.apply_overrides(quality.SETTINGS[("demo", True)], [
         "pf_adversarial_weight=0.1", "rl_lr=3e-4", "rl_weight=0.5", "rl_temperature=0.7", "center_advantages=true"])
     splits = quality.load_task(settings, str(tmp_path))

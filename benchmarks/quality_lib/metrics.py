@@ -1,0 +1,109 @@
+"""What the quality benchmark scores with: the rewarded arms' reward, the corpus and extra metrics of a split, and
+the evaluation of a model (test per decoding, dev, exposure-bias diagnostics)."""
+
+from __future__ import annotations
+
+from .settings import Settings
+from .task import minilm_path
+
+BERTSCORE_LAYER = 4  # MiniLM's hidden layer that BERTScore matches (of 6), as reward and as metric
+_MODEL_METRICS: dict = {}
+
+
+def model_metric(name: str):
+    """Returns the MiniLM model reward `name` (`embedding`: embedding similarity, `bertscore`: BERTScore F1,
+    `reward_model`: MiniLM with a fresh one-output head on prediction-reference pairs, for timing only), built once
+    per process."""
+    if name not in _MODEL_METRICS:
+        from hf_seqrl.rewards import BERTScoreReward, EmbeddingSimilarityReward, RewardModelReward
+
+        if name == "embedding":
+            _MODEL_METRICS[name] = EmbeddingSimilarityReward(minilm_path())
+        elif name == "bertscore":
+            _MODEL_METRICS[name] = BERTScoreReward(minilm_path(), num_layers=BERTSCORE_LAYER)
+        else:
+            import torch
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            torch.manual_seed(0)
+            head = AutoModelForSequenceClassification.from_pretrained(minilm_path(), num_labels=1)
+            _MODEL_METRICS[name] = RewardModelReward(head, AutoTokenizer.from_pretrained(minilm_path()),
+                                                     pair="prediction-reference")
+    return _MODEL_METRICS[name]
+
+
+def arm_reward(settings: Settings):
+    """Returns the `reward_funcs` of the rewarded arms: `settings.reward` (names joined by "+", averaged), else the
+    task's first metric."""
+    names = (settings.reward or settings.metrics[0]).split("+")
+    funcs = [model_metric(n) if n in ("embedding", "bertscore", "reward_model") else n for n in names]
+    return funcs[0] if len(funcs) == 1 else funcs
+
+
+def source_copy(predictions: list[str], sources: list[str]) -> float:
+    """Returns the share (in %) of the predictions' word 3-grams that occur in their source: copying the source."""
+    def grams(text):
+        words = text.lower().split()
+        return [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+
+    found = total = 0
+    for prediction, source in zip(predictions, sources):
+        mine, theirs = grams(prediction), set(grams(source))
+        found += sum(g in theirs for g in mine)
+        total += len(mine)
+    return 100.0 * found / max(total, 1)
+
+
+def scored_metrics(settings: Settings) -> tuple[str, ...]:
+    """Returns every metric a split is scored with: the task's, then the extra ones."""
+    return tuple(settings.metrics) + tuple(settings.extra_metrics)
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------
+
+
+def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, desc: str) -> dict[str, float]:
+    """Returns the corpus metrics of `model` on `rows`, against every reference of each source."""
+    from hf_seqrl.evaluation import evaluate_model
+
+    scores, predictions = evaluate_model(model, tokenizer, [r["source"] for r in rows],
+                                         [r["references"] for r in rows], settings.metrics, num_beams=beams,
+                                         batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                                         max_source_length=settings.max_source_tokens, desc=desc)
+    out = {name: round(value, 2) for name, value in scores.items()}
+    references = [r["references"] for r in rows]
+    for name in settings.extra_metrics:  # sentence scores, best reference, averaged, in %
+        if name == "source_copy":
+            out[name] = round(source_copy(predictions, [r["source"] for r in rows]), 2)
+        else:
+            values = model_metric(name)(predictions, references)
+            out[name] = round(100.0 * sum(values) / max(len(values), 1), 2)
+    # Output words over first-reference words, summed over the rows: how much a metric change is a length change.
+    words = sum(len(r["references"][0].split()) for r in rows)
+    out["length_ratio"] = round(sum(len(p.split()) for p in predictions) / max(words, 1), 3)
+    if "bleu" in scores:  # BLEU = brevity penalty × n-gram precisions: the part of a BLEU change due to length
+        from hf_seqrl.evaluation import bleu_brevity
+
+        out["bleu_bp"] = round(bleu_brevity(predictions, [r["references"] for r in rows])["bp"], 4)
+    # Share of distinct outputs: near 0 when the model writes one template whatever the source.
+    out["distinct"] = round(len(set(predictions)) / max(len(predictions), 1), 3)
+    return out
+
+
+def evaluate(model, tokenizer, splits: dict, settings: Settings, name: str) -> dict:
+    """Returns test scores per decoding, the dev score (greedy) and the exposure-bias diagnostics summary."""
+    from hf_seqrl.diagnostics import run_diagnostics
+
+    result = {"dev": score(model, tokenizer, splits["dev"], settings, 1, f"{name}: dev")}
+    for beams in settings.beams:
+        label = "greedy" if beams == 1 else f"beam{beams}"
+        result[label] = score(model, tokenizer, splits["test"], settings, beams, f"{name}: test {label}")
+    test = splits["test"][:settings.diag_examples]
+    report = run_diagnostics(model, tokenizer, [r["source"] for r in test], [r["references"] for r in test],
+                             max_horizon=settings.diag_horizon, inject_positions=settings.diag_inject,
+                             metric=settings.metrics[0],
+                             batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                             max_source_length=settings.max_source_tokens, progress=False)
+    result["diagnostics"] = {key: (round(value, 4) if isinstance(value, float) else value)
+                             for key, value in report["summary"].items()}
+    return result
