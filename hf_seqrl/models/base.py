@@ -19,12 +19,11 @@ import re
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from transformers import GenerationConfig
 
-from ..functional.sampling import argmax_or_sample
+from ..functional.logprobs import group_logprobs
 from ..types import Rollout, ScoredRollout
-from .bans import TokenBans, ban_logits
+from .bans import TokenBans
 
 
 def unwrap(model):
@@ -89,6 +88,23 @@ def ended_with_eos(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: l
     return torch.isin(last_tokens, torch.tensor(eos_token_ids, device=token_ids.device))
 
 
+def pad_after_eos(token_ids: torch.Tensor, eos_token_ids: list[int], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(ids, mask)`: `token_ids` `(N, T)` with `pad` after each row's first EOS, and their
+    `completion_mask`."""
+    mask = completion_mask(token_ids, eos_token_ids)
+    return token_ids.masked_fill(~mask, pad), mask
+
+
+def generated_targets(sequences: torch.Tensor, offset: int, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(ids (N, max(T, 1)), mask)` of `generate` output `(N, offset + T)` in target coordinates: the
+    `offset` columns before the first generated token (the decoder start token, or the left-padded prompt) dropped,
+    pad after each row's first EOS."""
+    ids = sequences[:, offset:]
+    if ids.shape[1] == 0:
+        ids = sequences.new_full((sequences.shape[0], 1), pad_id(model))
+    return pad_after_eos(ids, eos_ids(model), pad_id(model))
+
+
 def decoder_start_id(model) -> int:
     """Returns the decoder start token id of an encoder-decoder model, or raises a clear error."""
     start = model.generation_config.decoder_start_token_id
@@ -129,15 +145,6 @@ def shift_right(labels: torch.Tensor, start_id: int, pad: int) -> torch.Tensor:
 def right_pad(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
     """Returns `x` `(N, T)` padded on the right with `value` to `(N, length)` (unchanged when `T >= length`)."""
     return pad_columns(x, length, value, "right")
-
-
-def split_groups(ids: torch.Tensor, group: int, greedy_first: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Returns `(sample rows (B*n, T), greedy rows (B, T) or None)` of decoded rows `(B*group, T)` whose first row
-    per source is greedy when `greedy_first`."""
-    if not greedy_first:
-        return ids, None
-    grouped = ids.view(-1, group, ids.shape[-1])
-    return grouped[:, 1:].reshape(-1, ids.shape[-1]), grouped[:, 0]
 
 
 # Generation settings that add logits processors the decode loop does not implement, with their neutral values.
@@ -194,51 +201,6 @@ class DecodeSettings:
                    bans=TokenBans.from_generation_config(config))
 
 
-def lockstep_group() -> bool:
-    """Returns whether ranks must decode in lockstep: `torch.distributed` is initialized with world size > 1."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def any_rank_running(running: bool, device: torch.device) -> bool:
-    """Returns whether `running` is true on any rank (an all-reduce of one number)."""
-    flag = torch.tensor([float(running)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, sampled: torch.Tensor,
-                  uniforms: torch.Tensor) -> torch.Tensor:
-    """Returns the next token of every row: a forced token where one is due, else the argmax on greedy rows and a
-    sample elsewhere, both over the logits with the tokens `settings.bans` bans at `step` masked out.
-
-    Args:
-        logits (`torch.Tensor` of shape `(N, V)`): next-token logits of the rows being decoded.
-        step (`int`): index of the token being chosen (0 = the first after the start token).
-        sampled (`torch.BoolTensor` of shape `(N,)`): the sample rows (the others take the argmax).
-        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): this step's uniform of each sample row, in order.
-    """
-    rows = logits.shape[0]
-    forced = settings.forced_bos_id if step == 0 else None
-    if step == settings.max_new_tokens - 1 and settings.forced_eos_id is not None:
-        forced = settings.forced_eos_id  # `generate` applies the EOS processor after the BOS one
-    if forced is not None:
-        return torch.full((rows,), int(forced), dtype=torch.long, device=logits.device)
-    logits = ban_logits(logits, settings.bans.ids_at(step, logits.shape[-1]))
-    if not settings.do_sample:
-        return logits.float().argmax(dim=-1)
-    return argmax_or_sample(logits, sampled, uniforms, settings.temperature, settings.top_k, settings.top_p)
-
-
-def rows_to_keep(running: torch.Tensor, compact_below: float) -> torch.Tensor | None:
-    """Returns the positions of the running rows among the rows being decoded when they are at most
-    `compact_below` of them (and at least one), else None: the decode then drops the ended rows from every
-    further forward (their KV cache, encoder states and mask rows)."""
-    kept = int(running.sum())
-    if kept == 0 or kept > compact_below * running.numel():
-        return None
-    return running.nonzero().squeeze(1)
-
-
 class ModelFamily:
     """The interface; see the module docstring for its coordinates. Methods take unwrapped models unless noted."""
 
@@ -289,8 +251,17 @@ class ModelFamily:
               temperature: float = 1.0) -> ScoredRollout:
         """Returns the token log-probs (with grad) of `sample_ids` `(B*n, T)` under the (possibly wrapped) model,
         the tokens that `generation_config(model, ...)` bans out of the softmax; `gold_logits` is aligned with
-        `gold_labels` (the batch's `labels`) when they are given."""
-        raise NotImplementedError
+        `gold_labels` (the batch's `labels`) when they are given.
+
+        One `target_forward` over the samples and the gold rows of every source, the sources encoded inside it
+        (`encode(..., in_forward=True)`), then `score_targets`."""
+        inner = unwrap(model)
+        # The bans of the rollout config this family builds from the model's generation config.
+        bans = TokenBans.from_generation_config(self.generation_config(inner, None))
+        encoded = self.encode(inner, batch, in_forward=True)
+        gold = None if gold_labels is None else self.target_labels({"labels": gold_labels})
+        return score_targets(lambda targets, group: self.target_forward(model, encoded, targets, group).logits,
+                             sample_ids, num_samples, gold, pad_id(inner), temperature, bans)
 
     def generate(self, model, batch: dict, **generate_kwargs):
         """Returns `model.generate`'s output for the sources/prompts of `batch`, target tokens only for causal
@@ -307,8 +278,10 @@ class ModelFamily:
         mask `(B, P)`."""
         raise NotImplementedError
 
-    def encode(self, model, batch: dict):
-        """Returns what every pass over `batch` reads (seq2seq: the encoder output, with grad when enabled)."""
+    def encode(self, model, batch: dict, in_forward: bool = False):
+        """Returns what every pass over `batch` reads (seq2seq: the encoder output, with grad when enabled); with
+        `in_forward`, what lets the next `target_forward` encode the sources itself, inside the model's own forward
+        (as DDP and FSDP2 want a single pass over a batch to run; for `target_forward` only)."""
         raise NotImplementedError
 
     def rotate(self, encoded, shifts: int = -1):
@@ -354,6 +327,37 @@ class ModelFamily:
 # Module attributes that hold a dropout probability read at forward time (BART / Marian `dropout`,
 # `activation_dropout`, attention `dropout`, Llama / Qwen2 `attention_dropout`, `layerdrop`), besides `nn.Dropout`.
 DROPOUT_ATTRIBUTE = re.compile(r"(^|_)(dropout|layerdrop)(_rate|_prob|_p)?$")
+
+
+def score_targets(forward, sample_ids: torch.Tensor, num_samples: int, gold: torch.Tensor | None, pad: int,
+                  temperature: float = 1.0, bans: TokenBans | None = None) -> ScoredRollout:
+    """Returns the scoring pass over the `n` samples of every source and, with `gold`, its gold row: one forward
+    over all of them, then the log-probs of the samples (at `temperature`) and of the gold tokens (at temperature 1)
+    in one pass over the logits, both under `bans` (banned tokens out of the softmax, the logits left unmasked).
+
+    Args:
+        forward: `forward(targets, group)` returns the teacher-forced logits `(B*group, L, V)` of `targets`
+            `(B*group, L)` (-100 read as pad), `group` rows per source (a family's `target_forward`).
+        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
+        gold (`torch.LongTensor` of shape `(B, T_gold)`, -100 after each row's last token, *optional*): gold targets;
+            the returned gold logits and log-probs `(B, T_gold, V)` / `(B, T_gold)` are aligned with them.
+    """
+    batch, t_sample = sample_ids.shape[0] // num_samples, sample_ids.shape[1]
+    rows, group = sample_ids.view(batch, num_samples, t_sample), num_samples
+    if gold is not None:
+        length = max(t_sample, gold.shape[1])
+        rows = right_pad(rows.flatten(0, 1), length, pad).view(batch, num_samples, length)
+        rows = torch.cat([rows, right_pad(gold, length, -100).unsqueeze(1)], dim=1)
+        group += 1
+    logits = forward(rows.flatten(0, 1), group)
+    logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
+    banned = None if bans is None else bans.mask(logits.shape[2], logits.shape[3], logits.device)
+    sample_logits, token_logprobs, gold_logits, gold_logprobs, sample_banned = group_logprobs(
+        logits, rows, sample_ids, num_samples, temperature, banned, with_gold=gold is not None)
+    if gold is None:
+        return ScoredRollout(sample_logits, token_logprobs, None, banned=sample_banned)
+    width = gold.shape[1]
+    return ScoredRollout(sample_logits, token_logprobs, gold_logits[:, :width], gold_logprobs[:, :width], sample_banned)
 
 
 def disable_dropout(model) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from .base import eos_ids, lockstep_group
+from .base import eos_ids
+from .decoding import lockstep_group
 
 
 def length_limits(source_lengths: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.LongTensor:

@@ -474,25 +474,26 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
     """Under sharded weights every rank joins every forward: while another rank still decodes, a rank whose rows
     have ended keeps calling the model; its tokens are the ones it decodes alone."""
     import hf_seqrl.models.causal as causal
+    import hf_seqrl.models.decoding as decoding  # the decode loop both families share
 
     model = tiny_causal_model("llama", seed=2).eval()
     prompt = torch.tensor([tokenizer("ab=", add_special_tokens=False)["input_ids"]])
     config = causal_generation_config(model, 12)
     config.do_sample = False
-    choose = causal.choose_tokens
+    choose = decoding.choose_tokens
     steps = []
 
     def eos_on_third_token(logits, *args):  # this rank's row ends after 3 tokens
         steps.append(1)
         return choose(logits, *args) if len(steps) < 3 else torch.ones_like(logits[:, 0], dtype=torch.long)
 
-    monkeypatch.setattr(causal, "choose_tokens", eos_on_third_token)
+    monkeypatch.setattr(decoding, "choose_tokens", eos_on_third_token)
     alone, _ = causal.decode_causal(model, prompt, torch.ones_like(prompt, dtype=torch.bool), config)
     assert alone.shape[1] == 3 and alone[0, 2] == 1
     steps.clear()
     calls = []
-    monkeypatch.setattr(causal, "lockstep_group", lambda: True)
-    monkeypatch.setattr(causal, "any_rank_running", lambda running, device: calls.append(running) or len(calls) < 12)
+    monkeypatch.setattr(decoding, "lockstep_group", lambda: True)
+    monkeypatch.setattr(decoding, "any_rank_running", lambda running, device: calls.append(running) or len(calls) < 12)
     forwards = []
     handle = model.register_forward_hook(lambda module, args, output: forwards.append(1))
     try:
