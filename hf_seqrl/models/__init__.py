@@ -1,10 +1,11 @@
 """The model-family layer: every trainer, diagnostic and benchmark reaches a model through it.
 
-`base` holds the `ModelFamily` protocol and the EOS / pad / mask helpers (the `Rollout` / `ScoredRollout` types it
-re-exports live in `hf_seqrl.types`);
-`seq2seq` and `causal` implement the protocol (rollout decode, scoring pass) for encoder-decoder and decoder-only
-models; `auto.family_for(model)` picks one; `tiny` builds small models from configs for tests, the demo and
-benchmarks.
+`base` holds the `ModelFamily` protocol (with the one scoring pass both families share), the EOS / pad / mask helpers
+and the decode settings; `decoding` the one rollout decode loop, which a family drives through its `DecodeSteps`;
+`seq2seq` and `causal` implement the protocol for encoder-decoder and decoder-only models; `bans` turns a generation
+config's bans into one logit mask; `beam` runs beam search through `generate`; `auto.family_for(model)` picks a
+family; `tiny` builds small models from configs for tests, the demo and benchmarks. The `Rollout` / `ScoredRollout`
+types re-exported here live in `hf_seqrl.types`.
 """
 
 from ..types import Rollout, ScoredRollout
