@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from transformers import Seq2SeqTrainingArguments
@@ -55,6 +56,9 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         Rollouts decode without dropout; with dropout left on, the scoring pass computes the log-probs of a randomly
         thinned network, not of the distribution the samples came from, which biases the policy gradient, and a
         reused rollout's ratios move even where the weights do not. See docs/math.md.
+    model_init_kwargs (`dict` or `str`, *optional*, defaults to `None`):
+        Keyword arguments of `from_pretrained` when the trainer's `model` is a Hub id or a folder (TRL's name), e.g.
+        `{"dtype": "bfloat16"}`; a JSON string on the command line. `trust_remote_code` stays off unless set here.
     task (`str`, *optional*, defaults to `None`):
         `"translation"` or `"summarization"`: what the model card says the model does (its Hub `pipeline_tag`).
         `hf-seqrl train --task` sets it.
@@ -79,6 +83,8 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
                                                               "trainer's own loss."})
     disable_dropout: bool | None = field(default=None, metadata={
         "help": "Set the model's dropout to 0 (default: on for the rewarded trainers, off for the others)."})
+    model_init_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "from_pretrained keyword arguments (JSON) when the model is given as a Hub id or folder."})
     task: str | None = field(default=None, metadata={"help": "translation | summarization: what the model card "
                                                              "says the model does."})
     source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})
@@ -97,6 +103,15 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
                              f"{self.warmup_xe_steps}.")
         if self.task is not None:
             check_choice(self, "task", TASKS)
+        if isinstance(self.model_init_kwargs, str):
+            try:
+                self.model_init_kwargs = json.loads(self.model_init_kwargs)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{type(self).__name__}.model_init_kwargs={self.model_init_kwargs!r} is not a JSON "
+                                 'object: write it as \'{"dtype": "bfloat16"}\'.') from err
+        if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
+            raise ValueError(f"{type(self).__name__}.model_init_kwargs must be a dict of from_pretrained arguments, "
+                             f"got {self.model_init_kwargs!r}.")
 
 
 @dataclass

@@ -21,12 +21,16 @@ class SeqRLDataCollator:
     Args:
         collator: e.g. `DataCollatorForSeq2Seq(tokenizer, model=model)`.
         model_input_names (`set[str]`, *optional*): the keys the model's `forward` takes (and `labels`).
+        tokenizer_outputs (`set[str]`, *optional*): keys the tokenizer wrote that the model does not take
+            (`token_type_ids` for an encoder-decoder built from BERTs): no dataset column, so they reach neither the
+            model nor the rewards.
     """
 
     def __init__(self, collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
-                 model_input_names: set[str] | None = None):
+                 model_input_names: set[str] | None = None, tokenizer_outputs: set[str] | None = None):
         self.collator = collator
         self.model_input_names = None if model_input_names is None else set(model_input_names) - set(TEXT_COLUMNS)
+        self.tokenizer_outputs = set(tokenizer_outputs or ())
 
     def is_extra(self, name: str) -> bool:
         """Returns True for a column that stays out of the model's inputs."""
@@ -36,7 +40,7 @@ class SeqRLDataCollator:
         extra: dict[str, list] = {}
         stripped = []
         for feature in features:
-            feature = dict(feature)
+            feature = {key: value for key, value in feature.items() if key not in self.tokenizer_outputs}
             for name in [key for key in feature if self.is_extra(key)]:
                 extra.setdefault(name, []).append(feature.pop(name))
             stripped.append(feature)

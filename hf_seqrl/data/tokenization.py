@@ -206,8 +206,8 @@ def _pick(columns: list[str], given: str | None, defaults: tuple[str, ...]) -> s
 
 def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None):
     """Returns `dataset` tokenized for a model of `family` when it holds text columns instead of `input_ids`
-    (one `datasets.map`, cached as `datasets` caches maps); tokenized datasets and other iterables are returned as
-    they are.
+    (one `datasets.map`, cached as `datasets` caches maps; an `IterableDataset` is tokenized on the fly as its rows
+    are read); tokenized datasets and other iterables are returned as they are.
 
     Encoder-decoder models read a source column (`args.source_column`; default `source`, else `prompt`) and a
     target column (`args.target_column`; default `target`, else `completion`), decoder-only models the same pair
@@ -215,7 +215,12 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     the rewards' references (RL without cross-entropy). Every other column stays and reaches the rewards; a
     `references` column of the dataset is kept over the target's.
     """
+    from datasets import IterableDataset
+
+    streamed = isinstance(dataset, IterableDataset)
     columns = getattr(dataset, "column_names", None)
+    if streamed and columns is None:  # features unknown until read: the first row names the columns
+        columns = list(next(iter(dataset)).keys())
     if not isinstance(columns, list) or "input_ids" in columns:
         return dataset
     source = _pick(columns, getattr(args, "source_column", None), SOURCE_COLUMNS)
@@ -232,11 +237,19 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
               else (getattr(args, "max_source_length", None), getattr(args, "max_target_length", None)))
     keep_references = "references" in columns
 
-    def tokenize(batch):
+    def tokenize(batch, indices):
+        empty = [row for row, value in zip(indices, batch[source]) if not has_text(source_text(value))]
+        if empty:
+            raise ValueError(f"{name} rows {empty}: the {source!r} text is empty, so there is nothing to "
+                             f"{'prompt' if causal else 'translate or summarize'}. Drop or fix those rows.")
         if target is None:  # prompts / sources only: the rewards read `references`
             out = {"sources": [source_text(value) for value in batch[source]]}
             if causal:
                 ids = [prompt_token_ids(value, tokenizer, limits[0]) for value in batch[source]]
+                nothing = [row for row, prompt in zip(indices, ids) if not prompt]
+                if nothing:
+                    raise ValueError(f"{name} rows {nothing}: the prompt tokenizes to no token at all, so there is "
+                                     "nothing to sample from. Drop or fix those rows.")
                 out.update(input_ids=ids, attention_mask=[[1] * len(row) for row in ids])
             else:
                 enc = tokenizer(list(batch[source]), max_length=limits[0], truncation=limits[0] is not None)
@@ -249,4 +262,6 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
         return dict(out)
 
     used = [c for c in (source, target) if c is not None and c not in ("references", "sources")]
-    return dataset.map(tokenize, batched=True, remove_columns=used, desc=f"{name}: tokenize")
+    if streamed:  # tokenized on the fly, as the rows are read
+        return dataset.map(tokenize, batched=True, with_indices=True, remove_columns=used)
+    return dataset.map(tokenize, batched=True, with_indices=True, remove_columns=used, desc=f"{name}: tokenize")

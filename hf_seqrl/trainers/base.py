@@ -28,7 +28,8 @@ from ..models import family_for
 from ..models.base import disable_dropout
 from .adapters import base_model_name, is_peft_model, with_adapter
 from ..types import BatchText
-from .inputs import check_model_family, forward_arguments, load_tokenizer_for
+from .inputs import (check_model_family, check_tokenizer, forward_arguments, load_model, load_tokenizer_for,
+                     tokenizer_outputs)
 
 STATE_FILE = "seqrl_state.json"
 logger = logging.get_logger(__name__)
@@ -89,13 +90,17 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                 f"{type(self).__name__} needs args={self.config_class.__name__}(...), got {type(args).__name__}: "
                 f"{self.config_class.__name__} accepts every Seq2SeqTrainingArguments field plus its own."
             )
-        model = with_adapter(model, peft_config)
+        if "tokenizer" in kwargs:
+            raise TypeError(f"{type(self).__name__} takes the tokenizer as processing_class=, as Seq2SeqTrainer does "
+                            "since transformers 5 (tokenizer= was its earlier name).")
+        model = with_adapter(load_model(model, args), peft_config)
         if self.default_disable_dropout if args.disable_dropout is None else args.disable_dropout:
             disable_dropout(model)
         family = family_for(model)
         check_model_family(family, self.model_families, type(self).__name__)
         if processing_class is None:
             processing_class = load_tokenizer_for(model)
+        check_tokenizer(processing_class, family, model, type(self).__name__)
         start = family.label_start_id(model)
         train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, processing_class, args, start)
         if isinstance(eval_dataset, dict):
@@ -119,6 +124,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         if data_collator.model_input_names is None:
             # Every column the model does not take reaches the rewards (as TRL passes a dataset's extra columns).
             data_collator.model_input_names = forward_arguments(self.model, self.label_names) - set(TEXT_COLUMNS)
+        data_collator.tokenizer_outputs |= tokenizer_outputs(processing_class) - data_collator.model_input_names
         self._model_input_names = set(data_collator.model_input_names)
         self.family = family
         self.reward_label = "none (cross-entropy)"  # a rewarded trainer names its reward

@@ -15,7 +15,8 @@ from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, Mixe
 
 BATCH, ACCUMULATION = 2, 2
 # A valid value other than the default for every field hf-seqrl declares (by field name, for both configs).
-SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", max_new_tokens=6,
+SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", model_init_kwargs={"dtype": "float32"},
+              max_new_tokens=6,
               reward_weights=[0.6, 0.4], nonfinite_rewards="drop", reward_workers=2, num_samples=3, temperature=0.9,
               top_k=5, top_p=0.95, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05, log_completions=True,
               num_completions_to_print=1)
@@ -63,10 +64,13 @@ def test_every_field_set_builds_and_steps_the_trainer(tmp_path, family, trainer_
                         **fields)
     for name, value in fields.items():
         assert getattr(args, name) == value, name
-    model = tiny_model("t5", dropout=0.1) if family == "seq2seq" else tiny_causal_model("llama")
-    before = params(model)
-    trainer = trainer_class(model=model, args=args, reward_funcs=["chrf", length_reward],
+    # The model comes as a folder, which `model_init_kwargs` loads.
+    (tiny_model("t5", dropout=0.1) if family == "seq2seq" else tiny_causal_model("llama")).save_pretrained(
+        tmp_path / "base")
+    trainer = trainer_class(model=str(tmp_path / "base"), args=args, reward_funcs=["chrf", length_reward],
                             train_dataset=text_data(family), processing_class=byt5_tokenizer())
+    model = trainer.model
+    before = params(model)
     trainer.train()
     phases = [h["rl/phase"] for h in trainer.state.log_history if "rl/phase" in h]
     assert phases == [0.0, 1.0]  # one warm-up step, then the trainer's own loss
