@@ -57,3 +57,31 @@ def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
     text = tokenizer.decode(generated[0], skip_special_tokens=True)
     # The reloaded tokenizer knows the task's words: the output is made of target word forms, no <unk>.
     assert "<unk>" not in text and all(word in tokenizer.get_vocab() for word in text.split())
+
+
+def readme_demo_table() -> dict[str, tuple[int, float, float]]:
+    """Returns the README's demo table: row title -> (steps, BLEU, chrF), bold marks dropped."""
+    from helpers import REPO
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## The demo"):]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip().strip("*") for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1].isdigit():
+            rows[cells[0]] = (int(cells[1]), float(cells[2]), float(cells[3]))
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+@pytest.mark.slow
+def test_readme_demo_table_is_what_the_demo_prints(tmp_path, capsys):
+    from hf_seqrl.demo import ARM_TITLES
+
+    results = run_demo(str(tmp_path), seed=0)
+    printed = {ARM_TITLES[arm]: (row["steps"], round(row["bleu"], 1), round(row["chrf"], 1))
+               for arm, row in results["arms"].items()}
+    assert readme_demo_table() == printed
+    out = capsys.readouterr().out
+    assert all(title in out for title in printed)
