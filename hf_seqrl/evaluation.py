@@ -4,17 +4,24 @@ corpus scores against every reference, and `build_compute_metrics` for `Seq2SeqT
 
 `corpus_scores` gives sacrebleu corpus BLEU / chrF (every reference of each source) and the mean sentence ROUGE F1,
 apart from the sentence rewards of training (`hf_seqrl.rewards`); `bleu_brevity` splits a BLEU change into a length
-change and a precision change. `hf_seqrl.metrics` names this module too.
+change and a precision change. Corpus metrics are on one scale everywhere, 0-100 (`evaluate`, `diagnose` and the
+trainers' `eval_*` metrics); sentence rewards (`rl/*`) stay in [0, 1]. `hf_seqrl.metrics` names this module too.
+
+A saved run records how it cut and generated (`write_run_settings`: `seqrl_run.json` beside the weights), so that
+evaluating the folder later reproduces the trainer's own evaluation (`read_run_settings`, `run_generation_settings`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from .data import normalize_references, tokenize_sources
+from .data import has_text, normalize_references, prompt_token_ids, tokenize_sources
 from .models import family_for
 from .models.base import eval_mode
 from .rewards import BUILTIN_REWARDS, accepts_reference_lists, is_evaluation_module, is_number
@@ -59,25 +66,54 @@ def bleu_brevity(predictions: list[str], references: list[list[str]]) -> dict[st
     return {"bp": stat.bp, "ratio": stat.sys_len / max(stat.ref_len, 1)}
 
 
-def generate_texts(model, tokenizer, sources: Sequence[str], *, num_beams: int = 1, batch_size: int = 32,
-                   max_new_tokens: int | None = None, max_source_length: int | None = None,
-                   progress: bool = True, desc: str = "generate") -> list[str]:
+def empty_source_rows(family, tokenizer, sources: Sequence, max_source_length: int | None = None) -> list[int]:
+    """Returns the indices of the sources that are blank or tokenize to no token at all (a decoder-only model would
+    then continue nothing: `generate` fails on an empty prompt, or reads a row of padding)."""
+    blank = {i for i, source in enumerate(sources) if isinstance(source, str) and not has_text(source)}
+    if family.name == "causal":
+        lengths = [len(prompt_token_ids(source, tokenizer, max_source_length)) for source in sources]
+    else:
+        lengths = [len(ids) for ids in tokenizer([str(s) for s in sources])["input_ids"]] if sources else []
+    return sorted(blank | {i for i, length in enumerate(lengths) if length == 0})
+
+
+def check_sources(family, tokenizer, sources: Sequence, max_source_length: int | None = None) -> None:
+    """Raises a ValueError naming the rows (0-based, in the order given) whose source is blank or tokenizes to
+    nothing (`empty_source_rows`)."""
+    empty = empty_source_rows(family, tokenizer, sources, max_source_length)
+    if empty:
+        shown = ", ".join(map(str, empty[:20])) + (f" and {len(empty) - 20} more" if len(empty) > 20 else "")
+        what = "prompts" if family.name == "causal" else "sources"
+        raise ValueError(f"{len(empty)} of {len(sources)} {what} tokenize to no token with this tokenizer "
+                         f"({type(tokenizer).__name__}; rows {shown}, counted from 0): drop or fix those rows, or use "
+                         "the tokenizer the model was trained with.")
+
+
+def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, batch_size: int = 32,
+                   max_new_tokens: int | None = None, max_length: int | None = None,
+                   max_source_length: int | None = None, progress: bool = True, desc: str = "generate") -> list[str]:
     """Returns the model's decoded output for each source, in order (greedy when `num_beams` is 1).
 
     Sources are batched by length (less padding); the model's own generation config applies otherwise (its
     `max_new_tokens` when not given), except that decoding always uses the KV cache (see
-    `models.seq2seq.rollout_generation_config`). The model is left in its original train/eval mode.
+    `models.seq2seq.rollout_generation_config`). `max_length` is read as the trainers read `generation_max_length`
+    (the decoder's length for encoder-decoder models, completion tokens for decoder-only ones); `max_new_tokens`
+    wins over it. A source is text, or for decoder-only models a list of chat messages. Sources that tokenize to
+    nothing are refused with their rows named (`check_sources`). The model is left in its original train/eval mode.
     """
     from tqdm.auto import tqdm
 
     family = family_for(model)
     if num_beams < 1 or batch_size < 1:
         raise ValueError(f"num_beams and batch_size must be >= 1, got {num_beams} and {batch_size}.")
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    check_sources(family, tokenizer, sources, max_source_length)
+    order = sorted(range(len(sources)), key=lambda i: len(str(sources[i])))
     outputs = [""] * len(sources)
     kwargs = {"num_beams": num_beams, "do_sample": False, "use_cache": True}
     if max_new_tokens is not None:
         kwargs["max_new_tokens"] = max_new_tokens
+    elif max_length is not None:
+        kwargs["max_length"] = max_length
     with eval_mode(model), torch.no_grad():
         for start in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=not progress):
             rows = order[start:start + batch_size]
@@ -148,3 +184,86 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
         return scores
 
     return compute_metrics
+
+
+# ---- the run's own settings, saved with the model ------------------------------------------------------------------
+
+RUN_SETTINGS_FILE = "seqrl_run.json"
+# Config fields that decide what an evaluation of the saved model reads and writes.
+RUN_SETTING_FIELDS = ("task", "source_column", "target_column", "max_source_length", "max_target_length",
+                      "max_prompt_length", "max_completion_length", "generation_max_length", "generation_num_beams",
+                      "max_new_tokens")
+# What a data pipeline may add (the trainer does not see them: they shape the text before tokenization).
+PIPELINE_SETTINGS = ("source_prefix", "prompt_template", "use_chat_template")
+
+
+def run_settings(args, family_name: str, extra: dict | None = None) -> dict[str, Any]:
+    """Returns what `write_run_settings` writes: the model family, `RUN_SETTING_FIELDS` of `args` (None where `args`
+    lacks one) and the `PIPELINE_SETTINGS` among `extra` that are set."""
+    settings: dict[str, Any] = {"family": family_name}
+    settings.update({name: getattr(args, name, None) for name in RUN_SETTING_FIELDS})
+    settings.update({name: value for name, value in (extra or {}).items()
+                     if name in PIPELINE_SETTINGS and value not in (None, "", False)})
+    return settings
+
+
+def write_run_settings(folder: str, args, family_name: str, extra: dict | None = None) -> str:
+    """Returns the path of `folder/seqrl_run.json` after writing `run_settings(args, family_name, extra)` there.
+
+    Args:
+        folder: where the model is saved (the trainers call this from `save_model`, checkpoints included).
+        args: the trainer's config; its truncation (`max_source_length` ... `max_completion_length`) and generation
+            (`generation_max_length`, `generation_num_beams`) fields are what its own evaluation used.
+        family_name: `"seq2seq"` or `"causal"` (`hf_seqrl.models`).
+        extra (`dict`, *optional*): `source_prefix`, `prompt_template`, `use_chat_template` of a pipeline that
+            shaped the text before the trainer saw it (a trainer passes its `run_settings` attribute when set).
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, RUN_SETTINGS_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(run_settings(args, family_name, extra), f, indent=2)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_run_settings(model_name_or_path: str) -> dict[str, Any]:
+    """Returns the `seqrl_run.json` saved with a model (a local folder, or a Hub repo in the cache or reachable), or
+    an empty dict when there is none."""
+    path = os.path.join(model_name_or_path, RUN_SETTINGS_FILE)
+    if not os.path.isdir(model_name_or_path):
+        from transformers.utils import cached_file
+
+        try:
+            path = cached_file(model_name_or_path, RUN_SETTINGS_FILE, _raise_exceptions_for_missing_entries=False,
+                               _raise_exceptions_for_connection_errors=False)
+        except (OSError, ValueError):
+            path = None
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_generation_settings(settings: dict[str, Any], family_name: str) -> dict[str, Any]:
+    """Returns the evaluation settings that reproduce a run's own evaluation, from its `seqrl_run.json`:
+    `max_source_length` (sources cut as the trainer cut them: `max_prompt_length` for decoder-only models, else
+    `max_source_length`, which the `hf-seqrl train` pipeline uses for prompts too), `max_length`
+    (`generation_max_length`), `num_beams` (`generation_num_beams`), `task` and the pipeline's text settings; only
+    those the run set."""
+    source_length = settings.get("max_prompt_length") if family_name == "causal" else None
+    found = {"max_source_length": source_length or settings.get("max_source_length"),
+             "max_length": settings.get("generation_max_length"), "num_beams": settings.get("generation_num_beams"),
+             "task": settings.get("task"), **{name: settings.get(name) for name in PIPELINE_SETTINGS}}
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def prepare_sources(sources: Sequence[str], family_name: str, source_prefix: str | None = None,
+                    prompt_template: str | None = None, use_chat_template: bool = False) -> list:
+    """Returns the sources as the training pipeline fed them (`hf_seqrl.data.tokenize_for`): `source_prefix` before
+    each source of an encoder-decoder model; for decoder-only models `prompt_template` (or `source_prefix +
+    "{prompt}"`) formatted with the source, sent as one user message when `use_chat_template`."""
+    if family_name == "seq2seq":
+        return [(source_prefix or "") + source for source in sources]
+    template = prompt_template or ((source_prefix or "") + "{prompt}")
+    prompts = [template.format(prompt=source) for source in sources]
+    return [[{"role": "user", "content": p}] for p in prompts] if use_chat_template else prompts

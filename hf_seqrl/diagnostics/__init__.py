@@ -33,16 +33,18 @@ calls it right. The report records the rule in `config["gold"]`, the chosen inde
    generic output whatever the source: its metric differences are then template switches, not translation or
    summarization. Batches of one source have no other source and add nothing to the gap.
 
-All metric values are in [0, 1] (sacrebleu scores / 100), as for `hf_seqrl.rewards`.
+Metric values are on 0-100, as `hf_seqrl.evaluation.corpus_scores` (and so `hf-seqrl evaluate` and the trainers'
+`eval_*` metrics) gives them; the recovery's sentence metrics are `hf_seqrl.rewards` values × 100. Each batch decodes
+at most `decode_budget` new tokens; the report counts the greedy outputs that never wrote EOS (`gap.never_stopped`).
 
 Modules: `measure` (`run_diagnostics`), `report` (files and text table), `plot` (matplotlib, imported only
 when a plot is drawn), `callback` (`DiagnosticsCallback`). `hf-seqrl diagnose` is `hf_seqrl.cli.diagnose`.
 """
 
 from .callback import DiagnosticsCallback
-from .measure import METRICS, closest_references, greedy_generation_config, rejoin_delay, run_diagnostics
+from .measure import METRICS, closest_references, decode_budget, greedy_generation_config, rejoin_delay, run_diagnostics
 from .plot import plot_diagnostics
 from .report import SUMMARY_KEYS, format_summary, write_report
 
-__all__ = ["DiagnosticsCallback", "METRICS", "SUMMARY_KEYS", "closest_references", "format_summary", "greedy_generation_config", "plot_diagnostics", "rejoin_delay",
-           "run_diagnostics", "write_report"]
+__all__ = ["DiagnosticsCallback", "METRICS", "SUMMARY_KEYS", "closest_references", "decode_budget", "format_summary",
+           "greedy_generation_config", "plot_diagnostics", "rejoin_delay", "run_diagnostics", "write_report"]

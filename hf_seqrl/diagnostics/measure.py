@@ -13,13 +13,14 @@ from transformers import GenerationConfig
 
 from ..data import normalize_references, tokenize_sources, tokenize_targets
 from ..functional.logprobs import token_logprobs_from_logits
-from ..evaluation import corpus_scores
+from ..evaluation import check_sources, corpus_scores
 from ..models import family_for
 from ..models.base import completion_mask, ended_with_eos, eos_ids, eval_mode, pad_id
 from ..rewards import get_reward
 from .jacobian import JacobianTotals, jacobian_curves
 
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
+BUDGET_EXTRA_TOKENS = 10  # added to the reference-relative budget: short references still leave room to go wrong
 
 
 def greedy_generation_config(model, max_new_tokens: int) -> GenerationConfig:
@@ -33,8 +34,22 @@ def greedy_generation_config(model, max_new_tokens: int) -> GenerationConfig:
 
 
 def corpus_metric(predictions: list[str], references: list[list[str]], metric: str) -> float:
-    """Returns corpus BLEU / chrF (sacrebleu, all references) or the mean sentence ROUGE F1, in [0, 1]."""
-    return min(1.0, corpus_scores(predictions, references, (metric,))[metric] / 100.0)
+    """Returns corpus BLEU / chrF (sacrebleu, all references) or the mean sentence ROUGE F1, in [0, 100] as
+    `hf_seqrl.evaluation.corpus_scores` gives them."""
+    return corpus_scores(predictions, references, (metric,))[metric]
+
+
+def decode_budget(reference_lengths: Sequence[int], ratio: float, max_new_tokens: int | None = None,
+                  limit: int | None = None) -> int:
+    """Returns the new-token budget of one batch's greedy decodes: `max_new_tokens` when given, else `ratio` times
+    the longest reference of the batch's rows (every reference: the gold is chosen after decoding) plus
+    `BUDGET_EXTRA_TOKENS`; below `limit` (the decoder's position table) when there is one.
+
+    A row's budget follows its own batch, not the longest reference of the whole set: a model that never writes EOS
+    decodes the whole budget in each of the `1 + 2 * len(inject_positions)` decodes of a batch.
+    """
+    budget = max_new_tokens or math.ceil(ratio * max(reference_lengths)) + BUDGET_EXTRA_TOKENS
+    return max(1, min(budget, limit - 1)) if limit else budget
 
 
 def rejoin_delay(continuation: Sequence[int], gold: Sequence[int], j: int, window: int) -> int | None:
@@ -165,7 +180,8 @@ class _Totals:
                    tf_accuracy=_mean(self.tf_correct, self.tokens),
                    free_metric=corpus_metric(self.predictions, references, metric),
                    free_length=sum(self.free_lengths) / n, reference_length=sum(gold_content) / n,
-                   free_stopped_rate=self.stopped / n, source_nll_gap=_mean(self.source_gap, self.source_tokens),
+                   free_stopped_rate=self.stopped / n, never_stopped=n - self.stopped,
+                   source_nll_gap=_mean(self.source_gap, self.source_tokens),
                    distinct_rate=len(set(self.predictions)) / n)
         gap["tf_perplexity"] = _mean(math.exp(min(gap["tf_nll"], 700.0)), 1) if gap["tf_nll"] is not None else None
         gap["length_ratio"] = _mean(gap["free_length"], gap["reference_length"])
@@ -189,7 +205,8 @@ class _Totals:
             recovery_rate=_mean(total["recovered"], total["count"]),
             recovery_delay=_mean(total["delay"], total["recovered"]),
             metric_drop=_mean(sum(s["clean"] - s["injected"] for s in self.recovery.values()), total["count"]),
-            source_nll_gap=gap["source_nll_gap"], distinct_rate=gap["distinct_rate"])
+            source_nll_gap=gap["source_nll_gap"], distinct_rate=gap["distinct_rate"],
+            never_stopped_rate=gap["never_stopped"] / n)
         return dict(gap=gap, horizon=horizon, recovery=rec, summary=summary)
 
 
@@ -210,8 +227,8 @@ def _recovery_batch(model, tokenizer, enc, labels, wrong, gold, references, j, b
     scores = [reward_fn(predictions=tokenizer.batch_decode(ids, skip_special_tokens=True), references=references,
                         sources=None) for ids in outputs]
     stats["count"] += len(references)
-    stats["clean"] += sum(scores[0])
-    stats["injected"] += sum(scores[1])
+    stats["clean"] += 100.0 * sum(scores[0])  # sentence scores in [0, 1], reported as corpus metrics are: 0-100
+    stats["injected"] += 100.0 * sum(scores[1])
     ends = completion_mask(injected, eos_ids(model)).sum(dim=1).tolist()  # the continuation ends at its EOS
     for r, tokens in enumerate(gold):
         delay = rejoin_delay(injected[r, j + 1 : ends[r]].tolist(), tokens, j, window)
@@ -222,7 +239,8 @@ def _recovery_batch(model, tokenizer, enc, labels, wrong, gold, references, j, b
 
 def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequence[Any], *, max_horizon: int = 20,
                     inject_positions: Sequence[int] = (0, 1, 2, 4, 8), metric: str = "bleu", batch_size: int = 32,
-                    max_new_tokens: int | None = None, max_examples: int | None = None, recovery_window: int = 4,
+                    max_new_tokens: int | None = None, max_new_tokens_ratio: float = 2.0,
+                    max_examples: int | None = None, recovery_window: int = 4,
                     max_source_length: int | None = None, jacobian_positions: Sequence[int] = (1, 2, 4),
                     jacobian_horizon: int = 8, jacobian_epsilon: float = 1e-3, seed: int = 0,
                     progress: bool = True) -> dict:
@@ -230,7 +248,8 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     and `gold_index` (per example, which of its references was the teacher-forcing target).
 
     Args:
-        model: an encoder-decoder `PreTrainedModel` (left in its original train/eval mode afterwards).
+        model: an encoder-decoder or decoder-only `PreTrainedModel` (left in its original train/eval mode
+            afterwards).
         sources (`list[str]`), references (`list[str | list[str]]`): one row per source; the teacher-forcing
             target is the reference closest to the greedy output under `metric` (`closest_references`), metrics
             use all of them.
@@ -239,7 +258,10 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
         metric (`str`): "bleu" | "chrf" (sacrebleu corpus score for the gap, sentence score for the drop) or a
             ROUGE name (mean sentence F1).
         batch_size (`int`): sources per forward / `generate` call.
-        max_new_tokens (`int`, *optional*): decode budget; defaults to twice the longest reference plus 10.
+        max_new_tokens (`int`, *optional*): one decode budget for every batch; max_new_tokens_ratio (`float`):
+            without it, each batch's budget is this times the longest reference of its rows plus 10
+            (`decode_budget`). The report counts the greedy outputs that ran out of budget without EOS
+            (`gap.never_stopped`).
         max_examples (`int`, *optional*): use only the first examples.
         recovery_window (`int`): how many consecutive gold tokens a continuation must reproduce to rejoin.
         max_source_length (`int`, *optional*): truncate sources to this many tokens.
@@ -247,7 +269,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
             skip it); jacobian_horizon (`int`): offsets after `k` measured; jacobian_epsilon (`float`): the
             perturbation's norm as a fraction of the embedding's (see `hf_seqrl.diagnostics.jacobian`).
         seed (`int`): seeds the perturbation directions.
-        progress (`bool`): show a tqdm progress bar over batches.
+        progress (`bool`): show a tqdm progress bar over the decodes and passes of every batch.
     """
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r} is not supported: choose one of {', '.join(METRICS)}.")
@@ -258,15 +280,16 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     sources, references = list(sources)[:max_examples], references[:max_examples]
     if not sources:
         raise ValueError("run_diagnostics got no examples.")
+    if max_new_tokens_ratio <= 0:
+        raise ValueError(f"max_new_tokens_ratio must be > 0, got {max_new_tokens_ratio}.")
+    check_sources(family, tokenizer, sources, max_source_length)
     device, eos = model.device, eos_ids(model)
     # Learned position tables (BART, Marian) end at max_position_embeddings; the start token takes a position.
     limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
     flat = iter(tokenize_targets(family, model, tokenizer, [ref for refs in references for ref in refs], limit))
     reference_ids = [[next(flat) for _ in refs] for refs in references]
-    # The gold of a row is known only after its greedy decode, so the budget covers every reference.
-    budget = max_new_tokens or 2 * max(len(ids) for row in reference_ids for ids in row) + 10
-    budget = min(budget, limit - 1) if limit else budget
-    config = greedy_generation_config(model, budget)
+    longest = [max(len(ids) for ids in row) for row in reference_ids]
+    config = greedy_generation_config(model, decode_budget(longest, max_new_tokens_ratio, max_new_tokens, limit))
     vocab = model.get_output_embeddings().weight.shape[0]
     special = [*eos, pad_id(model), *family.structural_ids(model), *tokenizer.all_special_ids]
     banned_ids = {i for i in special if 0 <= i < vocab}
@@ -282,14 +305,22 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     totals = _Totals(max_horizon, positions)
     jacobian = JacobianTotals(jacobian_positions, jacobian_horizon, jacobian_epsilon)
     generator = torch.Generator().manual_seed(seed)
-    gold, gold_content, gold_index = [], [], []
-    with eval_mode(model), torch.no_grad():
-        for lo in tqdm(range(0, len(sources), batch_size), desc="diagnostics", disable=not progress):
+    gold, gold_content, gold_index, budgets = [], [], [], []
+    starts = range(0, len(sources), batch_size)
+    # One step per decode or pass of a batch: a model that never writes EOS makes each decode last its whole budget.
+    bar = tqdm(total=len(starts) * (2 + len(positions)), desc="diagnostics", disable=not progress)
+    with eval_mode(model), torch.no_grad(), bar:
+        for number, lo in enumerate(starts, 1):
             idx = list(range(lo, min(lo + batch_size, len(sources))))
+            budget = decode_budget([longest[i] for i in idx], max_new_tokens_ratio, max_new_tokens, limit)
+            budgets.append(budget)
+            bar.set_postfix_str(f"batch {number}/{len(starts)}: greedy decode, up to {budget} new tokens")
             enc = tokenize_sources(family, tokenizer, [sources[i] for i in idx], max_source_length)
             enc = {key: value.to(device) for key, value in enc.items()}
             config.max_new_tokens = budget
             greedy, greedy_lengths, has_eos = _decode(model, enc, config)
+            bar.update()
+            bar.set_postfix_str(f"batch {number}/{len(starts)}: teacher-forced passes")
             predictions = tokenizer.batch_decode(greedy, skip_special_tokens=True)
             gold_index += closest_references(predictions, [references[i] for i in idx], reward_fn)
             gold += [reference_ids[i][gold_index[i]] for i in idx]
@@ -308,13 +339,16 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
             if jacobian_positions:
                 jacobian.add(*jacobian_curves(model, enc, encoded, greedy, greedy_lengths + has_eos.long(),
                                               jacobian_positions, jacobian_horizon, jacobian_epsilon, generator))
+            bar.update()
             for j in positions:
+                bar.set_postfix_str(f"batch {number}/{len(starts)}: recovery from a mistake at {j}")
                 # Structural tokens (BART's leading <s>, language codes) are not mistakes one can inject.
                 rows = [r for r, i in enumerate(idx) if j < gold_content[i] and gold[i][j] not in banned_ids]
                 if rows:
                     _recovery_batch(model, tokenizer, {k: v[rows] for k, v in enc.items()}, labels[rows],
                                     wrong[rows], [gold[idx[r]] for r in rows], [references[idx[r]] for r in rows],
                                     j, budget, config, reward_fn, recovery_window, totals.recovery[j])
+                bar.update()
     report = totals.report(references, gold_content, metric)
     report["gap"]["gold_not_first"] = sum(index > 0 for index in gold_index)
     report["gold_index"] = gold_index
@@ -322,7 +356,8 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     report["summary"]["jacobian_growth"] = report["jacobian"]["growth_factor"]
     report["config"] = dict(model=getattr(model.config, "_name_or_path", "") or model.config.model_type,
                             metric=metric, max_horizon=max_horizon, inject_positions=positions, batch_size=batch_size,
-                            max_new_tokens=budget, max_examples=max_examples, recovery_window=recovery_window,
+                            max_new_tokens=max_new_tokens, max_new_tokens_ratio=max_new_tokens_ratio,
+                            decode_budgets=budgets, max_examples=max_examples, recovery_window=recovery_window,
                             max_source_length=max_source_length, num_examples=len(sources),
                             jacobian_positions=jacobian_positions, jacobian_horizon=jacobian_horizon,
                             jacobian_epsilon=jacobian_epsilon, seed=seed,

@@ -34,13 +34,14 @@ def plot_diagnostics(report: dict, path: str) -> str:
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower left", ncol=2)
     rec, gap = report["recovery"], report["gap"]
     x = range(len(rec))
-    axes[2].bar([i - 0.2 for i in x], series(rec, "recovery_rate"), 0.4, label="recovery rate")
+    # Both bars on one 0-100 axis: the recovery rate in percent beside the metric's drop (0-100 as well).
+    axes[2].bar([i - 0.2 for i in x], [100 * v for v in series(rec, "recovery_rate")], 0.4, label="recovery rate (%)")
     drop_label = f"{gap['metric']} drop (clean − injected)"
     axes[2].bar([i + 0.2 for i in x], series(rec, "metric_drop"), 0.4, label=drop_label)
     axes[2].set_xticks(list(x), [f"{row['j']}\n(n={row['count']})" for row in rec])
     axes[2].axhline(0.0, color="black", linewidth=0.8)
-    axes[2].set(xlabel="position j of the injected mistake", ylabel="fraction / metric (0–1)",
-                title="Recovery from an injected mistake", ylim=(min([0.0, *series(rec, "metric_drop")]) - 0.05, 1.3))
+    axes[2].set(xlabel="position j of the injected mistake", ylabel="% / metric (0–100)",
+                title="Recovery from an injected mistake", ylim=(min([0.0, *series(rec, "metric_drop")]) - 5, 130))
     axes[2].grid(alpha=0.3, axis="y")
     axes[2].legend(loc="upper center", ncol=2)
     jacobian = report.get("jacobian") or {}
@@ -56,7 +57,7 @@ def plot_diagnostics(report: dict, path: str) -> str:
     fig.suptitle(
         f"Exposure-bias diagnostics ({gap['num_examples']} examples)\n"
         f"teacher forcing: NLL {gap['tf_nll'] or math.nan:.3f}/token, accuracy {gap['tf_accuracy'] or 0:.1%}   |   "
-        f"free-running greedy: {gap['metric']} {gap['free_metric']:.3f}, length {gap['free_length']:.1f} vs "
+        f"free-running greedy: {gap['metric']} {gap['free_metric']:.2f}, length {gap['free_length']:.1f} vs "
         f"reference {gap['reference_length']:.1f} tokens, {gap['free_stopped_rate']:.0%} stopped with EOS")
     fig.savefig(path, dpi=110)
     return path

@@ -310,6 +310,11 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
+        if self.args.should_save:  # checkpoints too: `hf-seqrl evaluate` reads how this run cut and generated
+            from ..evaluation import write_run_settings
+
+            write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name,
+                               getattr(self, "run_settings", None))
         if not _internal_call and self.is_world_process_zero():
             info = self.model_card_info()
             write_model_card(output_dir or self.args.output_dir, **info)

@@ -158,7 +158,7 @@ def test_trained_copy_model_recovers_more_than_random(copy_model, heldout, rando
     report = run_diagnostics(copy_model, byt5_tokenizer(), *heldout, metric="chrf", **SMALL)
     trained, random = report["summary"], random_report["summary"]
     assert trained["tf_accuracy"] > random["tf_accuracy"] + 0.3
-    assert trained["free_metric"] > random["free_metric"] + 0.1
+    assert trained["free_metric"] > random["free_metric"] + 10  # chrF, 0-100
     assert trained["recovery_rate"] > random["recovery_rate"] + 0.2, (trained, random)
     assert trained["recovery_delay"] is not None and trained["recovery_delay"] >= 0
     # an injected mistake costs the copy model chrF against its clean decode from the same gold prefix
@@ -196,8 +196,8 @@ def test_gold_is_the_reference_the_model_writes(copy_model, heldout):
     copy_only = run_diagnostics(copy_model, tok, sources, [[b] for b in copies], **kwargs)
     swapped = run_diagnostics(copy_model, tok, sources, [[b, a] for a, b in zip(capitals, copies)], **kwargs)
 
-    # the old rule's contradiction: teacher forcing gets almost no token right (0.04), free running scores 0.71
-    assert first_only["summary"]["tf_accuracy"] < 0.15 and both["summary"]["free_metric"] > 0.6
+    # the old rule's contradiction: teacher forcing gets almost no token right (0.04), free running scores 71
+    assert first_only["summary"]["tf_accuracy"] < 0.15 and both["summary"]["free_metric"] > 60
     assert both["gold_index"] == [1] * 32 and both["gap"]["gold_not_first"] == 32
     assert swapped["gold_index"] == [0] * 32 and swapped["gap"]["gold_not_first"] == 0
     assert both["config"]["gold"] == "closest reference to the greedy output under chrf (ties: the first)"

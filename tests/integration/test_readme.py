@@ -44,6 +44,10 @@ def test_quick_start_runs_with_local_model_and_data(tmp_path, monkeypatch):
     out = tmp_path / "opus-mt-de-en-scst"
     assert (out / "model.safetensors").exists() and (out / "README.md").exists()
     assert "bleu" in (out / "README.md").read_text()
+    assert (out / "seqrl_run.json").exists()  # what `hf-seqrl evaluate` reads back
+    # Its compute_metrics makes evaluation generate: corpus BLEU (0-100) beside the reward (0-1).
+    metrics = trainer.evaluate()
+    assert 0 <= metrics["eval_bleu"] <= 100 and 0 <= metrics["eval_chrf"] <= 100 and "eval_rl/reward" in metrics
 
 
 def test_readme_names_the_test_command_ci_runs():
