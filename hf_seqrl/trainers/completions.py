@@ -7,8 +7,9 @@ optimizer step of the log), prints `num_completions_to_print` of them as a table
 (`add_text`, a markdown table) and W&B (`wandb.Table`) callbacks when those are active. Rows are written once: a
 log with no rollout since the last one (warm-up, the reused steps of `num_iterations > 1`) writes no file.
 
-The rest are pure functions of the rows (`completion_rows`, `table`, `table_text`, `markdown_table`,
-`write_jsonl`), tested without a model.
+The console table fits the terminal (`shutil.get_terminal_size`): one line per row, long text cut with "…"
+(`fit_widths`); the file and the integrations keep the whole text. The rest are pure functions of the rows
+(`completion_rows`, `table`, `table_text`, `markdown_table`, `write_jsonl`), tested without a model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +25,7 @@ COMPLETIONS_DIR = "completions"
 MAX_COLUMN_CHARS = 1000  # a dataset column's value goes into a row when its JSON is at most this long
 # What the console table shows (the file, TensorBoard and W&B get every column of `table`).
 CONSOLE_COLUMNS = ("source", "references", "prediction", "greedy", "reward", "advantage", "truncated")
+MIN_TEXT_WIDTH = 8  # a text column narrower than this shows too little to read
 
 
 def json_safe(value: Any) -> Any:
@@ -110,15 +113,40 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[l
 def _cell(value: Any, width: int | None = None) -> str:
     text = f"{value:.4f}" if isinstance(value, float) else "" if value is None else str(value)
     text = " ".join(text.split())  # one line per row
-    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+    return text if width is None or len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
-def table_text(rows: Sequence[dict], width: int = 40) -> str:
-    """Returns the rows as a plain text table (`CONSOLE_COLUMNS`, text cut to `width` characters, numbers to 4
-    decimals), for consoles without `rich`."""
+def fit_widths(natural: Sequence[int], total: int, separator: int = 2) -> list[int]:
+    """Returns column widths that fit a line of `total` characters, each column at most its `natural` width.
+
+    Columns separated by `separator` characters share the room: the widest are cut to one common width, the largest
+    at which the line fits, so the narrow ones (numbers, flags) keep theirs. The common width is at least
+    `MIN_TEXT_WIDTH`: a very narrow terminal gets a line longer than `total` rather than unreadable cells.
+    """
+    room = total - separator * max(len(natural) - 1, 0)
+    if sum(natural) <= room:
+        return list(natural)
+    low, high = 0, max(natural)
+    while low < high:  # bisection for the largest cap whose capped widths fit
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if sum(min(w, mid) for w in natural) <= room else (low, mid - 1)
+    return [min(w, max(low, MIN_TEXT_WIDTH)) for w in natural]
+
+
+def console_width() -> int:
+    """Returns the terminal's width in characters (`COLUMNS`, then the terminal, else 80)."""
+    return shutil.get_terminal_size(fallback=(80, 24)).columns
+
+
+def table_text(rows: Sequence[dict], width: int | None = None, total_width: int | None = None) -> str:
+    """Returns the rows as a plain text table (`CONSOLE_COLUMNS`, one line per row, numbers to 4 decimals), for
+    consoles without `rich`: the text of a cell is cut to `width` characters when given, and the columns to fit
+    `total_width` (default: the terminal's width, `console_width`)."""
     names, cells = table(rows, CONSOLE_COLUMNS)
     texts = [names] + [[_cell(value, width) for value in row] for row in cells]
-    widths = [max(len(row[j]) for row in texts) for j in range(len(names))]
+    natural = [max(len(row[j]) for row in texts) for j in range(len(names))]
+    widths = fit_widths(natural, total_width or console_width())
+    texts = [[_cell(text, w) for text, w in zip(row, widths)] for row in texts]
     lines = ["  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip() for row in texts]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -143,21 +171,27 @@ def write_jsonl(rows: Sequence[dict], path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def print_table(rows: Sequence[dict], step: int) -> None:
-    """Prints the rows' `CONSOLE_COLUMNS` as a table: with `rich` when it is installed, else as `table_text`."""
+def print_table(rows: Sequence[dict], step: int, total_width: int | None = None) -> None:
+    """Prints the rows' `CONSOLE_COLUMNS` as a table that fits `total_width` (default: the terminal's width), one line
+    per row: with `rich` when it is installed, else as `table_text`."""
+    total_width = total_width or console_width()
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        print(f"completions at step {step}\n{table_text(rows)}", flush=True)
+        print(f"completions at step {step}\n{table_text(rows, total_width=total_width)}", flush=True)
         return
     names, cells = table(rows, CONSOLE_COLUMNS)
+    texts = [[_cell(value) for value in row] for row in cells]
+    natural = [max([len(name)] + [len(row[j]) for row in texts]) for j, name in enumerate(names)]
+    # rich's box: a border before each column and after the last, one space of padding on each side of a cell.
+    widths = fit_widths(natural, total_width - 3 * len(names) - 1, separator=0)
     shown = Table(title=f"completions at step {step}", show_lines=True)
-    for name in names:
-        shown.add_column(name)
-    for row in cells:
-        shown.add_row(*(_cell(value) for value in row))
-    Console().print(shown)
+    for name, width in zip(names, widths):
+        shown.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
+    for row in texts:
+        shown.add_row(*(_cell(text, width) for text, width in zip(row, widths)))
+    Console(width=max(total_width, sum(widths) + 3 * len(widths) + 1)).print(shown)
 
 
 class CompletionLog:
