@@ -10,16 +10,21 @@ import argparse
 import importlib
 import sys
 
+MODELS = "an encoder-decoder (Marian, T5, BART, ...) or decoder-only (Llama, Qwen2, ...) checkpoint"
+
 # name -> (one-line help, "module:function" taking the remaining argv and returning an exit status)
 COMMANDS = {
     "demo": ("Offline demo: teacher forcing, then SCST vs more cross-entropy, on a generated task with a tiny "
              "model (no network, a few minutes on a CPU).", "hf_seqrl.cli.demo:main"),
-    "train": ("Train from a YAML config (recipes/configs/*.yaml) with CLI overrides: hf-seqrl train --config "
-              "FILE.yaml [--field value ...]", "hf_seqrl.cli.train:main"),
-    "evaluate": ("Corpus BLEU / chrF / ROUGE of a seq2seq checkpoint on a data file (greedy or beam search, "
-                 "against every reference).", "hf_seqrl.cli.evaluate:main"),
-    "diagnose": ("Exposure-bias diagnostics of a seq2seq checkpoint: writes diagnostics.json and diagnostics.png.",
-                 "hf_seqrl.cli.diagnose:main"),
+    "train": ("Train " + MODELS + " from a YAML config (recipes/configs/*.yaml) with CLI overrides: hf-seqrl train "
+              "--config FILE.yaml [--field value ...]. Logs rl/* rewards on the rewards' scale ([0, 1] for the "
+              "built-ins) and corpus metrics (eval_bleu, eval_rougeL, ...) on 0-100, as evaluate and diagnose report "
+              "them; saves seqrl_run.json, the settings evaluate reuses.", "hf_seqrl.cli.train:main"),
+    "evaluate": ("Corpus BLEU / chrF / ROUGE (0-100) of " + MODELS + " on a data file (greedy or beam search, "
+                 "against every reference), cutting and generating as the run's seqrl_run.json says unless flags "
+                 "say otherwise.", "hf_seqrl.cli.evaluate:main"),
+    "diagnose": ("Exposure-bias diagnostics of " + MODELS + ": writes diagnostics.json and diagnostics.png "
+                 "(metrics 0-100).", "hf_seqrl.cli.diagnose:main"),
 }
 
 
@@ -34,7 +39,8 @@ def parse_command(command: str, arguments_class: type, argv: list[str] | None):
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the top-level parser: it reads only the command; the command's own parser reads the rest."""
-    parser = argparse.ArgumentParser(prog="hf-seqrl", description="Sequence-level RL for Hugging Face seq2seq models.",
+    parser = argparse.ArgumentParser(prog="hf-seqrl", description="Sequence-level RL for Hugging Face encoder-decoder "
+                                     "and decoder-only models.",
                                      epilog="`hf-seqrl COMMAND --help` lists the flags of a command.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _) in COMMANDS.items():
@@ -47,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = build_parser().parse_args(argv[:1]).command
     module, function = COMMANDS[command][1].split(":")
-    return getattr(importlib.import_module(module), function)(argv[1:])
+    # `train` shares its parser with the recipes, which name themselves after the script (argparse's default prog,
+    # sys.argv[0]); run from here, it is `hf-seqrl train`.
+    program = sys.argv[0] if sys.argv else ""
+    sys.argv[:1] = [f"hf-seqrl {command}"]
+    try:
+        return getattr(importlib.import_module(module), function)(argv[1:])
+    finally:
+        sys.argv[:1] = [program]
 
 
 if __name__ == "__main__":
