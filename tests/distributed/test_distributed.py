@@ -117,7 +117,7 @@ def test_translation_recipe_on_two_processes(tmp_path):
     assert logs.count("Saving model checkpoint to") == 1, logs.count("Saving model checkpoint to")
     assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
     card = (out / "README.md").read_text()
-    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "- Reward: `chrf_reward`" in card
+    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "- Reward: `chrf`" in card
 
 
 @pytest.fixture(scope="module")

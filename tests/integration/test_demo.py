@@ -43,7 +43,7 @@ def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
     heldout = [json.loads(line) for line in (tmp_path / "heldout_test.jsonl").read_text().splitlines()]
     assert len(heldout) == QUICK.test_size and len(heldout[0]["references"]) == QUICK.dialects
     card = (tmp_path / "README.md").read_text()
-    assert "SCST" in card and "test_bleu_scst" in card and 'pipeline("translation"' in card
+    assert "SCST" in card and "test_bleu_scst" in card and "outputs = model.generate(**inputs" in card
 
     assert (tmp_path / "model.safetensors").is_file()
     saved = json.loads((tmp_path / RESULTS_FILE).read_text())

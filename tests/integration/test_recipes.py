@@ -72,7 +72,7 @@ def test_translation_pipeline(tmp_path):
     meta, card = card_of(out)
     # the config runs the SCST trainer with the leave-one-out baseline, which the card names
     assert meta["pipeline_tag"] == "translation" and "rloo" in meta["tags"]
-    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "- Reward: `chrf_reward`" in card
+    assert "- Algorithm: REINFORCE with leave-one-out baseline" in card and "- Reward: `chrf`" in card
     assert "- Baseline: `mean`" in card
     assert "| `eval_chrf` |" in card
 
@@ -89,7 +89,7 @@ def test_summarization_recipe_with_reinforce(tmp_path):
     assert (out / "model.safetensors").exists()
     meta, card = card_of(out)
     assert meta["pipeline_tag"] == "summarization"
-    assert "- Algorithm: REINFORCE" in card and "- Reward: `rougeL_reward`" in card
+    assert "- Algorithm: REINFORCE" in card and "- Reward: `rougeL`" in card
     assert "- Baseline: `moving_average`" in card
 
 
