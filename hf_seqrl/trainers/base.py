@@ -23,10 +23,11 @@ from transformers.utils import logging
 from .. import losses
 from ..data import (TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, check_rows, normalize_references,
                     tokenize_text_dataset)
-from ..hub import Method, card_settings, final_eval_metrics, training_curve, write_model_card
+from ..hub import (Method, card_example, card_settings, final_eval_metrics, reward_label, training_curve,
+                   write_model_card)
 from ..models import family_for
 from ..models.base import disable_dropout
-from .adapters import base_model_name, is_peft_model, with_adapter
+from .adapters import card_fields, save_base_beside, with_adapter
 from ..types import BatchText
 from .inputs import (check_model_family, check_tokenizer, forward_arguments, load_model, load_tokenizer_for,
                      tokenizer_outputs)
@@ -281,23 +282,30 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     # ---- model card: written on save, pushed by push_to_hub ----------------------------------------
 
     def model_card_info(self, model_name=None, dataset=None, finetuned_from=None, tasks=None) -> dict:
-        """Returns the fields of `hf_seqrl.hub.render_model_card` for this run."""
+        """Returns the fields of `hf_seqrl.hub.render_model_card` for this run: the task `tasks` or `args.task` names
+        (none claimed without), the rewards as `reward_funcs` names them, where the model came from, and the first
+        evaluation source as the example its code generates from."""
         model = self.accelerator.unwrap_model(self.model)
         args = self.args
         task = tasks[0] if isinstance(tasks, (list, tuple)) and tasks else tasks
+        funcs = getattr(self, "reward_funcs", None)
+        info = card_fields(model)
+        if finetuned_from:
+            info["base_model"] = finetuned_from
         return dict(
+            info,
             model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
             method=self.run_method(),
-            task=task or args.task or "translation",
-            base_model=finetuned_from or base_model_name(model),
+            task=task or args.task,
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
-            reward=self.reward_label,
+            reward=self.reward_label if funcs is None else reward_label(funcs, getattr(args, "reward_weights", None)),
             settings=card_settings(args),
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
             repo_id=args.hub_model_id,
             model_class=self.family.auto_class,
-            adapter=is_peft_model(model),
+            max_new_tokens=getattr(args, "max_new_tokens", None) or args.generation_max_length,
+            **card_example(self.eval_dataset, self.processing_class, self.family.name == "causal"),
         )
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
@@ -315,9 +323,11 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
             write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name,
                                getattr(self, "run_settings", None))
+        folder = output_dir or self.args.output_dir
+        if output_dir is None or not _internal_call:  # the saved model, not a checkpoint: its card must load it
+            save_base_beside(self.accelerator, self.model, folder, self.args.should_save)
         if not _internal_call and self.is_world_process_zero():
-            info = self.model_card_info()
-            write_model_card(output_dir or self.args.output_dir, **info)
+            write_model_card(folder, **self.model_card_info(model_name=os.path.basename(os.path.normpath(folder))))
 
     # ---- checkpoints: the trainer's own state ----------------------------------------------------
 
