@@ -121,27 +121,43 @@ def policy_gradient_loss(
     return -mean_over_counted(advantages.detach().to(seq_logprobs.dtype) * seq_logprobs, token_mask)
 
 
-def token_ratios(
-    token_logprobs: torch.Tensor, old_token_logprobs: torch.Tensor, token_mask: torch.Tensor
-) -> torch.Tensor:
-    """Returns `p_theta / p_old` of each token, `exp(log p_theta - log p_old)` (1 where masked), grad through `p_theta`.
-
-    Args:
-        token_logprobs (`torch.Tensor` of shape `(B*n, T)`): current log-probs, with grad.
-        old_token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-probs when the rollout was taken.
-        token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
-    """
-    # Masked positions (padding after EOS) may hold any log-prob; zero them so that exp never overflows there.
-    delta = (token_logprobs - old_token_logprobs.detach()).masked_fill(~token_mask.bool(), 0.0)
-    return delta.exp()
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 class ClippedPolicyLoss(NamedTuple):
-    """The clipped surrogate loss and what is logged of its token ratios, all from one ratio computation."""
+    """The clipped surrogate loss and what is logged of its importance ratios, all from one ratio computation (per
+    token, or per sequence)."""
 
     loss: torch.Tensor  # scalar, with grad
-    clip_fraction: torch.Tensor  # scalar, no grad: share of counted tokens whose clipped term is taken
-    ratio_mean: torch.Tensor  # scalar, no grad: mean ratio over the counted tokens
+    clip_fraction: torch.Tensor  # scalar, no grad: share of counted ratios whose clipped term is taken
+    ratio_mean: torch.Tensor  # scalar, no grad: mean of the counted ratios
+    ratio_min: torch.Tensor  # scalar, no grad
+    ratio_max: torch.Tensor  # scalar, no grad
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float, epsilon_high: float | None = None,
+                      delta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns `(surrogate, clipped)` of importance ratios `ratio` and their advantages (same shape, or broadcast):
+    `min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A)`, with `r` capped at `delta` in the first term when given
+    (a two-sided clip for negative advantages, as INTELLECT-2 does), and whether the taken term is a clipped one (no
+    gradient through `r` there).
+
+    Args:
+        ratio (`torch.Tensor`): importance ratios `p_theta / p_old`, with grad.
+        advantages (`torch.Tensor`): advantage of each ratio (treated as a constant).
+        epsilon (`float`), epsilon_high (`float`, *optional*): the band `[1 - epsilon, 1 + epsilon_high]`
+            (`epsilon_high=None` takes `epsilon`).
+        delta (`float`, *optional*): the cap of the unclipped ratio, `> 1 + epsilon_high`; None: no cap.
+    """
+    high = epsilon if epsilon_high is None else epsilon_high
+    adv = advantages.detach().to(ratio.dtype)
+    unclipped = ratio if delta is None else ratio.clamp(max=delta)
+    surrogate = torch.minimum(unclipped * adv, ratio.clamp(1.0 - epsilon, 1.0 + high) * adv)
+    with torch.no_grad():
+        clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + high) & (adv > 0))
+        if delta is not None:
+            clipped |= (ratio > delta) & (adv < 0)
+    return surrogate, clipped
 
 
 def clipped_policy_objective(
@@ -153,15 +169,20 @@ def clipped_policy_objective(
     epsilon_high: float | None = None,
     length_normalize: bool = False,
     loss_normalization: str = "sequence",
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
 ) -> ClippedPolicyLoss:
-    """Returns the clipped surrogate loss (PPO, Schulman et al., 2017; GRPO) with its clip fraction and mean ratio.
+    """Returns the clipped surrogate loss (PPO, Schulman et al., 2017; GRPO; GSPO) with its clip fraction and ratios.
 
-    Per token, `l_it = -min(rho_it A_i, clip(rho_it, 1 - epsilon, 1 + epsilon_high) A_i)` with the token ratio
-    `rho_it = p_theta(y_it | ...) / p_old(y_it | ...)`, reduced like `policy_gradient_loss` (sum or mean over a
-    sequence's tokens, mean over sequences; or mean over all tokens). At `rho = 1` its gradient equals the policy
-    gradient's; a token whose ratio left the band in the direction its advantage pushes gets no gradient: those
-    tokens' share of the counted ones is `clip_fraction` (ratio below `1 - epsilon` with a negative advantage, or
-    above `1 + epsilon_high` with a positive one).
+    `importance_sampling_level="token"`: per token, `l_it = -min(rho_it A_i, clip(rho_it) A_i)` with the token
+    ratio `rho_it = p_theta(y_it | ...) / p_old(y_it | ...)`, reduced like `policy_gradient_loss` (sum or mean over a
+    sequence's tokens, mean over sequences; or mean over all tokens). `"sequence"` (GSPO, Zheng et al., 2025): one
+    ratio per sequence, `s_i = exp(mean_t log(p_theta / p_old))` over its counted tokens, `l_i = -min(s_i A_i,
+    clip(s_i) A_i)`, the mean over sequences; its gradient reaches every token of the sequence through the mean. At
+    ratio 1 the token level's gradient equals the policy gradient's, the sequence level's that of the length-normalized
+    policy gradient. A ratio that left the band in the direction its advantage pushes gets no gradient; those
+    ratios' share of the counted ones is `clip_fraction` (`clipped_surrogate`; `delta` caps the ratio of negative
+    advantages).
 
     Args:
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token under the current
@@ -171,18 +192,36 @@ def clipped_policy_objective(
         advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
         epsilon (`float`): lower clipping range, `> 0`.
         epsilon_high (`float`, *optional*): upper clipping range; `None` takes `epsilon`.
-        length_normalize (`bool`), loss_normalization (`str`): as in `policy_gradient_loss`.
+        length_normalize (`bool`), loss_normalization (`str`): as in `policy_gradient_loss` (token level only: the
+            sequence level's loss is a mean over sequences of a ratio that is already a per-token mean).
+        importance_sampling_level (`str`): `"token"` or `"sequence"`.
+        delta (`float`, *optional*): see `clipped_surrogate`.
     """
-    high = epsilon if epsilon_high is None else epsilon_high
-    ratio = token_ratios(token_logprobs, old_token_logprobs, token_mask)
-    adv = advantages.detach().to(ratio.dtype).unsqueeze(-1)
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - epsilon, 1.0 + high) * adv)
-    loss = reduce_token_losses(-surrogate, token_mask, length_normalize, loss_normalization)
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level={importance_sampling_level!r} is not one of "
+                         f"{IMPORTANCE_SAMPLING_LEVELS}.")
+    mask = token_mask.bool()
+    # Masked positions (padding after EOS) may hold any log-prob; zero them so that exp never overflows there.
+    log_ratio = (token_logprobs - old_token_logprobs.detach()).masked_fill(~mask, 0.0)
+    if importance_sampling_level == "sequence":
+        if loss_normalization != "sequence" or length_normalize:
+            raise ValueError("importance_sampling_level='sequence' gives one ratio per sequence, a mean over its "
+                             "tokens: use loss_normalization='sequence' and length_normalize=False.")
+        ratio = masked_mean(log_ratio, mask).exp()  # (B*n,)
+        surrogate, clipped = clipped_surrogate(ratio, advantages, epsilon, epsilon_high, delta)
+        loss = mean_over_counted(-surrogate, mask)
+        counted = mask.any(dim=-1)
+    else:
+        ratio = log_ratio.exp()
+        surrogate, clipped = clipped_surrogate(ratio, advantages.unsqueeze(-1), epsilon, epsilon_high, delta)
+        loss = reduce_token_losses(-surrogate, mask, length_normalize, loss_normalization)
+        counted = mask
     with torch.no_grad():
-        clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + high) & (adv > 0))
-        mask = token_mask.flatten()
-        return ClippedPolicyLoss(loss, masked_mean(clipped.float().flatten(), mask, 0),
-                                 masked_mean(ratio.detach().flatten(), mask, 0))
+        kept = ratio.detach()[counted]
+        if not kept.numel():
+            kept = ratio.new_ones(1)
+        return ClippedPolicyLoss(loss, clipped[counted].float().mean() if counted.any() else ratio.new_zeros(()),
+                                 kept.mean(), kept.min(), kept.max())
 
 
 def clipped_policy_loss(
@@ -194,10 +233,12 @@ def clipped_policy_loss(
     epsilon_high: float | None = None,
     length_normalize: bool = False,
     loss_normalization: str = "sequence",
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
 ) -> torch.Tensor:
     """Returns the clipped surrogate loss of `clipped_policy_objective`, a scalar (arguments as there)."""
     return clipped_policy_objective(token_logprobs, old_token_logprobs, token_mask, advantages, epsilon, epsilon_high,
-                                    length_normalize, loss_normalization).loss
+                                    length_normalize, loss_normalization, importance_sampling_level, delta).loss
 
 
 def first_occurrence_mask(token_ids: torch.Tensor, num_candidates: int) -> torch.Tensor:

@@ -149,6 +149,9 @@ class RolloutBatch:
             only).
         kept (`torch.BoolTensor` of shape `(B*n,)` or None): false for the samples left out of the loss (no usable
             reward); None keeps every sample.
+        rng_state (`tuple` or None): the RNG state the scoring pass that gave `old_token_logprobs` drew from
+            (`hf_seqrl.models.base.rng_state`), replayed by later passes over the same rollout so that, with dropout
+            on, they thin the same units and the ratios move with the weights only.
     """
 
     sample_ids: torch.Tensor
@@ -157,6 +160,7 @@ class RolloutBatch:
     metrics: dict = field(default_factory=dict)
     old_token_logprobs: torch.Tensor | None = None
     kept: torch.Tensor | None = None
+    rng_state: tuple | None = None
 
     @property
     def loss_mask(self) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..losses import LOSS_NORMALIZATIONS
+from ..losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_NORMALIZATIONS
 from .base import check_at_least, check_choice
 from .rollout import BaselineConfig, SequenceRolloutConfig
 
@@ -35,12 +35,25 @@ class SeqRLConfig(BaselineConfig, SequenceRolloutConfig):
         Lower clipping range: the ratio is clipped to `[1 - epsilon, 1 + epsilon_high]` (only with `μ > 1`).
     epsilon_high (`float`, *optional*, defaults to `None`):
         Upper clipping range; `None` takes `epsilon`.
+    importance_sampling_level (`str`, *optional*, defaults to `"token"`):
+        The ratio that is clipped (TRL's name): `"token"`, one per token; `"sequence"` (GSPO, Zheng et al., 2025), one
+        per sample, `exp(mean_t log(p_θ / p_old))` over its tokens, clipped per sample, its gradient reaching every
+        token of the sample. With `"sequence"` even `num_iterations=1` trains through it (ratio 1: the gradient of the
+        length-normalized policy gradient). It needs `loss_normalization="sequence"` and `length_normalize=False`:
+        the sequence ratio is already a mean over tokens, and a token-level sum would weigh samples by length.
+    delta (`float`, *optional*, defaults to `None`):
+        Upper bound of the ratio in the unclipped term (TRL's name; two-sided clipping as in INTELLECT-2): with a
+        negative advantage the surrogate `min(r A, clip(r) A)` grows with `r` without bound, `delta` caps it. Must
+        exceed `1 + epsilon_high`. Token or sequence level alike.
     """
 
     loss_normalization: str = field(default="sequence", metadata={"help": "sequence | token"})
     num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
+    importance_sampling_level: str = field(default="token", metadata={"help": "token | sequence (GSPO): the ratio "
+                                                                              "that is clipped."})
+    delta: float | None = field(default=None, metadata={"help": "Cap of the unclipped ratio (negative advantages)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -57,6 +70,17 @@ class SeqRLConfig(BaselineConfig, SequenceRolloutConfig):
             raise ValueError(f"{name}.epsilon must be > 0 (the clipping range), got {self.epsilon}.")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ValueError(f"{name}.epsilon_high must be > 0 or None (= epsilon), got {self.epsilon_high}.")
+        check_choice(self, "importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
+        if self.importance_sampling_level == "sequence" and (self.loss_normalization != "sequence"
+                                                             or self.length_normalize):
+            raise ValueError(
+                f"{name}.importance_sampling_level='sequence' gives each sample one ratio, already a mean over its "
+                "tokens, and averages the clipped terms over samples: set loss_normalization='sequence' and "
+                "length_normalize=False (a token-level sum would weigh samples by their length).")
+        high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.delta is not None and not self.delta > 1 + high:
+            raise ValueError(f"{name}.delta={self.delta} must exceed 1 + epsilon_high = {1 + high} (the band's top), "
+                             "or be None.")
 
 
 @dataclass

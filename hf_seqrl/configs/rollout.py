@@ -143,6 +143,10 @@ class BaselineConfig(RolloutConfig):
         together; `"none"` leaves them. Samples left out (a reward that returned `None`, a dropped non-finite one)
         count in neither; a standard deviation of ~0 or of one value leaves the advantages as they are. `True` /
         `False` mean `"batch"` / `"none"` (TRL reads `True` as `"group"`).
+    mask_truncated_completions (`bool`, *optional*, defaults to `False`):
+        Leave the samples that reach the length limit without EOS out of the loss and its normalisation (TRL's name):
+        their reward judges an unfinished output. They still count in `rl/frac_truncated`, and they leave their
+        siblings' leave-one-out baselines as samples without a reward do.
     """
 
     baseline: str | None = field(
@@ -152,6 +156,8 @@ class BaselineConfig(RolloutConfig):
     center_advantages: bool = field(default=False, metadata={"help": "Subtract the batch mean of the advantages."})
     scale_rewards: str = field(default="none", metadata={"help": "none | group | batch: divide the advantages by "
                                                                   "their std over the source or the batch."})
+    mask_truncated_completions: bool = field(default=False, metadata={
+        "help": "Leave samples cut at the length limit (no EOS) out of the loss."})
 
     def __post_init__(self):
         super().__post_init__()

@@ -12,12 +12,14 @@ scoring in the model family (`hf_seqrl.models`). With `num_iterations > 1` a rol
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import torch
 
 from .. import losses
 from ..configs import BaselineConfig, SeqRLConfig
 from ..hub import Method, Paper
+from ..models.base import ended_with_eos, eos_ids, replayed_rng
 from ..types import BatchText, Rollout, RolloutBatch, repeat_rows
 from .reuse import RolloutReuse
 from .rollout import RolloutPlan, RolloutTrainer
@@ -112,6 +114,8 @@ class BaselineTrainer(RolloutTrainer):
         args, n = self.args, rollout.num_samples
         samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
         sample_rewards, bad = samples.rewards, samples.left_out
+        if args.mask_truncated_completions:  # an unfinished output's reward judges what it did not write
+            bad = bad | ~ended_with_eos(rollout.sample_ids, rollout.sample_mask, eos_ids(unwrapped))
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
         adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
         if args.center_advantages:
@@ -208,21 +212,28 @@ class SeqRLTrainer(BaselineTrainer):
         if batch is None:
             batch = self.roll_out(unwrapped, inputs, text)
         labels = inputs.get("labels") if args.rl_weight < 1 else None
-        scored = self.score_policy(model, inputs, batch.sample_ids, n, labels)
+        # A reused rollout is scored with the random draws of its first scoring pass: with dropout on, the ratios then
+        # move with the weights only (exactly 1 at learning rate 0).
+        with replayed_rng(batch.rng_state, args.device) if batch.rng_state is not None else nullcontext():
+            scored = self.score_policy(model, inputs, batch.sample_ids, n, labels)
+        if self.reuse is not None and batch.old_token_logprobs is None:
+            # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
+            batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), self._policy_rng
+            self.reuse.keep(step, slot, inputs["input_ids"], batch)
         mask, adv, metrics = batch.loss_mask, batch.advantages, dict(batch.metrics)
-        if self.reuse is None:
+        if self.reuse is None and args.importance_sampling_level == "token":
             pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,
                                                   args.loss_normalization)
-        else:
-            if batch.old_token_logprobs is None:
-                # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
-                batch.old_token_logprobs = scored.token_logprobs.detach()
-                self.reuse.keep(step, slot, inputs["input_ids"], batch)
+        else:  # clipped; the sequence level (GSPO) trains through its ratio even on a rollout used once
+            old = scored.token_logprobs.detach() if self.reuse is None else batch.old_token_logprobs
             clipped = losses.clipped_policy_objective(
-                scored.token_logprobs, batch.old_token_logprobs, mask, adv, args.epsilon, args.epsilon_high,
-                args.length_normalize, args.loss_normalization)
+                scored.token_logprobs, old, mask, adv, args.epsilon, args.epsilon_high, args.length_normalize,
+                args.loss_normalization, args.importance_sampling_level, args.delta)
             pg_loss = clipped.loss
-            metrics.update({"rl/clip_fraction": clipped.clip_fraction.item(), "rl/ratio_mean": clipped.ratio_mean.item()})
+            if self.reuse is not None:
+                metrics.update({"rl/clip_fraction": clipped.clip_fraction.item(),
+                                "rl/ratio_mean": clipped.ratio_mean.item(), "rl/ratio_min": clipped.ratio_min.item(),
+                                "rl/ratio_max": clipped.ratio_max.item()})
         metrics["rl/pg_loss"] = pg_loss.item()
         return self.finish_loss(pg_loss, self.gold_cross_entropy(scored, labels), inputs, scored, batch.sample_ids, n,
                                 batch.sample_mask, metrics)

@@ -138,5 +138,7 @@ class RolloutReuse:
         if not os.path.isfile(path):
             return
         for slot, e in torch.load(path, map_location=device, weights_only=True).items():
-            self.slots[int(slot)] = {"cycle": e["cycle"], "input_ids": e["input_ids"],
-                                     "batch": RolloutBatch(**e["batch"])}
+            batch = RolloutBatch(**e["batch"])
+            if batch.rng_state is not None:  # RNG states are CPU byte tensors, whatever the device
+                batch.rng_state = tuple(None if state is None else state.cpu() for state in batch.rng_state)
+            self.slots[int(slot)] = {"cycle": e["cycle"], "input_ids": e["input_ids"], "batch": batch}

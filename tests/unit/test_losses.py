@@ -311,7 +311,7 @@ def test_clipped_policy_loss_by_hand():
     assert losses.clipped_policy_loss(lp, old, mask, adv, 0.2, length_normalize=True).item() == pytest.approx(
         -(1.8 - 3.4 / 3) / 2, abs=1e-6)
     # 2 of the 6 tokens are clipped; mean ratio (1.5 + 1 + 0.5 + 0.5 + 1.1 + 1.5) / 6
-    _, clip_fraction, ratio_mean = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2)
+    _, clip_fraction, ratio_mean, _, _ = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2)
     assert clip_fraction.item() == pytest.approx(2 / 6)
     assert ratio_mean.item() == pytest.approx(6.1 / 6, abs=1e-6)
 

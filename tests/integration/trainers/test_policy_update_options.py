@@ -1,0 +1,93 @@
+"""TRL's policy-update options on the policy-gradient trainers: `importance_sampling_level`, `delta` and
+`mask_truncated_completions`."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from helpers import byt5_tokenizer, make_config, params, tiny_model, toy_dataset, toy_pairs
+from hf_seqrl import SCSTTrainer, SeqRLConfig
+from hf_seqrl.types import BatchText, Rollout
+
+config = partial(make_config, SeqRLConfig, num_samples=2, baseline="mean")  # config(tmp_path, **overrides)
+
+
+def length_reward(predictions, references, sources=None, **columns):
+    return [min(len(p), 12) / 12 for p in predictions]
+
+
+def trainer_for(tmp_path, reward=length_reward, **settings):
+    tokenizer = byt5_tokenizer()
+    src, tgt = toy_pairs(8, seed=2, alphabet="abcd", lengths=(3, 5))
+    return SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, **settings), reward_funcs=reward,
+                       processing_class=tokenizer, train_dataset=toy_dataset(tokenizer, src, tgt))
+
+
+def test_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence' .* set loss_normalization='sequence'"):
+        config(tmp_path, importance_sampling_level="sequence", loss_normalization="token")
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence' .* length_normalize=False"):
+        config(tmp_path, importance_sampling_level="sequence", length_normalize=True)
+    with pytest.raises(ValueError, match="importance_sampling_level='tokens' is not one of"):
+        config(tmp_path, importance_sampling_level="tokens")
+    with pytest.raises(ValueError, match=r"delta=1.1 must exceed 1 \+ epsilon_high = 1.3"):
+        config(tmp_path, delta=1.1, epsilon_high=0.3)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_reused_rollouts_train_through_either_ratio_and_log_it(tmp_path, level):
+    trainer = trainer_for(tmp_path, num_iterations=2, max_steps=4, learning_rate=1e-2,
+                          importance_sampling_level=level, delta=2.0)
+    before = params(trainer.model)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "rl/ratio_mean" in h]
+    assert len(logs) == 4
+    for first, second in (logs[0:2], logs[2:4]):  # each rollout: ratio 1 on its first step, moved on its second
+        assert first["rl/ratio_min"] == first["rl/ratio_max"] == 1.0 and first["rl/clip_fraction"] == 0.0
+        assert second["rl/ratio_min"] < second["rl/ratio_max"]
+    assert any(not torch.equal(before[k], v) for k, v in params(trainer.model).items())
+
+
+def test_sequence_level_trains_on_a_rollout_used_once(tmp_path):
+    # num_iterations=1: the sequence ratio is 1, its gradient the length-normalized policy gradient's.
+    trainer = trainer_for(tmp_path, max_steps=2, learning_rate=1e-2, importance_sampling_level="sequence")
+    before = params(trainer.model)
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in params(trainer.model).items())
+
+
+def test_truncated_samples_leave_the_loss_and_their_siblings_baselines(tmp_path):
+    values = {"aa": 0.2, "bbb": 0.9, "c": 0.6}
+    trainer = trainer_for(tmp_path, reward=lambda predictions, **kw: [values[p] for p in predictions],
+                          num_samples=3, mask_truncated_completions=True)
+    tokenizer = trainer.processing_class
+
+    def row(text, ended):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if ended else [])
+        return ids + [tokenizer.pad_token_id] * (4 - len(ids))
+
+    # One source, three samples: "aa" ends with EOS, "bbb" is cut at the length limit (no EOS), "c" ends.
+    ids = torch.tensor([row("aa", True), row("bbb", False), row("c", True)])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    text = BatchText([["ref"]], ["src"], {})
+    batch = trainer.rollout_batch(Rollout(ids, mask, None, None, 3), text, trainer.model)
+    # leave-one-out over the kept samples only: "aa" against "c" and back; the cut one gets no advantage
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.2 - 0.6, 0.0, 0.6 - 0.2]))
+    assert batch.kept.tolist() == [True, False, True]
+    assert batch.metrics["rl/frac_truncated"] == pytest.approx(1 / 3)  # still counted
+    assert batch.loss_mask[1].sum().item() == 0
+
+
+def test_when_every_sample_is_cut_nothing_trains(tmp_path):
+    # Two new tokens for targets of 3-5 letters: every sample hits the limit. Masked, the policy loss has no sample.
+    masked = trainer_for(tmp_path, max_steps=2, learning_rate=1e-2, max_new_tokens=2, mask_truncated_completions=True)
+    before = params(masked.model)
+    masked.train()
+    logs = [h for h in masked.state.log_history if "rl/frac_truncated" in h]
+    assert all(h["rl/frac_truncated"] == 1.0 and h["rl/pg_loss"] == 0.0 for h in logs)
+    assert all(torch.equal(before[k], v) for k, v in params(masked.model).items())
+    kept = trainer_for(tmp_path / "kept", max_steps=2, learning_rate=1e-2, max_new_tokens=2)
+    before = params(kept.model)
+    kept.train()
+    assert any(not torch.equal(before[k], v) for k, v in params(kept.model).items())
