@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 # The advantage math and the vocabulary kernels live below the losses; the losses' users read them here too.
 from .functional.advantages import (advantages, center_advantages, group_std, leave_one_out_baseline,  # noqa: F401
-                                    moments, moving_average, scale_advantages, std_from_moments)
+                                    moments, moving_average, normalized_sum, scale_advantages, std_from_moments)
 from .functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits  # noqa: F401
 
 

@@ -12,6 +12,7 @@ from .base import FreeRunningConfig, check_at_least, check_choice
 
 BASELINES = ("greedy", "mean", "moving_average", "none")
 SCALE_REWARDS = ("none", "group", "batch")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -143,6 +144,13 @@ class BaselineConfig(RolloutConfig):
         together; `"none"` leaves them. Samples left out (a reward that returned `None`, a dropped non-finite one)
         count in neither; a standard deviation of ~0 or of one value leaves the advantages as they are. `True` /
         `False` mean `"batch"` / `"none"` (TRL reads `True` as `"group"`).
+    multi_objective_aggregation (`str`, *optional*, defaults to `"sum_then_normalize"`):
+        How several `reward_funcs` make one advantage (TRL's name). `"sum_then_normalize"`: the weighted sum of the
+        rewards is the reward, its advantage then centered / scaled as set above. `"normalize_then_sum"` (GDPO):
+        each reward's advantage (its values minus the same baseline of its own values) is divided by its standard
+        deviation over the source's samples before the weighted sum, so that a lexical and a neural reward weigh
+        what their weights say whatever their scales. Needs `num_samples >= 2` and a per-source baseline
+        (`"greedy"`, `"mean"` or `"none"`).
     mask_truncated_completions (`bool`, *optional*, defaults to `False`):
         Leave the samples that reach the length limit without EOS out of the loss and its normalisation (TRL's name):
         their reward judges an unfinished output. They still count in `rl/frac_truncated`, and they leave their
@@ -156,6 +164,8 @@ class BaselineConfig(RolloutConfig):
     center_advantages: bool = field(default=False, metadata={"help": "Subtract the batch mean of the advantages."})
     scale_rewards: str = field(default="none", metadata={"help": "none | group | batch: divide the advantages by "
                                                                   "their std over the source or the batch."})
+    multi_objective_aggregation: str = field(default="sum_then_normalize", metadata={
+        "help": "sum_then_normalize | normalize_then_sum (each reward's advantages normalized, then weighted)."})
     mask_truncated_completions: bool = field(default=False, metadata={
         "help": "Leave samples cut at the length limit (no EOS) out of the loss."})
 
@@ -178,6 +188,13 @@ class BaselineConfig(RolloutConfig):
                 f"num_samples >= 2 (got {self.num_samples}), or use baseline='greedy'.")
         if not 0.0 <= self.baseline_ema_decay < 1.0:
             raise ValueError(f"{name}.baseline_ema_decay must be in [0, 1), got {self.baseline_ema_decay}.")
+        check_choice(self, "multi_objective_aggregation", AGGREGATIONS)
+        if self.multi_objective_aggregation == "normalize_then_sum" and (
+                self.num_samples < 2 or self.baseline == "moving_average"):
+            raise ValueError(
+                f"{name}.multi_objective_aggregation='normalize_then_sum' divides each reward's advantages by their "
+                f"std over a source's samples: it needs num_samples >= 2 (got {self.num_samples}) and a per-source "
+                f"baseline ('greedy', 'mean' or 'none'; got {self.baseline!r}).")
 
 
 @dataclass

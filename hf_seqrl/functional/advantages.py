@@ -92,6 +92,26 @@ def group_std(adv: torch.Tensor, num_samples: int, keep: torch.Tensor | None = N
     return std.expand_as(grouped).reshape(-1).to(adv.dtype)
 
 
+def normalized_sum(part_advantages: torch.Tensor, weights: torch.Tensor, num_samples: int,
+                   present: torch.Tensor) -> torch.Tensor:
+    """Returns `sum_k w_k A_k / std_k`: each reward's advantages divided by their standard deviation over its source's
+    samples, then weighted and summed (GDPO's "normalize, then sum"), so that each reward weighs what its weight
+    says whatever its scale. An advantage where its reward gives no value (`present` false) adds 0, and a source whose
+    advantages of one reward are all equal (std ~0) or single adds them unscaled (`scale_advantages`).
+
+    Args:
+        part_advantages (`torch.Tensor` of shape `(K, B*n)`): each reward's advantages (its values minus its baseline).
+        weights (`torch.Tensor` of shape `(K,)`): the rewards' weights.
+        num_samples (`int`): `n`, the samples of a source contiguous.
+        present (`torch.Tensor` of shape `(K, B*n)`): false where a reward gives no value or the sample is left out.
+    """
+    total = torch.zeros_like(part_advantages[0])
+    for adv, weight, keep in zip(part_advantages, weights, present):
+        adv = torch.where(keep, adv, torch.zeros_like(adv))
+        total = total + weight * scale_advantages(adv, group_std(adv, num_samples, keep))
+    return total
+
+
 def leave_one_out_baseline(rewards: torch.Tensor, num_samples: int, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Returns, for each sample, the mean reward of the *other* samples of its source.
 

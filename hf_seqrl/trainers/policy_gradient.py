@@ -20,7 +20,7 @@ from .. import losses
 from ..configs import BaselineConfig, SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import ended_with_eos, eos_ids, replayed_rng
-from ..types import BatchText, Rollout, RolloutBatch, repeat_rows
+from ..types import BatchText, RewardValues, Rollout, RolloutBatch, repeat_rows
 from .reuse import RolloutReuse
 from .rollout import RolloutPlan, RolloutTrainer
 
@@ -101,6 +101,10 @@ class BaselineTrainer(RolloutTrainer):
         super().__init__(*args, **kwargs)
         self.baseline = self.args.baseline or self.default_baseline
         self.baseline_ema: float | None = None
+        if self.args.multi_objective_aggregation == "normalize_then_sum" and self.baseline == "moving_average":
+            raise ValueError(
+                f"{type(self).__name__}'s baseline is 'moving_average', which multi_objective_aggregation="
+                "'normalize_then_sum' cannot apply to each reward: set baseline='mean', 'greedy' or 'none'.")
 
     def rollout_plan(self) -> RolloutPlan | None:
         plan = super().rollout_plan()
@@ -116,8 +120,12 @@ class BaselineTrainer(RolloutTrainer):
         sample_rewards, bad = samples.rewards, samples.left_out
         if args.mask_truncated_completions:  # an unfinished output's reward judges what it did not write
             bad = bad | ~ended_with_eos(rollout.sample_ids, rollout.sample_mask, eos_ids(unwrapped))
-        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, rollout, text)
-        adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
+        greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
+        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, n, greedy)
+        if args.multi_objective_aggregation == "normalize_then_sum" and len(samples.parts) > 1:
+            adv = self.normalized_advantages(samples, bad, n, greedy)
+        else:
+            adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
         if args.center_advantages:
             adv = losses.center_advantages(adv, ~bad)
         if args.scale_rewards == "group":
@@ -146,12 +154,12 @@ class BaselineTrainer(RolloutTrainer):
             totals = self.accelerator.reduce(totals, reduction="sum")
         return losses.std_from_moments(totals)
 
-    def baseline_rewards(self, sample_rewards, bad, rollout: Rollout, text: BatchText):
+    def baseline_rewards(self, sample_rewards, bad, num_samples: int, greedy: RewardValues | None = None):
         """Returns `(baseline (B*n,), left-out mask (B*n,))` for the configured baseline: the samples left out are out
-        of their siblings' leave-one-out means, and a source whose greedy reward is missing leaves its samples out."""
-        n = rollout.num_samples
+        of their siblings' leave-one-out means, and a source whose greedy reward (`greedy`, the rewards of the greedy
+        decodes) is missing leaves its samples out."""
+        n = num_samples
         if self.baseline == "greedy":
-            greedy = self.reward_values(rollout.greedy_ids, text)
             return greedy.rewards.repeat_interleave(n), bad | greedy.left_out.repeat_interleave(n)
         if self.baseline == "mean":
             return losses.leave_one_out_baseline(sample_rewards, n, ~bad), bad
@@ -164,6 +172,31 @@ class BaselineTrainer(RolloutTrainer):
             self.baseline_ema = losses.moving_average(self.baseline_ema, batch_mean, self.args.baseline_ema_decay)
             return torch.full_like(sample_rewards, current), bad
         return torch.zeros_like(sample_rewards), bad
+
+    def normalized_advantages(self, samples: RewardValues, bad, num_samples: int,
+                              greedy: RewardValues | None = None) -> torch.Tensor:
+        """Returns the advantages of `multi_objective_aggregation="normalize_then_sum"`: each reward's values minus the
+        configured baseline of that reward alone, normalized over the source's samples, weighted and summed
+        (`losses.normalized_sum`)."""
+        reward_fn = getattr(self.reward_fn, "local", self.reward_fn)
+        weights = dict(zip(reward_fn.part_names, reward_fn.weights))
+        greedy_parts = None if greedy is None else greedy.part_rewards()
+        part_advantages, present = [], []
+        for name, values in samples.part_rewards().items():
+            keep = torch.isfinite(values) & ~bad
+            values = values.nan_to_num(0.0)
+            if greedy_parts is not None:
+                base = greedy_parts[name].repeat_interleave(num_samples)
+                keep &= torch.isfinite(base)
+                base = base.nan_to_num(0.0)
+            elif self.baseline == "mean":
+                base = losses.leave_one_out_baseline(values, num_samples, keep)
+            else:
+                base = torch.zeros_like(values)
+            part_advantages.append(losses.advantages(values, base))
+            present.append(keep)
+        weight = torch.tensor([weights[name] for name in samples.parts], dtype=torch.float32, device=bad.device)
+        return losses.normalized_sum(torch.stack(part_advantages), weight, num_samples, torch.stack(present))
 
     def extra_state(self) -> dict:
         return {**super().extra_state(), "baseline_ema": self.baseline_ema, "baseline": self.baseline}

@@ -26,7 +26,8 @@ MRT = dict(steps_per_generation=ACCUMULATION, generation_batch_size=BATCH * ACCU
            mrt_candidates="sample+beam", mrt_beam_size=3, max_len_a=1.0, max_len_b=4, mrt_alpha=0.5,
            mrt_include_greedy=True, mrt_include_reference=True)
 MIXER = dict(baseline="mean", baseline_ema_decay=0.5, center_advantages=True, scale_rewards="group",
-             mask_truncated_completions=True, mixer_delta=1, mixer_increment_steps=1)
+             multi_objective_aggregation="normalize_then_sum", mask_truncated_completions=True, mixer_delta=1,
+             mixer_increment_steps=1)
 INHERITED = {f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)}
 
 

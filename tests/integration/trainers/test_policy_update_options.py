@@ -91,3 +91,29 @@ def test_when_every_sample_is_cut_nothing_trains(tmp_path):
     before = params(kept.model)
     kept.train()
     assert any(not torch.equal(before[k], v) for k, v in params(kept.model).items())
+
+
+def test_normalize_then_sum_weighs_each_reward_by_its_own_spread(tmp_path):
+    small = {"aa": 0.1, "bbb": 0.0, "c": -0.1}  # a BLEU-like reward
+    large = {"aa": -20.0, "bbb": 10.0, "c": 10.0}  # a length-like one, 200 times the spread
+    rewards = [lambda predictions, **kw: [small[p] for p in predictions],
+               lambda predictions, **kw: [large[p] for p in predictions]]
+    trainer = trainer_for(tmp_path, reward=rewards, num_samples=3, baseline="none",
+                          multi_objective_aggregation="normalize_then_sum")
+    tokenizer = trainer.processing_class
+    ids = torch.tensor([tokenizer(t)["input_ids"] + [0] * (4 - len(t) - 1) for t in ("aa", "bbb", "c")])
+    batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3), BatchText([["ref"]], ["src"], {}),
+                                  trainer.model)
+    # baseline none: the advantages are the values; normalized per reward over the 3 samples (unbiased std) and
+    # weighted 1/2 each: 0.5 * [0.1, 0, -0.1] / 0.1 + 0.5 * [-20, 10, 10] / sqrt(300)
+    s = 300 ** 0.5
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.5 - 10 / s, 5 / s, -0.5 + 5 / s]))
+    with pytest.raises(ValueError, match="normalize_then_sum.*needs num_samples >= 2"):
+        config(tmp_path, num_samples=1, baseline="none", multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(ValueError, match="baseline is 'moving_average'.*normalize_then_sum"):
+        from hf_seqrl import ReinforceTrainer
+
+        ReinforceTrainer(model=tiny_model("t5"), args=config(tmp_path, baseline=None,
+                                                             multi_objective_aggregation="normalize_then_sum"),
+                         reward_funcs=rewards, processing_class=tokenizer,
+                         train_dataset=toy_dataset(tokenizer, ["ab"] * 4, ["ba"] * 4))
