@@ -279,6 +279,8 @@ def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer,
         compute_metrics=None if validation is None else build_compute_metrics(
             tokenizer, task_metrics(training_args.task), validation["references"]),
     )
+    trainer.run_settings = {"source_prefix": script_args.source_prefix, "prompt_template": script_args.prompt_template,
+                            "use_chat_template": script_args.use_chat_template}
     return trainer
 
 

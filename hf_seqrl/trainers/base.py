@@ -23,12 +23,13 @@ from transformers.utils import logging
 from .. import losses
 from ..data import (TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, check_rows, normalize_references,
                     tokenize_text_dataset)
+from ..evaluation import write_run_settings
 from ..hub import (Method, card_example, card_settings, final_eval_metrics, reward_label, training_curve,
                    write_model_card)
 from ..models import family_for
 from ..models.base import disable_dropout
-from .adapters import card_fields, save_base_beside, with_adapter
 from ..types import BatchText
+from .adapters import card_fields, save_base_beside, with_adapter
 from .inputs import (check_model_family, check_tokenizer, forward_arguments, load_model, load_tokenizer_for,
                      tokenizer_outputs)
 
@@ -131,6 +132,9 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self.reward_label = "none (cross-entropy)"  # a rewarded trainer names its reward
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.generation_kwargs: dict = {}  # what the running `evaluate` / `predict` generates with
+        # What shaped the text before this trainer saw it (a pipeline's source prefix or prompt template), saved with
+        # the run's settings so that `hf-seqrl evaluate` reads the folder as the run did.
+        self.run_settings: dict = {}
         for callback in self.callback_handler.callbacks:
             self._bind(callback)
 
@@ -319,10 +323,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:  # checkpoints too: `hf-seqrl evaluate` reads how this run cut and generated
-            from ..evaluation import write_run_settings
-
-            write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name,
-                               getattr(self, "run_settings", None))
+            write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name, self.run_settings)
         folder = output_dir or self.args.output_dir
         if output_dir is None or not _internal_call:  # the saved model, not a checkpoint: its card must load it
             save_base_beside(self.accelerator, self.model, folder, self.args.should_save)

@@ -156,3 +156,16 @@ def test_evaluate_refuses_a_folder_whose_tokenizer_reads_no_prompt(tmp_path):
         main(["diagnose", "--model", str(folder), "--data", str(data), "--max_new_tokens", "2",
               "--output_dir", str(tmp_path / "diag")])
 
+
+
+def test_the_pipelines_prompt_template_is_saved_with_the_run(tmp_path):
+    from hf_seqrl.cli.train import train_main
+
+    sources, targets = toy_pairs(8, seed=0)
+    write_pairs(tmp_path / "train.jsonl", sources, targets)
+    train_main(["--tiny_model", "llama", "--train_file", str(tmp_path / "train.jsonl"), "--output_dir",
+                str(tmp_path / "out"), "--max_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none",
+                "--prompt_template", "{prompt} => ", "--max_new_tokens", "4", "--save_strategy", "no",
+                "--algorithm", "scst"])
+    saved = json.loads((tmp_path / "out" / RUN_SETTINGS_FILE).read_text())
+    assert saved["prompt_template"] == "{prompt} => " and saved["family"] == "causal"
