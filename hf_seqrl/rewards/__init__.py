@@ -1,19 +1,23 @@
 """Sentence-level rewards, and how the trainers call them.
 
-The layers, each importing only those before it: `builtin` (BLEU, chrF, ROUGE, `get_reward`) < `convention` (the
-calling convention, `call_reward` and the checks) < `modules` (`evaluate` modules, `EvaluateReward`) < `combine`
-(`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker processes). `neural` (model rewards: embeddings,
-BERTScore, reward models, COMET) sits beside `modules`, below `combine`.
+The layers, each importing only those before it: `guards` (`length_ratio`) < `builtin` (BLEU, chrF, ROUGE,
+`get_reward`) < `convention` (the calling convention, `call_reward`, async rewards and the checks) < `modules`
+(`evaluate` modules, `EvaluateReward`) < `combine` (`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker
+processes). `neural` (model rewards: embeddings, BERTScore, reward models, COMET) sits beside `modules`, below
+`combine`, and `metricx` (`MetricXReward`) on `neural`.
 
 A reward is a callable called with keywords, one value per prediction:
 
     f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float]
 """
 
-from .builtin import BUILTIN_REWARDS, SACREBLEU_INTERNALS, RewardFn, bleu_reward, chrf_reward, get_reward, rouge_reward
+from .builtin import (BUILTIN_REWARDS, GUARD_REWARDS, REWARD_NAMES, SACREBLEU_INTERNALS, RewardFn, bleu_reward,
+                      chrf_reward, get_reward, rouge_reward)
 from .combine import WeightedReward, as_reward, build_reward, model_rewards, place_on, unique_names
-from .convention import (call_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
-                         is_evaluation_module, is_number, reward_name)
+from .convention import (call_reward, call_reward_parts, call_rewards, check_finite, check_reward_spec, combine_parts,
+                         is_async_reward, is_evaluation_module, is_number, reward_loop, reward_name)
+from .guards import length_ratio, length_ratio_reward
+from .metricx import MetricXReward
 from .modules import EvaluateReward, accepts_reference_lists
 from .neural import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, ModelReward, RewardModelReward,
                      model_reward)
@@ -23,4 +27,6 @@ __all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometRe
            "EvaluateReward", "ModelReward", "PooledReward", "RewardFn", "RewardModelReward", "WeightedReward",
            "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "call_reward_parts",
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
-           "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names"]
+           "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names",
+           "GUARD_REWARDS", "REWARD_NAMES", "MetricXReward", "call_rewards", "is_async_reward", "length_ratio",
+           "length_ratio_reward", "reward_loop"]

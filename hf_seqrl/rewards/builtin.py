@@ -4,6 +4,9 @@
 - `"chrf"`: sacrebleu `sentence_chrf` / 100.
 - `"rouge1"`, `"rouge2"`, `"rougeL"`, `"rougeLsum"`: rouge-score F1 with stemming; with several references,
   `score_multi` (the best reference).
+- `"length_ratio"`: a guard, not a metric (`guards.length_ratio_reward` with its defaults): 1.0 while the output is
+  0.8 to 1.2 times as long as its reference in words, falling linearly outside. It is no corpus metric, so it is in
+  `GUARD_REWARDS`, not `BUILTIN_REWARDS` (the names evaluation reports); `REWARD_NAMES` holds both.
 
 An empty (or whitespace-only) prediction scores 0.0.
 """
@@ -14,9 +17,13 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .guards import length_ratio_reward
+
 RewardFn = Callable[..., Sequence[float]]
 
 BUILTIN_REWARDS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
+GUARD_REWARDS = ("length_ratio",)
+REWARD_NAMES = BUILTIN_REWARDS + GUARD_REWARDS
 
 
 def _unit(score: float) -> float:
@@ -125,6 +132,8 @@ def get_reward(name: str) -> RewardFn:
         return chrf_reward
     if name in ("rouge1", "rouge2", "rougeL", "rougeLsum"):
         return rouge_reward(name)
+    if name == "length_ratio":
+        return length_ratio_reward()
     if ":" in name:
         # Imported only because the user named it explicitly.
         module_name, _, attr = name.partition(":")
@@ -136,6 +145,6 @@ def get_reward(name: str) -> RewardFn:
             raise ValueError(f"reward {name!r} is not callable.")
         return fn
     raise ValueError(
-        f"Unknown reward {name!r}. Valid names: {', '.join(BUILTIN_REWARDS)}, or 'module:function' for your own, "
+        f"Unknown reward {name!r}. Valid names: {', '.join(REWARD_NAMES)}, or 'module:function' for your own, "
         "or pass a callable f(predictions, references, sources, **columns) -> list[float]."
     )

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .builtin import RewardFn, get_reward
-from .convention import call_reward, check_reward_spec, is_evaluation_module, is_torch_module, reward_name, takes_predictions
+from .convention import (call_rewards, check_reward_spec, is_evaluation_module, is_torch_module, reward_name,
+                         takes_predictions)
 from .modules import EvaluateReward
 from .neural import ModelReward, model_reward
 
@@ -48,9 +49,10 @@ class WeightedReward:
         self.part_names = unique_names(self.names)
 
     def parts(self, predictions, references, sources=None, **columns) -> dict[str, list[float]]:
-        """Returns each reward's values, keyed by `part_names` (the rewards' names, a repeated one numbered)."""
-        return {key: call_reward(fn, predictions, references, sources, columns, name=name)
-                for key, fn, name in zip(self.part_names, self.rewards, self.names)}
+        """Returns each reward's values, keyed by `part_names` (the rewards' names, a repeated one numbered). The
+        async rewards among them run concurrently (`convention.call_rewards`)."""
+        values = call_rewards(list(zip(self.names, self.rewards)), predictions, references, sources, columns)
+        return dict(zip(self.part_names, values))
 
     def combine(self, parts: dict[str, list[float | None]]) -> list[float | None]:
         """Returns the weighted sum of `parts` (from `parts`): what calling this reward returns. A part that is `None`

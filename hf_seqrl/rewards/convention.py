@@ -7,17 +7,25 @@ A reward is a callable called with keywords, one value per prediction:
 `columns` holds every other column of the training rows (a length budget, a domain, a glossary, ...), one entry per
 prediction. A reward may declare `**kwargs` and read only what it needs. A value of `None` says the reward does not
 apply to that prediction (as in TRL): the trainers leave such a sample out of the loss and of its siblings' baselines.
+
+A reward may be a coroutine function (`async def`, e.g. one that asks a server): its coroutine runs on one event loop
+that lives in a daemon thread of its own (`reward_loop`), as TRL runs async rewards. The async rewards of one
+`reward_funcs` list run together there (`asyncio.gather`) while the others run in the caller's thread (`call_rewards`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import numbers
+import os
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .builtin import BUILTIN_REWARDS, RewardFn
+from .builtin import REWARD_NAMES, RewardFn
 
 
 def is_number(value: Any) -> bool:
@@ -86,9 +94,9 @@ def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None
                 "tokenizer=...) for a sentence encoder.")
         if callable(item) or is_evaluation_module(item) or (isinstance(item, str) and ":" in item):
             continue
-        if not isinstance(item, str) or item not in BUILTIN_REWARDS:
+        if not isinstance(item, str) or item not in REWARD_NAMES:
             raise ValueError(
-                f"reward_funcs: unknown reward {item!r}. Valid names: {', '.join(BUILTIN_REWARDS)}, a "
+                f"reward_funcs: unknown reward {item!r}. Valid names: {', '.join(REWARD_NAMES)}, a "
                 "'module:function' path, a callable, or an evaluate.EvaluationModule."
             )
     if weights is not None:
@@ -129,7 +137,7 @@ def call_reward(
     """
     name = name or reward_name(reward_fn)
     where = "" if batch_index is None else f" on batch {batch_index}"
-    values = _invoke(reward_fn, name, where, predictions, references, sources, columns)
+    values = _awaited(_invoke(reward_fn, name, where, predictions, references, sources, columns), name, where)
     return _checked_values(values, len(predictions), name, where)
 
 
@@ -153,7 +161,7 @@ def call_reward_parts(
     if not callable(getattr(reward_fn, "parts", None)):
         return {name: call_reward(reward_fn, predictions, references, sources, columns, name, batch_index)}
     where = "" if batch_index is None else f" on batch {batch_index}"
-    parts = _invoke(reward_fn.parts, name, where, predictions, references, sources, columns)
+    parts = _awaited(_invoke(reward_fn.parts, name, where, predictions, references, sources, columns), name, where)
     if not isinstance(parts, dict) or not parts:
         raise TypeError(f"reward {name!r}: parts() must return a non-empty dict of name -> values{where}, got "
                         f"{type(parts).__name__}.")
@@ -169,17 +177,139 @@ def combine_parts(reward_fn: RewardFn, parts: dict[str, list[float]]) -> list[fl
     return values
 
 
+def call_rewards(
+    rewards: Sequence[tuple[str, RewardFn]],
+    predictions: list[str],
+    references: list[list[str]],
+    sources: list[str] | None = None,
+    columns: dict[str, list] | None = None,
+    batch_index: int | None = None,
+) -> list[list[float | None]]:
+    """Returns the values of each `(name, reward)` in `rewards`, each checked as `call_reward` checks them.
+
+    The async rewards (`is_async_reward`) start first, together on the reward loop (one `asyncio.gather`); the others
+    then run in this thread, in order, while the async ones wait on their servers; the call returns when all are done.
+    """
+    where = "" if batch_index is None else f" on batch {batch_index}"
+    waiting = [i for i, (_, fn) in enumerate(rewards) if is_async_reward(fn)]
+    pending = None
+    if waiting:
+        coroutines = []
+        try:
+            for i in waiting:
+                coroutines.append(_invoke(rewards[i][1], rewards[i][0], where, predictions, references, sources,
+                                          columns))
+        except BaseException:
+            for coroutine in coroutines:
+                coroutine.close()  # never started: no "never awaited" warning
+            raise
+        pending = _submit([_named(coroutine, rewards[i][0], where) for i, coroutine in zip(waiting, coroutines)])
+    values: list = [None] * len(rewards)
+    try:
+        for i, (name, fn) in enumerate(rewards):
+            if i not in waiting:
+                values[i] = call_reward(fn, predictions, references, sources, columns, name, batch_index)
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
+    if pending is not None:
+        for i, result in zip(waiting, _results(pending)):
+            values[i] = _checked_values(result, len(predictions), rewards[i][0], where)
+    return values
+
+
+def is_async_reward(reward_fn: Any) -> bool:
+    """Returns True for a reward written as `async def`: a coroutine function, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(reward_fn) or inspect.iscoroutinefunction(getattr(reward_fn, "__call__", None))
+
+
+_REWARD_LOOP: tuple[int, threading.Thread, asyncio.AbstractEventLoop] | None = None
+_REWARD_LOOP_LOCK = threading.Lock()
+
+
+def reward_loop() -> asyncio.AbstractEventLoop:
+    """Returns the event loop the async rewards run on: one per process, running in a daemon thread from first use.
+
+    One loop that lasts, rather than `asyncio.run` per batch: a client a reward opens once (an HTTP session) stays
+    bound to the loop it was made on, and a caller that runs an event loop of its own (a notebook) is never blocked
+    inside it."""
+    global _REWARD_LOOP
+    with _REWARD_LOOP_LOCK:
+        # A forked child has the parent's loop object but not its thread.
+        if _REWARD_LOOP is None or _REWARD_LOOP[0] != os.getpid() or not _REWARD_LOOP[1].is_alive():
+            loop, ready = asyncio.new_event_loop(), threading.Event()
+
+            def run():
+                asyncio.set_event_loop(loop)
+                ready.set()
+                loop.run_forever()
+
+            thread = threading.Thread(target=run, name="async-rewards", daemon=True)
+            thread.start()
+            ready.wait()
+            _REWARD_LOOP = (os.getpid(), thread, loop)
+        return _REWARD_LOOP[2]
+
+
+def _submit(coroutines: list):
+    """Returns a future of the results of `coroutines`, gathered on the reward loop (each one runs to its end: the
+    first exception is raised once all are done, so none is left running unseen)."""
+    async def gather():
+        return await asyncio.gather(*coroutines, return_exceptions=True)
+
+    loop = reward_loop()
+    if threading.current_thread() is _REWARD_LOOP[1]:
+        # Called from a coroutine on the loop itself (an async reward calling a combination): waiting on the loop
+        # from its own thread would never end, so these run on a loop of their own in another thread.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as executor:
+            return executor.submit(asyncio.run, gather())
+    return asyncio.run_coroutine_threadsafe(gather(), loop)
+
+
+def _results(future) -> list:
+    """Returns the results of a `_submit` future, raising the first exception among them."""
+    results = future.result()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+async def _named(awaitable, name: str, where: str):
+    """Returns what `awaitable` (an async reward's coroutine) returns; an exception is re-raised as `_invoke` does."""
+    try:
+        return await awaitable
+    except Exception as err:
+        raise _reward_error(err, name, where) from err
+
+
 def _invoke(reward_fn, name: str, where: str, predictions, references, sources, columns):
-    """Returns what `reward_fn` returns when called by the convention; an exception inside it is re-raised as a
-    RuntimeError naming the reward and the batch."""
+    """Returns what `reward_fn` returns when called by the convention (for an async reward, its coroutine); an
+    exception inside it is re-raised as a RuntimeError naming the reward and the batch."""
     try:
         return reward_fn(predictions=predictions, references=references, sources=sources, **(columns or {}))
     except Exception as err:
-        hint = ""
-        if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
-            hint = (" (rewards are called with keywords: predictions, references, sources and every other dataset "
-                    "column; declare **kwargs to take the columns you do not use)")
-        raise RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}") from err
+        raise _reward_error(err, name, where) from err
+
+
+def _awaited(values, name: str, where: str):
+    """Returns `values`, or, when a reward returned an awaitable (an async reward called alone), what it gives once
+    run on the reward loop."""
+    if not inspect.isawaitable(values):
+        return values
+    return _results(_submit([_named(values, name, where)]))[0]
+
+
+def _reward_error(err: Exception, name: str, where: str) -> RuntimeError:
+    """Returns the error that names the reward whose call raised `err`, and the batch."""
+    hint = ""
+    if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
+        hint = (" (rewards are called with keywords: predictions, references, sources and every other dataset "
+                "column; declare **kwargs to take the columns you do not use)")
+    return RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}")
 
 
 def _checked_values(values, count: int, name: str, where: str) -> list[float | None]:

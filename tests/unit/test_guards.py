@@ -1,0 +1,83 @@
+"""The `length_ratio` guard: the ratio, the band, the closest reference, the source fallback, by name and by factory."""
+
+import math
+import pickle
+
+import pytest
+
+from hf_seqrl.rewards import (BUILTIN_REWARDS, GUARD_REWARDS, build_reward, check_reward_spec, get_reward, length_ratio,
+                              length_ratio_reward)
+from hf_seqrl.rewards.guards import band_value, closest_length, text_length
+
+
+def test_length_counts_words_or_characters_other_than_whitespace():
+    assert text_length("the cat  sat\n") == 3
+    assert text_length("ab c", unit="chars") == 3
+    assert text_length("猫が 座った", unit="chars") == 5
+    with pytest.raises(ValueError, match="bytes"):
+        text_length("a", unit="bytes")
+
+
+def test_length_ratio_is_prediction_over_reference():
+    assert length_ratio("a b c", "a b c d") == 0.75
+    assert length_ratio("ab c", "abcd e", unit="chars") == 3 / 5
+    assert length_ratio("a b c d e f", "a b c") == 2.0
+    # an empty reference: equal when both are empty, infinitely long otherwise
+    assert length_ratio("", " ") == 1.0
+    assert length_ratio("a", "") == math.inf
+
+
+def test_band_value_is_one_inside_and_linear_outside():
+    assert band_value(1.0) == 1.0 and band_value(0.8) == 1.0 and band_value(1.2) == 1.0
+    assert band_value(0.4) == pytest.approx(0.5)            # 0.4 / 0.8
+    assert band_value(0.0) == 0.0                           # an empty output
+    assert band_value(1.5) == pytest.approx(0.75)           # 1 - (1.5 - 1.2) / 1.2
+    assert band_value(2.4) == pytest.approx(0.0)            # twice `high`
+    assert band_value(7.0) == 0.0 and band_value(math.inf) == 0.0
+    assert band_value(0.5, low=0.5, high=2.0) == 1.0 and band_value(3.0, low=0.5, high=2.0) == pytest.approx(0.5)
+
+
+def test_the_closest_reference_length_counts_ties_going_to_the_shorter():
+    assert closest_length(5, [3, 7]) == 3
+    assert closest_length(5, [4, 7]) == 4
+    assert closest_length(6, [4, 7]) == 7
+
+
+def test_the_reward_by_name_uses_the_closest_reference_then_the_source():
+    reward = get_reward("length_ratio")
+    assert reward.__name__ == "length_ratio"
+    predictions = ["a b c d e", "a b", "a b", "a b c", "", "a b c d e f g h i j"]
+    references = [["a b c", "a b c d e f g"],  # 5 words; 3 and 7 equally close: 5/3 -> 1 - (5/3 - 6/5)/(6/5) = 11/18
+                  ["x y"],                    # 2/2: inside the band
+                  [""],                       # no reference: the source's 4 words, 2/4 = 0.5 -> 0.5/0.8
+                  [],                         # nothing to measure against: no reward
+                  ["x y z"],                  # empty output: 0
+                  ["x y z w v"]]              # 10/5 = 2: 1 - 0.8/1.2
+    sources = ["s", "s", "w x y z", "", "s", "s"]
+    values = reward(predictions, references, sources)
+    assert values == [pytest.approx(11 / 18), 1.0, pytest.approx(0.625), None, 0.0, pytest.approx(1 / 3)]
+    # without sources, a prediction with no reference gets none
+    assert reward(["a b"], [[]]) == [None]
+
+
+def test_the_factory_sets_the_band_and_the_unit():
+    wide = length_ratio_reward(low=0.5, high=2.0)
+    assert wide(["a b c d"], [["a b"]]) == [1.0]                 # ratio 2
+    assert wide(["a"], [["a b c d"]]) == [pytest.approx(0.5)]    # ratio 0.25 -> 0.25 / 0.5
+    chars = length_ratio_reward(unit="chars")
+    assert chars(["abcdef"], [["abcd"]]) == [pytest.approx(1 - (1.5 - 1.2) / 1.2)]
+    for bad in (dict(low=0.0), dict(low=1.5, high=1.2), dict(high=math.inf), dict(unit="tokens")):
+        with pytest.raises(ValueError, match="length_ratio_reward"):
+            length_ratio_reward(**bad)
+    restored = pickle.loads(pickle.dumps(wide))  # reward_workers pickles it
+    assert restored(["a b c d"], [["a b"]]) == [1.0] and repr(restored) == repr(wide)
+
+
+def test_length_ratio_is_a_reward_name_but_no_corpus_metric():
+    assert "length_ratio" in GUARD_REWARDS and "length_ratio" not in BUILTIN_REWARDS
+    check_reward_spec(["bleu", "length_ratio"])
+    combined = build_reward(["bleu", "length_ratio"], [0.0, 1.0])
+    assert combined.parts(["a b c"], [["a b c d"]])["length_ratio"] == [pytest.approx(0.9375)]  # 0.75 / 0.8
+    assert combined(["a b c"], [["a b c d"]]) == [pytest.approx(0.9375)]
+    with pytest.raises(ValueError, match="length_ratio"):
+        get_reward("length_ratios")
