@@ -231,7 +231,7 @@ _REWARD_LOOP_LOCK = threading.Lock()
 def reward_loop() -> asyncio.AbstractEventLoop:
     """Returns the event loop the async rewards run on: one per process, running in a daemon thread from first use.
 
-    One loop that lasts, rather than `asyncio.run` per batch: a client a reward opens once (an HTTP session) stays
+    One loop that lasts, rather than `asyncio.run` per batch: a client a reward opens once (an HTTP client) stays
     bound to the loop it was made on, and a caller that runs an event loop of its own (a notebook) is never blocked
     inside it."""
     global _REWARD_LOOP
