@@ -1,5 +1,5 @@
 """MetricX-24's arithmetic: the input text, the clamp, the reward of a score, the EOS removal (the model is tested in
-tests/integration/test_metricx.py)."""
+tests/integration/test_metricx_model.py)."""
 
 import pytest
 
