@@ -92,6 +92,14 @@ class BatchText(NamedTuple):
     sources: list[str] | None
     columns: dict[str, list]  # every other non-model column, one entry per row
 
+    def select(self, rows: list[bool]) -> BatchText:
+        """Returns the rows where `rows` is true."""
+        def pick(values):
+            return None if values is None else [v for v, keep in zip(values, rows) if keep]
+
+        return BatchText(pick(self.references), pick(self.sources),
+                         {key: pick(values) for key, values in self.columns.items()})
+
 
 def repeat_rows(text: BatchText, n: int) -> BatchText:
     """Returns `text` with each row repeated `n` times in place (the layout of `n` samples per source)."""

@@ -127,7 +127,8 @@ class MRTTrainer(RolloutTrainer):
             parts.append((targets, targets != -100, 1))
         token_ids, token_mask, is_drawn = candidate_set(parts, drawn, pad_id(unwrapped))
         k = sum(m for _, _, m in parts)
-        candidates = self.reward_values(token_ids, repeat_rows(text, k))
+        per_candidate = repeat_rows(text, k)
+        candidates = self.reward_values(token_ids, per_candidate)
         rewards, bad = candidates.rewards, candidates.left_out
         keep = losses.first_occurrence_mask(token_ids, k) & ~bad
         xe_labels = labels if args.rl_weight < 1 else None
@@ -144,7 +145,8 @@ class MRTTrainer(RolloutTrainer):
             xe_loss = self.gold_cross_entropy(scored, xe_labels)
         samples = candidates.select(is_drawn)
         drawn_ids, drawn_mask = token_ids[is_drawn], token_mask[is_drawn]
-        metrics = self.sample_metrics(samples, samples.left_out, drawn_ids, drawn_mask, unwrapped)
+        metrics = self.sample_metrics(samples, samples.left_out, drawn_ids, drawn_mask, unwrapped,
+                                      per_candidate.select(is_drawn.tolist()))
         if self.completions is not None:  # the drawn candidates' rows; no baseline or advantage in MRT
             self.record_completions(inputs, text, samples, drawn_ids, drawn_mask, unwrapped, greedy_ids=greedy_ids)
         metrics.update({

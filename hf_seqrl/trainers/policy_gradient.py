@@ -132,7 +132,8 @@ class BaselineTrainer(RolloutTrainer):
             adv = losses.scale_advantages(adv, losses.group_std(adv, n, ~bad))
         elif args.scale_rewards == "batch":
             adv = losses.scale_advantages(adv, self.batch_std(adv, ~bad))
-        metrics = self.sample_metrics(samples, bad, rollout.sample_ids, rollout.sample_mask, unwrapped)
+        metrics = self.sample_metrics(samples, bad, rollout.sample_ids, rollout.sample_mask, unwrapped,
+                                      repeat_rows(text, n))
         kept = ~bad
         if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
             metrics.update({

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from typing import NamedTuple
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from .. import losses
 from ..configs import RolloutConfig
 from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..rewards.guards import LengthRatioReward
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
@@ -24,6 +26,10 @@ from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
 from .generation import RolloutKeys, RolloutsAhead, model_inputs
+
+
+# What `rl/length_ratio` measures: a sample's words over its closest reference's (its source's without one).
+LENGTH_RATIO = LengthRatioReward()
 
 
 class RolloutPlan(NamedTuple):
@@ -236,10 +242,12 @@ class RolloutTrainer(SeqRLBaseTrainer):
         left_out = ~torch.isfinite(rewards)
         return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
 
-    def sample_metrics(self, samples: RewardValues, left_out, sample_ids, sample_mask, unwrapped) -> dict[str, float]:
+    def sample_metrics(self, samples: RewardValues, left_out, sample_ids, sample_mask, unwrapped,
+                       text: BatchText | None = None) -> dict[str, float]:
         """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
         each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
-        degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
+        the length ratio to the closest reference in words (to the source without one; `text` holds one row per
+        sample), degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
         kept = samples.rewards[~left_out]
         metrics = {
             "rl/phase": 1.0,
@@ -256,6 +264,12 @@ class RolloutTrainer(SeqRLBaseTrainer):
             if values.numel():
                 metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
                 metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        if text is not None and text.references is not None:
+            ratios = [LENGTH_RATIO.ratio(prediction, references, None if text.sources is None else text.sources[i])
+                      for i, (prediction, references) in enumerate(zip(samples.predictions, text.references))]
+            ratios = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
+            if ratios:
+                metrics["rl/length_ratio"] = sum(ratios) / len(ratios)
         missing = samples.missing()
         metrics["rl/missing_rewards"] = float(missing)
         if self.args.nonfinite_rewards == "drop":

@@ -117,3 +117,15 @@ def test_normalize_then_sum_weighs_each_reward_by_its_own_spread(tmp_path):
                                                              multi_objective_aggregation="normalize_then_sum"),
                          reward_funcs=rewards, processing_class=tokenizer,
                          train_dataset=toy_dataset(tokenizer, ["ab"] * 4, ["ba"] * 4))
+
+
+def test_length_ratio_is_logged_against_the_closest_reference(tmp_path):
+    trainer = trainer_for(tmp_path, reward=lambda predictions, **kw: [0.5] * len(predictions), num_samples=3)
+    tokenizer = trainer.processing_class
+    texts = ("a a", "b", "c c c c c c")
+    width = max(len(t) for t in texts) + 1
+    ids = torch.tensor([tokenizer(t)["input_ids"] + [0] * (width - len(t) - 1) for t in texts])
+    # references of 2 and 5 words: "a a" (2) -> 2/2 = 1, "b" (1) -> 1/2 (2 is closest), 6 words -> 6/5 = 1.2
+    text = BatchText([["one two", "one two three four five"]], ["src"], {})
+    batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3), text, trainer.model)
+    assert batch.metrics["rl/length_ratio"] == pytest.approx((1 + 0.5 + 1.2) / 3)
