@@ -138,7 +138,7 @@ def skip_deepspeed_shm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-# ---- model rewards: a one-output classifier built from a config, and a stand-in with COMET's interface -------------
+# ---- model rewards: a one-output classifier built from a config, and tiny COMET checkpoints ---------------------
 
 def tiny_classifier(num_labels=1, seed=0):
     from transformers import BertConfig, BertForSequenceClassification
@@ -149,57 +149,23 @@ def tiny_classifier(num_labels=1, seed=0):
     return BertForSequenceClassification(config).eval()
 
 
-class StandInEncoder:
-    """`encoder.prepare_sample(texts)`: character ids, padded."""
-
-    def prepare_sample(self, texts):
-        width = max(len(t) for t in texts) or 1
-        ids = torch.tensor([[ord(c) % 50 + 1 for c in t] + [0] * (width - len(t)) for t in texts])
-        return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+# Tiny random COMET checkpoints of each class in the Hub layout, made and scored by unbabel-comet in an environment of
+# its own (tests/fixtures/comet/make_fixtures.py).
+COMET_FIXTURES = REPO / "tests" / "fixtures" / "comet"
 
 
-class Prediction(dict):
-    __getattr__ = dict.__getitem__
+def run_card_code(folder, repo_id: str) -> tuple[dict, str]:
+    """Returns the namespace and the printed output of the model card's first Python block in `folder/README.md`,
+    run with `repo_id` replaced by `folder` (as a user runs it with the model downloaded)."""
+    import contextlib
+    import io
+    import re
 
-
-class StandInComet(torch.nn.Module):
-    """COMET's RegressionMetric shape: sentence embeddings (mean of embedded characters), an `estimate` over
-    (src, mt, ref) embeddings, and a `forward` from prepared ids that composes the two."""
-
-    def __init__(self, referenceless=False):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embedding = torch.nn.Embedding(51, 8, padding_idx=0)
-        self.estimator = torch.nn.Linear(8 * (2 if referenceless else 3), 1)
-        self.encoder = StandInEncoder()
-        self.hparams = {"input_segments": ["mt", "src"] if referenceless else ["mt", "src", "ref"]}
-        self.embedded_rows = 0
-
-    def get_sentence_embedding(self, input_ids, attention_mask):
-        self.embedded_rows += input_ids.shape[0]
-        mask = attention_mask.unsqueeze(-1).float()
-        return (self.embedding(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1)
-
-    def estimate(self, src, mt, ref):
-        return Prediction(score=self.estimator(torch.cat([mt * src, mt * ref, (mt - ref).abs()], dim=1)).view(-1))
-
-    def prepare_sample(self, samples, stage="predict"):
-        fields = ("src", "mt", "ref") if "ref" in self.hparams["input_segments"] else ("src", "mt")
-        inputs = {}
-        for field in fields:
-            encoded = self.encoder.prepare_sample([s[field] for s in samples])
-            inputs.update({f"{field}_input_ids": encoded["input_ids"], f"{field}_attention_mask": encoded["attention_mask"]})
-        return inputs
-
-    def forward(self, src_input_ids, src_attention_mask, mt_input_ids, mt_attention_mask, ref_input_ids=None,
-                ref_attention_mask=None, **kwargs):
-        src = self.get_sentence_embedding(src_input_ids, src_attention_mask)
-        mt = self.get_sentence_embedding(mt_input_ids, mt_attention_mask)
-        if ref_input_ids is None:
-            return Prediction(score=self.estimator(torch.cat([mt * src, (mt - src).abs()], dim=1)).view(-1))
-        return self.estimate(src, mt, self.get_sentence_embedding(ref_input_ids, ref_attention_mask))
-
-
-class ReferencelessStandIn(StandInComet):
-    def __init__(self):
-        super().__init__(referenceless=True)
+    card = (Path(folder) / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", card, re.DOTALL).group(1)
+    assert f'"{repo_id}"' in code and "pipeline(" not in code
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace(f'"{repo_id}"', f'"{folder}"'), "model card", "exec"), namespace)
+    return namespace, out.getvalue().strip()

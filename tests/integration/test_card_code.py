@@ -6,22 +6,16 @@ example, the settings that applied and the rewards as the user named them."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
-import re
 
 import pytest
 import torch
 import yaml
 from datasets import Dataset
 
-from helpers import byt5_tokenizer, make_config, tiny_causal_model, tiny_model, toy_pairs
+from helpers import byt5_tokenizer, make_config, run_card_code, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
-
-CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
-
 
 def pairs(n=8, seed=0):
     sources, targets = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
@@ -35,19 +29,6 @@ def prompts(n=8, seed=0):
 
 def front_matter(card: str) -> dict:
     return yaml.safe_load(card.split("---\n")[1])
-
-
-def run_card_code(folder, repo_id: str) -> tuple[dict, str]:
-    """Returns the namespace and the printed output of the card's first Python block, run with `repo_id` replaced by
-    `folder`."""
-    card = (folder / "README.md").read_text()
-    code = CODE_BLOCK.search(card).group(1)
-    assert f'"{repo_id}"' in code and "pipeline(" not in code
-    namespace: dict = {}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code.replace(f'"{repo_id}"', f'"{folder}"'), "model card", "exec"), namespace)
-    return namespace, out.getvalue().strip()
 
 
 def assert_writes_as_trained(trainer, namespace: dict, printed: str, max_new_tokens: int, causal: bool = False):

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from helpers import run_card_code
 from hf_seqrl.demo import ARMS, QUICK, RESULTS_FILE, make_task, run_demo
 
 
@@ -44,6 +45,9 @@ def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
     assert len(heldout) == QUICK.test_size and len(heldout[0]["references"]) == QUICK.dialects
     card = (tmp_path / "README.md").read_text()
     assert "SCST" in card and "test_bleu_scst" in card and "outputs = model.generate(**inputs" in card
+    # The card's code, run as written with the folder for the repository id, writes what the saved model writes.
+    namespace, printed = run_card_code(tmp_path, str(tmp_path))
+    assert printed == results["arms"]["scst"]["example_output"]  # the demo's own greedy output of that source
 
     assert (tmp_path / "model.safetensors").is_file()
     saved = json.loads((tmp_path / RESULTS_FILE).read_text())
