@@ -4,7 +4,8 @@ The layers, each importing only those before it: `guards` (`length_ratio`) < `bu
 `get_reward`) < `convention` (the calling convention, `call_reward`, async rewards and the checks) < `modules`
 (`evaluate` modules, `EvaluateReward`) < `combine` (`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker
 processes). `neural` (model rewards: embeddings, BERTScore, reward models, COMET) sits beside `modules`, below
-`combine`, and `metricx` (`MetricXReward`) on `neural`.
+`combine`, and `metricx` (`MetricXReward`) on `neural`; `comet` (the native COMET model that `CometReward` runs:
+`CometModel`, `load_comet`) imports no other module of the package and is loaded when first used (it imports torch).
 
 A reward is a callable called with keywords, one value per prediction:
 
@@ -29,4 +30,13 @@ __all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometRe
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
            "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names",
            "GUARD_REWARDS", "REWARD_NAMES", "MetricXReward", "call_rewards", "is_async_reward", "length_ratio",
-           "length_ratio_reward", "reward_loop"]
+           "length_ratio_reward", "reward_loop", "CometModel", "load_comet"]
+
+
+def __getattr__(name):
+    # The native COMET model imports torch, which `import hf_seqrl.rewards` does not.
+    if name in ("CometModel", "load_comet"):
+        from . import comet
+
+        return getattr(comet, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,13 +35,13 @@ def is_number(value: Any) -> bool:
 
 def reward_model_kind(obj: Any) -> str | None:
     """Returns what a model given to `reward_funcs` becomes, by its head (checked without importing torch): `"comet"`
-    (a COMET model), `"reward_model"` (a sequence classifier with one output), `"encoder"` (a model without a head: a
-    sentence encoder), or None for anything else, a non-model included."""
+    (a `comet.CometModel`), `"reward_model"` (a sequence classifier with one output), `"encoder"` (a model without a
+    head: a sentence encoder), or None for anything else, a non-model included."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(obj, torch.nn.Module):
         return None
     name, config = type(obj).__name__, getattr(obj, "config", None)
-    if type(obj).__module__.startswith("comet."):
+    if type(obj).__module__ == "hf_seqrl.rewards.comet":
         return "comet"
     if name.endswith("ForSequenceClassification"):
         return "reward_model" if getattr(config, "num_labels", None) == 1 else None

@@ -1,5 +1,5 @@
 """Rewards that a model computes: sentence-embedding similarity, BERTScore, a sequence-classification reward model and
-COMET.
+COMET (run natively by `comet`).
 
 Each is a small class with the reward calling convention, built from a local folder, a Hub id or a loaded model. The
 model runs in eval mode under `torch.inference_mode()`, `batch_size` texts (or pairs) per forward, and every exact
@@ -293,105 +293,76 @@ class RewardModelReward(ModelReward):
 
 
 class CometReward(ModelReward):
-    """A COMET or COMET-Kiwi checkpoint through `unbabel-comet` (Rei et al., 2020): the model's forward called directly
-    in batches, not `predict()` (which builds a Lightning trainer at every call).
+    """COMET (Rei et al., 2020) computed natively on transformers 5 (`hf_seqrl.rewards.comet`, equal to unbabel-comet
+    2.2.7's `predict` within 1e-5): reference-based regression (`wmt22-comet-da`), referenceless regression
+    (`wmt20-comet-qe-da`), unified models (`wmt22-cometkiwi-da`) and xCOMET, with several references the best one.
 
-    Reference-based regression models (`wmt22-comet-da`: `estimate(src, mt, ref)` over sentence embeddings) embed every
-    distinct source, reference and prediction once, so a source and its references are encoded once for all its
-    samples; quality-estimation checkpoints (COMET-Kiwi, no references) and unified models (xCOMET) score each distinct
-    input through `prepare_sample` and `forward`. With several references, the best one counts.
+    A regression model embeds every distinct source, reference and prediction of a call once, so a source and its
+    references are encoded once for all its samples; a unified model or xCOMET encodes each distinct joint input once.
+    xCOMET's error spans of the last call are kept in `last_error_spans` (for sample logs).
 
     Args:
-        model (`str` or a loaded COMET model): a checkpoint file or folder (`checkpoints/model.ckpt`), or a Hub id
-            (`"Unbabel/wmt22-comet-da"`, downloaded by `comet.download_model`).
-        batch_size (`int`, *optional*, defaults to `32`); device (*optional*).
+        model (`str`, `os.PathLike` or `comet.CometModel`): a folder in the Hub layout (`hparams.yaml` beside
+            `checkpoints/model.ckpt`), a `model.ckpt`, a Hub id (`"Unbabel/wmt22-comet-da"`), or a loaded model
+            (`hf_seqrl.rewards.comet.load_comet`).
+        batch_size (`int`, *optional*, defaults to `32`): inputs per encoder forward; device (*optional*).
+        dtype (`torch.dtype` or `str`, *optional*): the encoder's dtype, e.g. `"bfloat16"` on a GPU (the layer mix and
+            the heads stay in float32).
+        pretrained_model (`str`, *optional*): where the encoder's config and tokenizer come from, in place of the
+            checkpoint's `pretrained_model` (a local copy of `xlm-roberta-large`, say).
+        use_references (`bool`, *optional*): `False` scores a unified model or xCOMET from the source alone (quality
+            estimation); by default a model reads the references when it can.
     """
 
-    def __init__(self, model="Unbabel/wmt22-comet-da", batch_size: int = 32, device=None):
+    def __init__(self, model="Unbabel/wmt22-comet-da", batch_size: int = 32, device=None, dtype=None,
+                 pretrained_model=None, use_references: bool | None = None):
+        from .comet import CometModel, load_comet
+
         if isinstance(model, (str, os.PathLike)):
-            model = self.load(os.fspath(model))
+            with unsharded_loading():
+                model = load_comet(model, pretrained_model=pretrained_model, dtype=dtype)
+        elif not isinstance(model, CometModel):
+            raise TypeError(f"CometReward takes a COMET checkpoint (folder, model.ckpt or Hub id) or a CometModel, "
+                            f"not a {type(model).__name__}: hf-seqrl runs COMET itself (unbabel-comet needs "
+                            "transformers < 5).")
+        if use_references and not model.reads_references or use_references is False and model.needs_references:
+            raise ValueError(f"CometReward: this COMET model ({model.kind}) cannot run with use_references="
+                             f"{use_references}.")
         self.model = model
-        # COMET-Kiwi (ReferencelessRegression, or a unified model trained on src + mt only) reads no reference.
-        segments = dict(getattr(model, "hparams", None) or {}).get("input_segments")
-        self.uses_references = "Referenceless" not in type(model).__name__ and (segments is None or "ref" in segments)
-        # Reference-based regression: sentence embeddings and an `estimate` over them (a unified model has neither).
-        self.reuses_embeddings = self.uses_references and all(
-            callable(getattr(model, method, None)) for method in ("estimate", "get_sentence_embedding"))
+        self.uses_references = model.reads_references and use_references is not False
+        self.reuses_embeddings = not model.unified
+        self.last_error_spans: list[list[dict]] | None = None
         self.__name__ = "comet"
         super().__init__(batch_size, device)
 
-    @staticmethod
-    def load(name: str):
-        """Returns the COMET model of a checkpoint path or a Hub id."""
-        import os
-
-        try:
-            import comet
-        except ImportError as err:
-            raise ImportError("CometReward needs the unbabel-comet package (pip install unbabel-comet); see "
-                              "docs/rewards.md for the versions that run beside transformers 5.") from err
-        path = name
-        if not os.path.exists(path):
-            path = comet.download_model(name)
-        elif os.path.isdir(path):
-            path = os.path.join(path, "checkpoints", "model.ckpt")
-        with unsharded_loading():
-            return comet.load_from_checkpoint(path)
-
-    def _embeddings(self, texts: list[str]):
-        """Returns the sentence embeddings `(len(texts), d)`, each distinct text encoded once."""
-        import torch
-
-        distinct, positions = unique(texts)
-        device = self.model_device
-        rows = []
-        for chunk in self.batches(distinct):
-            encoded = self.model.encoder.prepare_sample(chunk)
-            rows.append(self.model.get_sentence_embedding(encoded["input_ids"].to(device),
-                                                          encoded["attention_mask"].to(device)))
-        return torch.cat(rows)[torch.tensor(positions, device=device)]
-
-    def _forward_scores(self, samples: list[dict]) -> list[float]:
-        """Returns the model's score of each sample dict through `prepare_sample` and `forward`, distinct ones once."""
-        keys = [tuple(sorted(sample.items())) for sample in samples]
-        distinct, positions = unique(keys)
-        device = self.model_device
-        scores: list[float] = []
-        for chunk in self.batches(distinct):
-            inputs = self.model.prepare_sample([dict(key) for key in chunk], stage="predict")
-            parts = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-            outputs = [self.model(**{k: v.to(device) for k, v in part.items() if hasattr(v, "to")}).score
-                       for part in parts]
-            # A unified model scores mt with src, with ref and with both; COMET's predict averages them.
-            scores += (sum(outputs) / len(outputs)).float().tolist()
-        return [scores[i] for i in positions]
-
-    def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float | None]:
+        """Returns each prediction's COMET score (with references, its best; `None` for a prediction without any)."""
         import torch
 
         if not predictions:
             return []
         if sources is None:
             raise ValueError("CometReward needs the sources: add a `sources` column (or text columns) to the dataset.")
-        with torch.inference_mode():
-            if not self.uses_references:
-                return self._forward_scores([{"src": s, "mt": p} for s, p in zip(sources, predictions)])
+        if self.uses_references:
             owners, flat = reference_pairs(references)
-            rows = [(sources[i], predictions[i], ref) for i, ref in zip(owners, flat)]
-            if not self.reuses_embeddings:
-                scores = self._forward_scores([{"src": s, "mt": p, "ref": r} for s, p, r in rows])
-            else:
-                count = len(rows)
-                vectors = self._embeddings([s for s, _, _ in rows] + [p for _, p, _ in rows] + [r for _, _, r in rows])
-                scores = self.model.estimate(vectors[:count], vectors[count:2 * count], vectors[2 * count:])
-                scores = scores.score.float().tolist()
-        return best_per_owner(scores, owners, len(predictions))
+        else:
+            owners, flat = list(range(len(predictions))), None
+        with torch.inference_mode():
+            result = self.model.score([sources[i] for i in owners], [predictions[i] for i in owners], flat,
+                                      self.batch_size)
+        best: dict[int, int] = {}
+        for row, owner in enumerate(owners):
+            if owner not in best or result.scores[row] > result.scores[best[owner]]:
+                best[owner] = row
+        if result.error_spans is not None:
+            self.last_error_spans = [result.error_spans[best[i]] if i in best else [] for i in range(len(predictions))]
+        return [result.scores[best[i]] if i in best else None for i in range(len(predictions))]
 
 
 def model_reward(model) -> ModelReward:
     """Returns the model reward for a model given directly to `reward_funcs`, by its head
     (`convention.reward_model_kind`): a sequence classifier with one output scores (source, prediction) pairs
-    (`RewardModelReward`), a COMET model is a `CometReward`, a bare encoder gives `EmbeddingSimilarityReward`. Anything
+    (`RewardModelReward`), a `comet.CometModel` is a `CometReward`, a bare encoder gives `EmbeddingSimilarityReward`. Anything
     else is refused (`convention.check_reward_spec` names the classes to wrap it in)."""
     kind = reward_model_kind(model)
     if kind is None:

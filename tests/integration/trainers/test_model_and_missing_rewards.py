@@ -14,7 +14,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from helpers import StandInComet, byt5_tokenizer, make_config, tiny_classifier, tiny_model, toy_pairs
+from helpers import COMET_FIXTURES, byt5_tokenizer, make_config, tiny_classifier, tiny_model, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.rewards import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, RewardModelReward,
                               WeightedReward)
@@ -40,7 +40,7 @@ def minilm_path():
 
 MODEL_REWARDS = {
     "reward_model": lambda: RewardModelReward(tiny_classifier(), tokenizer=byt5_tokenizer()),
-    "comet": lambda: CometReward(StandInComet()),
+    "comet": lambda: CometReward(COMET_FIXTURES / "regression"),
     "embedding": lambda: EmbeddingSimilarityReward(minilm_path()),
     "bertscore": lambda: BERTScoreReward(minilm_path(), num_layers=3),
 }
