@@ -1,7 +1,8 @@
 """`hf-seqrl diagnose`: the diagnostics of a checkpoint on a data file, written as a JSON report and a PNG plot.
 
 Sources are cut and shaped as the run did (`seqrl_run.json`, see `hf_seqrl.cli.evaluate`); the greedy decodes of a
-batch stop at `max_new_tokens`, or by default at `max_new_tokens_ratio` times the batch's longest reference plus 10.
+batch stop at `max_new_tokens`, or by default at `max_new_tokens_ratio` times the batch's longest reference plus 10, at
+most that ratio times its longest source plus 10.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class DiagnoseArguments(CheckpointDataArguments):
                                                           f"{', '.join(METRICS)}."})
     max_new_tokens_ratio: float = field(default=2.0, metadata={
         "help": "Without max_new_tokens, a batch's greedy decodes stop after this times its longest reference plus "
-                "10 new tokens (a model that never writes EOS decodes that many in each of a batch's "
+                "10 new tokens, at most this times its longest source plus 10 (a model that never writes EOS decodes "
+                "that many in each of a batch's "
                 "1 + 2 x len(inject_positions) decodes)."})
     max_horizon: int = field(default=20, metadata={"help": "Positions k on the horizon curve."})
     inject_positions: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8],

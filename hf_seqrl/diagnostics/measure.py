@@ -40,15 +40,19 @@ def corpus_metric(predictions: list[str], references: list[list[str]], metric: s
 
 
 def decode_budget(reference_lengths: Sequence[int], ratio: float, max_new_tokens: int | None = None,
-                  limit: int | None = None) -> int:
+                  limit: int | None = None, source_lengths: Sequence[int] | None = None) -> int:
     """Returns the new-token budget of one batch's greedy decodes: `max_new_tokens` when given, else `ratio` times
     the longest reference of the batch's rows (every reference: the gold is chosen after decoding) plus
-    `BUDGET_EXTRA_TOKENS`; below `limit` (the decoder's position table) when there is one.
+    `BUDGET_EXTRA_TOKENS`, and at most `ratio` times its longest source (in tokens) plus as much; below `limit` (the
+    decoder's position table) when there is one.
 
     A row's budget follows its own batch, not the longest reference of the whole set: a model that never writes EOS
-    decodes the whole budget in each of the `1 + 2 * len(inject_positions)` decodes of a batch.
+    decodes the whole budget in each of the `1 + 2 * len(inject_positions)` decodes of a batch. The source's cap binds
+    where outputs are as long as their sources (translation); a summary's references bind before it.
     """
     budget = max_new_tokens or math.ceil(ratio * max(reference_lengths)) + BUDGET_EXTRA_TOKENS
+    if max_new_tokens is None and source_lengths:
+        budget = min(budget, math.ceil(ratio * max(source_lengths)) + BUDGET_EXTRA_TOKENS)
     return max(1, min(budget, limit - 1)) if limit else budget
 
 
@@ -312,11 +316,12 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
     with eval_mode(model), torch.no_grad(), bar:
         for number, lo in enumerate(starts, 1):
             idx = list(range(lo, min(lo + batch_size, len(sources))))
-            budget = decode_budget([longest[i] for i in idx], max_new_tokens_ratio, max_new_tokens, limit)
-            budgets.append(budget)
-            bar.set_postfix_str(f"batch {number}/{len(starts)}: greedy decode, up to {budget} new tokens")
             enc = tokenize_sources(family, tokenizer, [sources[i] for i in idx], max_source_length)
             enc = {key: value.to(device) for key, value in enc.items()}
+            budget = decode_budget([longest[i] for i in idx], max_new_tokens_ratio, max_new_tokens, limit,
+                                   enc["attention_mask"].sum(dim=1).tolist())
+            budgets.append(budget)
+            bar.set_postfix_str(f"batch {number}/{len(starts)}: greedy decode, up to {budget} new tokens")
             config.max_new_tokens = budget
             greedy, greedy_lengths, has_eos = _decode(model, enc, config)
             bar.update()

@@ -1,6 +1,6 @@
-"""`hf-seqrl diagnose` on a model that never writes EOS: each batch's decode budget follows its own references, a
-flag overrides it, progress is shown per decode, the outputs that never stopped are counted, and metrics are on the
-0-100 scale of `hf-seqrl evaluate`."""
+"""`hf-seqrl diagnose` on a model that never writes EOS: each batch's decode budget follows its own references and
+sources, a flag overrides it, progress is shown per decode, the outputs that never stopped are counted, and metrics
+are on the 0-100 scale of `hf-seqrl evaluate`."""
 
 import json
 
@@ -28,19 +28,24 @@ def test_decode_budget_by_hand():
     assert decode_budget([3, 5], ratio=1.5) == 8 + 10  # ceil(7.5) + 10
     assert decode_budget([3, 5], ratio=2.0, max_new_tokens=7) == 7
     assert decode_budget([300], ratio=2.0, limit=128) == 127  # the start token takes a position
+    # the source caps it: references of 3 and 5 tokens, sources of at most 2 -> min(2 * 5, 2 * 2) + 10
+    assert decode_budget([3, 5], ratio=2.0, source_lengths=[1, 2]) == 2 * 2 + 10
+    assert decode_budget([3, 5], ratio=2.0, source_lengths=[40]) == 2 * 5 + 10  # a long source: the reference binds
+    assert decode_budget([3, 5], ratio=2.0, max_new_tokens=7, source_lengths=[1]) == 7
 
 
 def test_budget_follows_each_batch_and_never_stopped_outputs_are_counted(capsys):
     report = run_diagnostics(never_ending_model(), byt5_tokenizer(), SOURCES, REFERENCES, batch_size=2, **QUICK)
-    # batch 1: longest reference "abcd" + EOS = 5 tokens -> 2 * 5 + 10; batch 2: 14 letters + EOS -> 2 * 15 + 10
-    assert report["config"]["decode_budgets"] == [20, 40]
+    # batch 1: longest reference "abcd" + EOS = 5 tokens -> 2 * 5 + 10 (its longest source, "abcd" + EOS, the same);
+    # batch 2: 14 letters + EOS -> 2 * 15 + 10, capped by its longest source, 8 letters + EOS: 2 * 9 + 10
+    assert report["config"]["decode_budgets"] == [20, 28]
     assert report["config"]["max_new_tokens"] is None and report["config"]["max_new_tokens_ratio"] == 2.0
-    assert report["gap"]["free_length"] == (20 + 20 + 40 + 40) / 4  # each output ran to its own batch's budget
+    assert report["gap"]["free_length"] == (20 + 20 + 28 + 28) / 4  # each output ran to its own batch's budget
     assert report["gap"]["never_stopped"] == 4 and report["summary"]["never_stopped_rate"] == 1.0
-    assert "4 of 4 greedy outputs never stopped (no EOS within 20-40 new tokens)" in format_summary(report)
+    assert "4 of 4 greedy outputs never stopped (no EOS within 20-28 new tokens)" in format_summary(report)
     # progress: one step per decode or pass, 2 batches x (greedy decode, teacher-forced passes, 2 injections)
     err = capsys.readouterr().err
-    assert "8/8" in err and "up to 40 new tokens" in err
+    assert "8/8" in err and "up to 28 new tokens" in err
 
 
 def test_diagnose_flags_set_the_budget(tmp_path, capsys):
@@ -57,7 +62,7 @@ def test_diagnose_flags_set_the_budget(tmp_path, capsys):
     assert fixed["config"]["decode_budgets"] == [6, 6] and fixed["gap"]["free_length"] == 6
     assert main([*common, "--output_dir", str(tmp_path / "ratio"), "--max_new_tokens_ratio", "1"]) == 0
     ratio = json.loads((tmp_path / "ratio" / "diagnostics.json").read_text())
-    assert ratio["config"]["decode_budgets"] == [5 + 10, 15 + 10]
+    assert ratio["config"]["decode_budgets"] == [5 + 10, 9 + 10]  # batch 2's source (9 tokens) caps it
     assert "4 of 4 greedy outputs never stopped" in capsys.readouterr().out
     with pytest.raises(ValueError, match="max_new_tokens_ratio must be > 0"):
         main([*common, "--max_new_tokens_ratio", "0"])
