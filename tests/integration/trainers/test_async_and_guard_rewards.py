@@ -5,17 +5,13 @@ import asyncio
 import math
 import threading
 import time
+from functools import partial
 
-from helpers import tiny_model, toy_dataset, toy_pairs
+from helpers import make_config, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 
 
-def args(tmp_path, **kwargs):
-    settings = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3,
-                    logging_steps=1, report_to=[], save_strategy="no", max_new_tokens=6, disable_tqdm=True,
-                    dataloader_pin_memory=False, seed=0)
-    settings.update(kwargs)
-    return SeqRLConfig(**settings)
+args = partial(make_config, SeqRLConfig, max_steps=2, max_new_tokens=6)  # args(tmp_path, **overrides)
 
 
 def data(tokenizer):
