@@ -224,21 +224,9 @@ def clipped_policy_objective(
                                  kept.mean(), kept.min(), kept.max())
 
 
-def clipped_policy_loss(
-    token_logprobs: torch.Tensor,
-    old_token_logprobs: torch.Tensor,
-    token_mask: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon: float,
-    epsilon_high: float | None = None,
-    length_normalize: bool = False,
-    loss_normalization: str = "sequence",
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-) -> torch.Tensor:
-    """Returns the clipped surrogate loss of `clipped_policy_objective`, a scalar (arguments as there)."""
-    return clipped_policy_objective(token_logprobs, old_token_logprobs, token_mask, advantages, epsilon, epsilon_high,
-                                    length_normalize, loss_normalization, importance_sampling_level, delta).loss
+def clipped_policy_loss(*args, **kwargs) -> torch.Tensor:
+    """Returns the clipped surrogate loss of `clipped_policy_objective`, a scalar (with its arguments)."""
+    return clipped_policy_objective(*args, **kwargs).loss
 
 
 def first_occurrence_mask(token_ids: torch.Tensor, num_candidates: int) -> torch.Tensor:
