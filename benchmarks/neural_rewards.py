@@ -9,11 +9,13 @@ the source: an arm that games a metric by copying shows there). The arms are cac
 so `--rewards` lets processes split the rewards and a last run without it assembles the table.
 
 `--timing` measures instead one SCST step from C per reward and batch size, each in a fresh process: the step time
-and the time inside the reward (decoding the samples and scoring them), median over the timed steps.
+and the time inside the reward (decoding the samples and scoring them), median over the timed steps. `--timed comet`
+times COMET at its real size (`random_comet`), which the default `--timing` leaves out.
 
     python benchmarks/neural_rewards.py --quick                      # smoke run on a slice (also a test)
     python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1
     python benchmarks/neural_rewards.py --timing --batch-sizes 8 32
+    python benchmarks/neural_rewards.py --timing --timed comet --output benchmarks/results/neural_rewards_timing_comet.json
 
 Writes benchmarks/results/neural_rewards.json (or --output) and prints a markdown table.
 """
@@ -34,11 +36,22 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import quality_lib as quality  # noqa: E402
+from quality_lib.task import minilm_path  # noqa: E402
 
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")
 # --timing also times a reward model: MiniLM with a fresh one-output head scoring prediction-reference pairs (its values
 # mean nothing; its cost is a reward model's of that size). It is not trained with.
 TIMED = (*REWARDS, "reward_model")
+# `--timed comet`: COMET at Unbabel/wmt22-comet-da's size, random weights built in memory (no checkpoint is read), its
+# values meaningless and its cost COMET's: wmt22-comet-da's hyper-parameters (hparams.yaml: a regression_metric, layer
+# mix by sparsemax without per-layer normalisation, average pooling, a 3072-1024 Tanh feed-forward) on an XLM-R large
+# encoder (xlm-roberta-large's config). No XLM-R sentencepiece vocabulary is at hand offline: MiniLM's WordPiece
+# tokenizer stands in (ids inside XLM-R's vocabulary, subword lengths near XLM-R's on English text).
+COMET_HPARAMS = dict(class_identifier="regression_metric", encoder_model="XLM-RoBERTa",
+                     pretrained_model="xlm-roberta-large", layer="mix", layer_transformation="sparsemax",
+                     layer_norm=False, pool="avg", hidden_sizes=[3072, 1024], activations="Tanh", final_activation=None)
+XLMR_LARGE = dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                  intermediate_size=4096, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5)
 EXTRA = "extra_metrics=embedding,bertscore,source_copy"
 COLUMNS = ("rougeL", "rouge1", "rouge2", "embedding", "bertscore", "length_ratio", "source_copy")
 
@@ -88,6 +101,23 @@ def markdown(results: dict, decoding: str = "greedy") -> str:
     return "\n".join(lines)
 
 
+def random_comet(**sizes):
+    """Returns a `CometReward` of wmt22-comet-da's architecture (`XLMR_LARGE`, updated with `sizes`) with random
+    weights (seed 0) and MiniLM's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
+
+    from hf_seqrl.rewards import CometReward
+    from hf_seqrl.rewards.comet import CometModel
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    config = XLMRobertaConfig(**{**XLMR_LARGE, **sizes}, pad_token_id=tokenizer.pad_token_id,
+                              bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+    torch.manual_seed(0)
+    encoder = XLMRobertaModel(config, add_pooling_layer=False)
+    return CometReward(CometModel(COMET_HPARAMS, encoder, tokenizer))
+
+
 def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str | None, work: str) -> dict:
     """Returns the step and reward times of `steps` timed SCST steps (after an untimed one) from C with `reward`."""
     import torch
@@ -101,7 +131,12 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     if not os.path.isdir(folder):
         raise SystemExit(f"No checkpoint C in {folder}: run the comparison (or quality.py --task summarization) first.")
     model = quality.load_model(settings, folder)
-    ends, inside, scored = [], [0.0], [0]
+    if reward == "comet":  # COMET reads the sources: the whole abstracts (it truncates them at 512 tokens itself)
+        dataset = dataset.add_column("sources", [row["source"] for row in splits["train"]])
+        reward_funcs = random_comet()
+    else:
+        reward_funcs = quality.arm_reward(replace(settings, reward=reward))
+    ends, inside, scored, texts = [], [0.0], [0], []
 
     class StepEnds(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -113,9 +148,8 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     args = SeqRLConfig(output_dir=os.path.join(work, "timing"), per_device_train_batch_size=batch, max_steps=steps + 1,
                        learning_rate=1e-7, max_new_tokens=settings.max_new_tokens, report_to=[], save_strategy="no",
                        logging_steps=10**6, disable_tqdm=True, use_cpu=True, dataloader_pin_memory=False, seed=0)
-    settings = replace(settings, reward=reward)
     trainer = SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                          reward_funcs=quality.arm_reward(settings), callbacks=[StepEnds()])
+                          reward_funcs=reward_funcs, callbacks=[StepEnds()])
     reward_values = trainer.reward_values
 
     def timed(*a, **k):
@@ -123,6 +157,7 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
         out = reward_values(*a, **k)
         inside[0] += time.perf_counter() - start
         scored[0] += len(out.predictions)
+        texts.extend(out.predictions)
         return out
 
     trainer.reward_values = timed
@@ -131,10 +166,16 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     step_s = [t1 - t0 for (t0, _), (t1, _) in pairs]
     reward_s = [r1 - r0 for (_, r0), (_, r1) in pairs]
     per_step = scored[0] / (steps + 1)  # sampled and greedy sequences scored per step
-    return {"reward": reward, "batch": batch, "threads": torch.get_num_threads(), "step_s": statistics.median(step_s),
-            "reward_s": statistics.median(reward_s), "share": statistics.median(r / s for r, s in zip(reward_s, step_s)),
-            "scored_per_step": per_step, "ms_per_sample": 1000 * statistics.median(reward_s) / per_step,
-            "steps_s": step_s, "rewards_s": reward_s}
+    row = {"reward": reward, "batch": batch, "threads": torch.get_num_threads(), "step_s": statistics.median(step_s),
+           "reward_s": statistics.median(reward_s), "share": statistics.median(r / s for r, s in zip(reward_s, step_s)),
+           "scored_per_step": per_step, "ms_per_sample": 1000 * statistics.median(reward_s) / per_step,
+           "steps_s": step_s, "rewards_s": reward_s}
+    if reward == "comet":  # what COMET encoded: mean tokens (its tokenizer, its truncation) per text of each kind
+        tokens = {kind: [len(ids) for ids, _ in reward_funcs.model.tokenize(column)] for kind, column in (
+            ("source", [r["source"] for r in splits["train"]]), ("reference", [r["target"] for r in splits["train"]]),
+            ("prediction", texts))}
+        row["comet_mean_tokens"] = {kind: round(statistics.mean(n), 1) for kind, n in tokens.items()}
+    return row
 
 
 def timing(args) -> dict:
@@ -156,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--rewards", nargs="+", choices=REWARDS, default=list(REWARDS))
-    parser.add_argument("--timed", nargs="+", choices=TIMED, default=list(TIMED), help="--timing: the rewards timed")
+    parser.add_argument("--timed", nargs="+", choices=(*TIMED, "comet"), default=list(TIMED),
+                        help="--timing: the rewards timed (comet only when named)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="quality.py settings")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--data-dir", default=None)
