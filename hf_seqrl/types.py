@@ -94,11 +94,13 @@ class BatchText(NamedTuple):
 
     def select(self, rows: list[bool]) -> BatchText:
         """Returns the rows where `rows` is true."""
-        def pick(values):
-            return None if values is None else [v for v, keep in zip(values, rows) if keep]
+        return BatchText(_pick(self.references, rows), _pick(self.sources, rows),
+                         {key: _pick(values, rows) for key, values in self.columns.items()})
 
-        return BatchText(pick(self.references), pick(self.sources),
-                         {key: pick(values) for key, values in self.columns.items()})
+
+def _pick(values: list | None, rows: list[bool]) -> list | None:
+    """Returns the entries of `values` where `rows` is true (None stays None)."""
+    return None if values is None else [value for value, keep in zip(values, rows) if keep]
 
 
 def repeat_rows(text: BatchText, n: int) -> BatchText:
@@ -122,12 +124,8 @@ class RewardValues(NamedTuple):
     def select(self, rows: torch.Tensor) -> RewardValues:
         """Returns the values of the sequences where the bool tensor `rows` `(N,)` is true."""
         keep = rows.tolist()
-
-        def pick(values):
-            return [v for v, k in zip(values, keep) if k]
-
-        return RewardValues(pick(self.predictions), pick(self.values),
-                            {name: pick(values) for name, values in self.parts.items()}, self.rewards[rows],
+        return RewardValues(_pick(self.predictions, keep), _pick(self.values, keep),
+                            {name: _pick(values, keep) for name, values in self.parts.items()}, self.rewards[rows],
                             self.left_out[rows])
 
     def missing(self) -> int:

@@ -24,8 +24,7 @@ from .. import losses
 from ..data import (TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, check_rows, normalize_references,
                     tokenize_text_dataset)
 from ..evaluation import write_run_settings
-from ..hub import (Method, card_example, card_settings, final_eval_metrics, reward_label, training_curve,
-                   write_model_card)
+from ..hub import Method, card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
 from ..models.base import disable_dropout
 from ..types import BatchText
@@ -292,7 +291,6 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         model = self.accelerator.unwrap_model(self.model)
         args = self.args
         task = tasks[0] if isinstance(tasks, (list, tuple)) and tasks else tasks
-        funcs = getattr(self, "reward_funcs", None)
         info = card_fields(model)
         if finetuned_from:
             info["base_model"] = finetuned_from
@@ -302,7 +300,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             method=self.run_method(),
             task=task or args.task,
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
-            reward=self.reward_label if funcs is None else reward_label(funcs, getattr(args, "reward_weights", None)),
+            reward=self.card_reward(),
             settings=card_settings(args),
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
@@ -311,6 +309,10 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             max_new_tokens=getattr(args, "max_new_tokens", None) or args.generation_max_length,
             **card_example(self.eval_dataset, self.processing_class, self.family.name == "causal"),
         )
+
+    def card_reward(self) -> str:
+        """Returns the reward as the model card names it (a rewarded trainer names what the user gave)."""
+        return self.reward_label
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
                           tasks=None, dataset_tags=None, dataset=None, dataset_args=None):

@@ -179,8 +179,7 @@ class BaselineTrainer(RolloutTrainer):
         """Returns the advantages of `multi_objective_aggregation="normalize_then_sum"`: each reward's values minus the
         configured baseline of that reward alone, normalized over the source's samples, weighted and summed
         (`losses.normalized_sum`)."""
-        reward_fn = getattr(self.reward_fn, "local", self.reward_fn)
-        weights = dict(zip(reward_fn.part_names, reward_fn.weights))
+        weights = dict(zip(self.local_reward_fn.part_names, self.local_reward_fn.weights))
         greedy_parts = None if greedy is None else greedy.part_rewards()
         part_advantages, present = [], []
         for name, values in samples.part_rewards().items():

@@ -17,10 +17,11 @@ import torch
 
 from .. import losses
 from ..configs import RolloutConfig
+from ..hub import reward_label
 from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
-from ..rewards.guards import LengthRatioReward
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
+from ..rewards.guards import LengthRatioReward
 from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
 from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
@@ -62,7 +63,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self.reward_fn = (PooledReward(reward_funcs, self.args.reward_weights, workers) if workers >= 2
                           else build_reward(reward_funcs, self.args.reward_weights))
         # A model reward runs on this process's device, outside the model that DDP / ZeRO / FSDP wrap.
-        local = getattr(self.reward_fn, "local", self.reward_fn)
+        # The reward as this process holds it (a pooled one's in-process copy): its parts, weights and models.
+        self.local_reward_fn = local = getattr(self.reward_fn, "local", self.reward_fn)
         if workers >= 2 and model_rewards(local):
             raise ValueError(
                 f"{type(self.args).__name__}.reward_workers={workers} scores rewards in worker processes, but "
@@ -83,6 +85,10 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self.completions = CompletionLog() if self.args.log_completions else None
 
     # ---- how a step rolls out ---------------------------------------------------------------------
+
+    def card_reward(self) -> str:
+        """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
+        return reward_label(self.reward_funcs, self.args.reward_weights)
 
     def rollout_plan(self) -> RolloutPlan | None:
         """Returns how the current training step (after the warm-up) rolls out, or None when it decodes nothing:
