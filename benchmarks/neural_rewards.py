@@ -1,12 +1,15 @@
-"""Neural-metric rewards on SciTLDR: which reward moves which metric, and what a reward costs per step.
+"""Neural-metric rewards on SciTLDR: which reward moves which metric, what guards it, and what a reward costs per step.
 
 From the quality benchmark's BERT2BERT checkpoint C (`quality.py --task summarization`, cached and shared), SCST
 with four rewards at the quality protocol's budget of decoder positions: sentence ROUGE-L, MiniLM embedding
 similarity to the references, BERTScore F1 on MiniLM (layer `quality_lib.BERTSCORE_LAYER`), and the mean of ROUGE-L and
-the embedding similarity. C and every arm are scored on dev and test (greedy, and any other width of `--set beams=`)
-with ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word 3-grams found in
-the source: an arm that games a metric by copying shows there). The arms are cached units of the quality benchmark,
-so `--rewards` lets processes split the rewards and a last run without it assembles the table.
+the embedding similarity. `--rewards` names other rows of `ROWS` too: the embedding reward with the `length_ratio`
+guard, and leave-one-out over 4 samples with ROUGE-L + embedding summed before or normalized before the sum
+(`multi_objective_aggregation`). C and every arm are scored on dev and test (greedy, and any other width of
+`--set beams=`) with ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word
+3-grams found in the source: an arm that games a metric by copying shows there). The arms are cached units of the
+quality benchmark, so processes can split the rows, and a run adds its rows to the output file's rows measured from
+the same C.
 
 `--timing` measures instead one SCST step from C per reward and batch size, each in a fresh process: the step time
 and the time inside the reward (decoding the samples and scoring them), median over the timed steps. `--timed comet`
@@ -14,6 +17,9 @@ times COMET at its real size (`random_comet`), which the default `--timing` leav
 
     python benchmarks/neural_rewards.py --quick                      # smoke run on a slice (also a test)
     python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1
+    python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1 \
+        --rewards embedding embedding+length_ratio loo4:rougeL+embedding loo4:rougeL+embedding:normalize_then_sum \
+        --output benchmarks/results/neural_rewards_guards.json
     python benchmarks/neural_rewards.py --timing --batch-sizes 8 32
     python benchmarks/neural_rewards.py --timing --timed comet --output benchmarks/results/neural_rewards_timing_comet.json
 
@@ -38,7 +44,19 @@ sys.path.insert(0, os.path.dirname(HERE))
 import quality_lib as quality  # noqa: E402
 from quality_lib.task import minilm_path  # noqa: E402
 
-REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")
+# The rows: name -> (arm, settings). A reward's name is its reward; the guarded and normalized rows set more. Several
+# rewards are averaged (`--set reward=a+b`); `normalize_then_sum` needs a group of samples per source, so that row
+# is leave-one-out over 4 samples, beside the same arm summing the rewards first.
+ROWS = {
+    "rougeL": ("scst", ["reward=rougeL"]), "embedding": ("scst", ["reward=embedding"]),
+    "bertscore": ("scst", ["reward=bertscore"]), "rougeL+embedding": ("scst", ["reward=rougeL+embedding"]),
+    "embedding+length_ratio": ("scst", ["reward=embedding+length_ratio"]),
+    "loo4:rougeL+embedding": ("loo4", ["reward=rougeL+embedding"]),
+    "loo4:rougeL+embedding:normalize_then_sum": ("loo4", ["reward=rougeL+embedding",
+                                                          "multi_objective_aggregation=normalize_then_sum"]),
+}
+REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")  # the default rows
+ROW_TITLES = {"scst": "SCST", "loo4": "leave-one-out ×4"}
 # --timing also times a reward model: MiniLM with a fresh one-output head scoring prediction-reference pairs (its values
 # mean nothing; its cost is a reward model's of that size). It is not trained with.
 TIMED = (*REWARDS, "reward_model")
@@ -56,9 +74,10 @@ EXTRA = "extra_metrics=embedding,bertscore,source_copy"
 COLUMNS = ("rougeL", "rouge1", "rouge2", "embedding", "bertscore", "length_ratio", "source_copy")
 
 
-def quality_args(args, reward: str, arms: list[str], output: str) -> list[str]:
-    """Returns the `quality.py` arguments of the arms trained with `reward`."""
-    argv = ["--task", "summarization", "--arms", *arms, "--set", f"reward={reward}", EXTRA, *args.set,
+def quality_args(args, row: str, output: str) -> list[str]:
+    """Returns the `quality.py` arguments of the row `row` of `ROWS`."""
+    arm, settings = ROWS[row]
+    argv = ["--task", "summarization", "--arms", arm, "--set", *settings, EXTRA, *args.set,
             "--output", output, "--jobs", str(args.jobs), "--work-dir", work_dir(args)]
     argv += ["--quick"] if args.quick else []
     argv += ["--seeds", *map(str, args.seeds)] if args.seeds else []
@@ -71,16 +90,41 @@ def work_dir(args) -> str:
     return args.work_dir or quality.default_work_dir("summarization", args.quick)
 
 
+def row_title(row: str) -> str:
+    """Returns the table's name of a row of `ROWS`: "SCST, reward embedding", "leave-one-out ×4, reward rougeL+embedding,
+    normalize_then_sum"."""
+    arm, _ = ROWS[row]
+    reward, *how = row.split(":")[1:] if ":" in row else [row]
+    return ", ".join([ROW_TITLES[arm], f"reward {reward}", *how])
+
+
 def compare(args) -> dict:
-    """Runs the SCST arms of every reward in `args.rewards` and returns the merged results."""
+    """Runs the arms of every row in `args.rewards` and returns the merged results."""
     work = os.path.join(work_dir(args), "neural_rewards")
     os.makedirs(work, exist_ok=True)
     merged, c_eval = {}, None
-    for reward in args.rewards:
-        result = quality.main(quality_args(args, reward, ["scst"], os.path.join(work, f"{reward}.json")))
+    for row in args.rewards:
+        arm, _ = ROWS[row]
+        result = quality.main(quality_args(args, row, os.path.join(work, f"{row.replace(':', '_')}.json")))
         c_eval = result["C"]
-        merged[f"SCST, reward {reward}"] = result["arms"]["scst"]
+        merged[row_title(row)] = result["arms"][arm]
     return {"C": c_eval, "arms": merged}
+
+
+def keep_other_rows(results: dict, output: str) -> dict:
+    """Returns `results` with the rows of the earlier results in `output` that this run did not produce, when both
+    start from the same C (its scores equal); else `results` alone."""
+    if not os.path.exists(output):
+        return results
+    with open(output, encoding="utf-8") as f:
+        earlier = json.load(f)
+    same_c = {k: earlier["C"].get(k) for k in ("dev", "greedy")} == {k: results["C"].get(k) for k in ("dev", "greedy")}
+    if not same_c:
+        print(f"{output} was measured from another C: its rows are not kept.", flush=True)
+        return results
+    arms = {**{name: row for name, row in earlier["arms"].items() if name not in results["arms"]}, **results["arms"]}
+    commands = [c for c in earlier.get("commands", [earlier.get("command")]) if c and c != results["command"]]
+    return {**results, "arms": arms, "commands": [*commands, results["command"]]}
 
 
 def cell(row: dict, decoding: str, metric: str) -> str:
@@ -196,7 +240,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
-    parser.add_argument("--rewards", nargs="+", choices=REWARDS, default=list(REWARDS))
+    parser.add_argument("--rewards", nargs="+", choices=list(ROWS), default=list(REWARDS),
+                        help="the rows run (default: the four SCST rewards); the output file's other rows measured "
+                             "from the same C are kept")
     parser.add_argument("--timed", nargs="+", choices=(*TIMED, "comet"), default=list(TIMED),
                         help="--timing: the rewards timed (comet only when named)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="quality.py settings")
@@ -222,11 +268,12 @@ def main(argv: list[str] | None = None) -> dict:
     results = timing(args) if args.timing else compare(args)
     command = "python benchmarks/neural_rewards.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"command": command, "quick": args.quick, "wall_seconds": round(time.time() - start), **results}
-    if not args.timing:
-        results["markdown"] = markdown(results)
-        print(results["markdown"])
     name = "neural_rewards_timing.json" if args.timing else "neural_rewards.json"
     output = args.output or (os.path.join(work_dir(args), name) if args.quick else os.path.join(HERE, "results", name))
+    if not args.timing:
+        results = keep_other_rows(results, output)
+        results["markdown"] = markdown(results)
+        print(results["markdown"])
     return quality.write_json(results, output)
 
 

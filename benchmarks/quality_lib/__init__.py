@@ -7,8 +7,9 @@ reuse of it: the settings, the tasks' data, tokenizers and models, checkpoint C 
 from .checkpoint import c_folder, checkpoint_c, train_stage
 from .command import main
 from .metrics import BERTSCORE_LAYER, arm_reward, evaluate, score
-from .report import summarize, write_json
-from .settings import C_FIELDS, DEFAULT_DATA, SETTINGS, Settings, apply_overrides, default_work_dir, run_tag
+from .report import summarize, training_means, write_json
+from .settings import (C_FIELDS, DEFAULT_DATA, SETTINGS, Settings, apply_overrides, default_work_dir, rollout_tokens,
+                       run_tag)
 from .task import build_model, build_tokenizer, load_model, load_task, task_data, to_dataset
 from .units import ARM_TRAINERS, DecoderPositions, arm_trainer, run_arm, train_arm
 

@@ -16,6 +16,20 @@ def _spread(values: list[float]) -> dict:
     return {"mean": round(statistics.mean(values), 4), "min": min(values), "max": max(values), "values": values}
 
 
+# Logged during training (means over an arm's logging steps): how many samples were cut, how far the ratios strayed.
+TRAINING_KEYS = ("rl/frac_truncated", "rl/length_ratio", "rl/clip_fraction", "rl/ratio_min", "rl/ratio_max")
+
+
+def training_means(runs: list[dict]) -> dict:
+    """Returns per `TRAINING_KEYS` entry that every run logged the spread over runs of its mean over the run."""
+    out = {}
+    for key in TRAINING_KEYS:
+        values = [[entry[key] for entry in r.get("curve", []) if key in entry] for r in runs]
+        if all(values):
+            out[key] = _spread([round(statistics.mean(v), 4) for v in values])
+    return out
+
+
 def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
     """Returns per arm the mean and spread of every metric, and the target check (best RL arm vs cross-entropy)."""
     decodings = ["dev"] + ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
@@ -32,6 +46,7 @@ def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
             # (the output length too: how much of a metric change is a length change)
             arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine])
                                    for m in (*scored_metrics(settings), "length_ratio")}
+        arms[arm]["training"] = training_means(mine)
         arms[arm]["diagnostics"] = {key: _spread([r["diagnostics"][key] for r in mine])
                                     for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop",
                                                 "jacobian_growth")

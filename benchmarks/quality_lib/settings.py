@@ -18,10 +18,13 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "noise": "C + noise-level forcing (σ_t ~ U(0, 0.3))", "kstep2": "C + 2-step rollout",
           "kstep4": "C + 4-step rollout",
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)",
-          "scst_clip": "C + SCST, clipped multi-update", "mrt": "C + minimum risk training",
+          "scst_clip": "C + SCST, clipped multi-update", "loo4_clip": "C + leave-one-out (4), clipped multi-update",
+          "mrt": "C + minimum risk training",
           "mrt_beam": "C + MRT over the beam's n-best"}
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
-           "scst_clip": {"baseline": "greedy", "num_samples": 1}}
+           "scst_clip": {"baseline": "greedy", "num_samples": 1}, "loo4_clip": {"baseline": "mean", "num_samples": 4}}
+# The arms that take several optimizer steps per rollout (`clip_iterations`, the clipped surrogate).
+CLIPPED_ARMS = ("scst_clip", "loo4_clip")
 # The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
 SEQUENCE_ARMS = (*RL_ARMS, "mrt", "mrt_beam")
 
@@ -61,11 +64,15 @@ class Settings:
     center_advantages: bool = False  # RL arms: subtract the batch mean of the advantages
     rl_temperature: float = 1.0  # RL arms: sampling temperature of the rollouts (log-probabilities at the same one)
     disable_dropout: bool = True  # RL arms and MRT: SeqRLConfig.disable_dropout (false: C's dropout stays on)
+    rl_max_new_tokens: int = 0  # rewarded arms: length limit of the rollouts (0 = max_new_tokens, the evaluation's)
+    mask_truncated_completions: bool = False  # RL arms: samples cut at rl_max_new_tokens leave the loss
+    multi_objective_aggregation: str = "sum_then_normalize"  # RL arms, several rewards: or normalize_then_sum
     reward: str = ""  # rewarded arms: "" = metrics[0]; else names joined by "+" (their mean): a metric, embedding, bertscore
     extra_metrics: tuple[str, ...] = ()  # also scored on every split: embedding, bertscore (MiniLM), source_copy
     ss_min_ratio: float = 0.75
-    clip_iterations: int = 2  # scst_clip: optimizer steps per rollout (the token ratio clipped to 1 ± clip_epsilon)
-    clip_epsilon: float = 0.2  # scst_clip
+    clip_iterations: int = 2  # clipped arms: optimizer steps per rollout (the ratio clipped to 1 ± clip_epsilon)
+    clip_epsilon: float = 0.2  # clipped arms
+    importance_sampling_level: str = "token"  # clipped arms: the ratio clipped, per token or per sequence (GSPO)
     mrt_alpha: float = 0.005  # mrt: Q ∝ p(y|x)^alpha over each source's candidates (summed log-probs)
     mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them (mrt_beam: n-best)
     mrt_beam_size: int = 4  # mrt_beam: beam width of the candidates (the beam's decoder positions count in the budget)
@@ -134,6 +141,11 @@ SETTINGS = {
 }
 
 
+def rollout_tokens(settings: Settings) -> int:
+    """Returns the length limit of the rewarded arms' rollouts."""
+    return settings.rl_max_new_tokens or settings.max_new_tokens
+
+
 def default_work_dir(task: str, quick: bool = False) -> str:
     """Returns the folder of a task's checkpoint C, tokenizer and finished units, which the benchmarks share."""
     return os.path.join(HERE, "cache", f"quality_{task}" + ("_quick" if quick else ""))
@@ -149,7 +161,9 @@ REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
 ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
             "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
-            **dict.fromkeys(("clip_iterations", "clip_epsilon"), ("scst_clip",)),
+            "rl_max_new_tokens": REWARDED_ARMS,
+            **dict.fromkeys(("mask_truncated_completions", "multi_objective_aggregation"), RL_ARMS),
+            **dict.fromkeys(("clip_iterations", "clip_epsilon", "importance_sampling_level"), CLIPPED_ARMS),
             **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt", "mrt_beam")), "mrt_beam_size": ("mrt_beam",),
             "pf_adversarial_weight": ("pf",), "reward": REWARDED_ARMS}
 

@@ -12,12 +12,13 @@ from hf_seqrl.demo import xe_trainer
 
 from .checkpoint import training_args
 from .metrics import arm_reward, evaluate, score
-from .settings import RL_ARMS, SEQUENCE_ARMS, Settings
+from .settings import CLIPPED_ARMS, RL_ARMS, SEQUENCE_ARMS, Settings, rollout_tokens
 from .task import load_model
 
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
-              "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "mrt/risk", "mrt/q_entropy",
+              "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "rl/ratio_min", "rl/ratio_max", "rl/frac_truncated",
+              "rl/length_ratio", "mrt/risk", "mrt/q_entropy",
               "mrt/distinct_candidates", "loss")
 
 
@@ -76,12 +77,13 @@ def _rl_arm(arm: str):
         from hf_seqrl.trainers import SCSTTrainer
 
         settings = ctx.settings
-        clipped = {"num_iterations": settings.clip_iterations, "epsilon": settings.clip_epsilon} \
-            if arm == "scst_clip" else {}
+        clipped = {"num_iterations": settings.clip_iterations, "epsilon": settings.clip_epsilon,
+                   "importance_sampling_level": settings.importance_sampling_level} if arm in CLIPPED_ARMS else {}
         args = ctx.args(SeqRLConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
-                        max_new_tokens=settings.max_new_tokens, center_advantages=settings.center_advantages,
+                        max_new_tokens=rollout_tokens(settings), center_advantages=settings.center_advantages,
                         temperature=settings.rl_temperature, disable_dropout=settings.disable_dropout,
-                        **RL_ARMS[arm], **clipped)
+                        mask_truncated_completions=settings.mask_truncated_completions,
+                        multi_objective_aggregation=settings.multi_objective_aggregation, **RL_ARMS[arm], **clipped)
         return SCSTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
                            processing_class=ctx.tokenizer)
 
@@ -98,7 +100,7 @@ def _mrt_arm(candidates: str):
         # cross-entropy as the policy-gradient arms are.
         settings = ctx.settings
         args = ctx.args(MRTConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
-                        max_new_tokens=settings.max_new_tokens, temperature=settings.rl_temperature,
+                        max_new_tokens=rollout_tokens(settings), temperature=settings.rl_temperature,
                         num_samples=settings.mrt_samples, mrt_alpha=settings.mrt_alpha,
                         mrt_candidates=candidates, mrt_beam_size=settings.mrt_beam_size,
                         mrt_include_greedy=candidates == "sample", disable_dropout=settings.disable_dropout)
@@ -116,7 +118,7 @@ def _mixer_arm(ctx: "ArmContext"):
     # Δ grows by mixer_delta tokens every tenth of the budget's steps (one rollout + one scoring pass per step); the
     # sampled part is rewarded as the SCST arm's samples are (greedy baseline, the same cross-entropy mixing).
     steps = settings.budget_positions / (2 * settings.batch_size * ctx.mean_target_positions)
-    args = ctx.args(MixerConfig, lr=settings.rl_lr or settings.arm_lr, max_new_tokens=settings.max_new_tokens,
+    args = ctx.args(MixerConfig, lr=settings.rl_lr or settings.arm_lr, max_new_tokens=rollout_tokens(settings),
                     temperature=settings.rl_temperature, rl_weight=settings.rl_weight,
                     center_advantages=settings.center_advantages, baseline="greedy", num_samples=1, mixer_delta=2,
                     mixer_increment_steps=max(1, int(steps / 10)))
@@ -166,7 +168,7 @@ class ArmContext:
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
 ARM_TRAINERS = {
     "xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"),
-    "scst_clip": _rl_arm("scst_clip"), "mrt": _mrt_arm("sample"), "mrt_beam": _mrt_arm("beam"), "pf": _pf_arm,
+    "scst_clip": _rl_arm("scst_clip"), "loo4_clip": _rl_arm("loo4_clip"), "mrt": _mrt_arm("sample"), "mrt_beam": _mrt_arm("beam"), "pf": _pf_arm,
     "mixer": _mixer_arm,
     "pc": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.15),
     "noise": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.3,

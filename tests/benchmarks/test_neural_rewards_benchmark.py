@@ -66,3 +66,24 @@ def test_timed_comet_is_wmt22_comet_da_at_full_size():
     scores = reward(["we propose a method .", "a method"], [["we propose a new method ."]] * 2,
                     sources=["in this paper we propose a new method for learning . " * 80] * 2)  # truncated at 510
     assert len(scores) == 2 and all(math.isfinite(s) for s in scores) and scores[0] != scores[1]
+
+
+def test_rows_are_named_by_arm_reward_and_aggregation_and_earlier_rows_of_the_same_c_stay(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import neural_rewards
+
+    assert neural_rewards.row_title("embedding+length_ratio") == "SCST, reward embedding+length_ratio"
+    assert neural_rewards.row_title("loo4:rougeL+embedding:normalize_then_sum") == \
+        "leave-one-out ×4, reward rougeL+embedding, normalize_then_sum"
+    for row, (arm, settings) in neural_rewards.ROWS.items():  # every row's settings are quality.py settings
+        assert arm in neural_rewards.quality.ARM_TRAINERS
+        neural_rewards.quality.apply_overrides(neural_rewards.quality.SETTINGS[("summarization", False)], settings)
+    c = {"dev": {"rougeL": 24.6}, "greedy": {"rougeL": 24.9}}
+    out = tmp_path / "neural.json"
+    out.write_text(json.dumps({"command": "first", "C": c, "arms": {"A": 1, "B": 2}}))
+    kept = neural_rewards.keep_other_rows({"command": "second", "C": c, "arms": {"B": 3, "D": 4}}, str(out))
+    assert kept["arms"] == {"A": 1, "B": 3, "D": 4} and kept["commands"] == ["first", "second"]
+    other_c = {"dev": {"rougeL": 20.0}, "greedy": {"rougeL": 24.9}}
+    alone = {"command": "third", "C": other_c, "arms": {"D": 5}}
+    assert neural_rewards.keep_other_rows(alone, str(out)) == alone
+    assert neural_rewards.keep_other_rows(alone, str(tmp_path / "absent.json")) == alone

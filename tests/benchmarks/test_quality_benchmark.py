@@ -164,3 +164,41 @@ def test_quality_summarization_cross_attention_starts_as_self_attention():
     assert not torch.equal(query, random.decoder.bert.encoder.layer[0].attention.self.query.weight)
     with pytest.raises(ValueError, match="cross_attention_init='copy'"):
         quality.build_model(replace(settings, cross_attention_init="copy"), tokenizer)
+
+
+def test_quality_rollout_fields_reach_the_arms_that_read_them(tmp_path):
+    from helpers import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+
+    settings = quality.SETTINGS[("translation", True)]
+    changed, overrides = quality.apply_overrides(settings, [
+        "rl_max_new_tokens=7", "mask_truncated_completions=true", "importance_sampling_level=sequence"])
+    assert quality.rollout_tokens(settings) == settings.max_new_tokens and quality.rollout_tokens(changed) == 7
+    assert quality.run_tag("scst", overrides) == "_mask_truncated_completionsTrue_rl_max_new_tokens7"
+    assert quality.run_tag("loo4_clip", overrides) == \
+        "_importance_sampling_levelsequence_mask_truncated_completionsTrue_rl_max_new_tokens7"
+    assert quality.run_tag("mrt", overrides) == "_rl_max_new_tokens7" and quality.run_tag("xe", overrides) == ""
+    aggregation = quality.apply_overrides(settings, ["multi_objective_aggregation=normalize_then_sum"])[1]
+    assert quality.run_tag("loo4", aggregation) == "_multi_objective_aggregationnormalize_then_sum"
+    tokenizer = byt5_tokenizer()
+    dataset = toy_dataset(tokenizer, *toy_pairs(8))
+    changed = replace(changed, **aggregation, clip_iterations=3, reward="chrf+bleu")
+
+    def trainer_args(arm):
+        return quality.arm_trainer(arm, tiny_model(), tokenizer, dataset, changed, str(tmp_path), 0, 5.0).args
+
+    clipped = trainer_args("loo4_clip")
+    assert (clipped.baseline, clipped.num_samples, clipped.num_iterations, clipped.importance_sampling_level,
+            clipped.max_new_tokens, clipped.mask_truncated_completions, clipped.multi_objective_aggregation) == \
+        ("mean", 4, 3, "sequence", 7, True, "normalize_then_sum")
+    plain = trainer_args("loo4")  # one update per rollout: the clipped arms' fields stay at their defaults
+    assert (plain.num_iterations, plain.importance_sampling_level, plain.max_new_tokens) == (1, "token", 7)
+    assert trainer_args("mrt").max_new_tokens == 7
+
+
+def test_quality_training_means_summarize_the_logged_curve():
+    runs = [{"curve": [{"rl/frac_truncated": 0.25, "rl/clip_fraction": 0.0}, {"rl/frac_truncated": 0.75}]},
+            {"curve": [{"rl/frac_truncated": 0.5}]}]
+    # a key every run logged: the spread of the runs' means; one that a run never logged: left out
+    assert quality.training_means(runs) == {"rl/frac_truncated": {"mean": 0.5, "min": 0.5, "max": 0.5,
+                                                                  "values": [0.5, 0.5]}}
+    assert quality.training_means([{"curve": []}]) == {}
