@@ -50,12 +50,12 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         loss takes over.
     disable_dropout (`bool`, *optional*, defaults to `None`):
         Set every dropout probability of the model to 0 when the trainer is built (TRL's name). `None` takes the
-        trainer's default: `True` for the trainers that sample and score their own outputs (SCST, REINFORCE, MRT,
-        MIXER), `False` for the trainers that train with cross-entropy on changed inputs (scheduled sampling, prefix
-        corruption, k-step rollout) and professor forcing, where dropout regularizes as in plain fine-tuning.
-        Rollouts decode without dropout; with dropout left on, the scoring pass computes the log-probs of a randomly
-        thinned network, not of the distribution the samples came from, which biases the policy gradient, and a
-        reused rollout's ratios move even where the weights do not. See docs/math.md.
+        trainer's default: `True` for minimum risk training, `False` for every other trainer. The policy gradients
+        (SCST, REINFORCE, MIXER) keep the checkpoint's dropout as TRL does: measured with SCST, it gained 1.06 dev BLEU
+        on Multi30k and was level on SciTLDR. Rollouts decode without dropout, so with it on the scoring pass takes
+        the log-probs of a randomly thinned network rather than of the distribution the samples came from (a biased
+        gradient); the KL reference and a reused rollout's ratios replay the policy pass's dropout masks and stay
+        exact. See docs/math.md.
     model_init_kwargs (`dict` or `str`, *optional*, defaults to `None`):
         Keyword arguments of `from_pretrained` when the trainer's `model` is a Hub id or a folder (TRL's name), e.g.
         `{"dtype": "bfloat16"}`; a JSON string on the command line. `trust_remote_code` stays off unless set here.
@@ -82,7 +82,7 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
                                                               "trainer's own loss."})
     disable_dropout: bool | None = field(default=None, metadata={
-        "help": "Set the model's dropout to 0 (default: on for the rewarded trainers, off for the others)."})
+        "help": "Set the model's dropout to 0 (default: True for MRT, False for the others)."})
     model_init_kwargs: dict | str | None = field(default=None, metadata={
         "help": "from_pretrained keyword arguments (JSON) when the model is given as a Hub id or folder."})
     task: str | None = field(default=None, metadata={"help": "translation | summarization: what the model card "

@@ -45,6 +45,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
     `RolloutConfig`. Subclasses implement `rl_loss` and, when they roll out otherwise, `rollout_plan`."""
 
     config_class = RolloutConfig
+    # Dropout off: the scoring pass scores the distribution the rollouts came from. Minimum risk training keeps this
+    # (with C's dropout kept it gained nothing on Multi30k dev); the policy gradients keep dropout (BaselineTrainer).
     default_disable_dropout = True
 
     def __init__(self, model=None, args: RolloutConfig | None = None, data_collator=None, train_dataset=None,

@@ -88,10 +88,10 @@ def dropout_probabilities(model) -> set[float]:
 
 # (trainer, config, its extra arguments, what disable_dropout=None means for it), one row per family of trainers.
 FAMILIES = [
-    (SCSTTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, True),
-    (ReinforceTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, True),
+    (SCSTTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, False),
+    (ReinforceTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, False),
     (MRTTrainer, MRTConfig, {"reward_funcs": "chrf"}, True),
-    (MixerTrainer, MixerConfig, {"reward_funcs": "chrf"}, True),
+    (MixerTrainer, MixerConfig, {"reward_funcs": "chrf"}, False),
     (ScheduledSamplingTrainer, ScheduledSamplingConfig, {}, False),
     (PrefixCorruptionTrainer, PrefixCorruptionConfig, {}, False),
     (KStepRolloutTrainer, KStepRolloutConfig, {}, False),

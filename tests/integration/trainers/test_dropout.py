@@ -80,7 +80,7 @@ def test_kl_is_zero_at_learning_rate_zero_with_dropout_either_way(tmp_path, disa
 
 
 def test_reused_rollout_ratios_stay_one_at_learning_rate_zero(tmp_path):
-    logs = train(tmp_path, num_iterations=2, max_steps=4)  # default disable_dropout=True: two full cycles
+    logs = train(tmp_path, num_iterations=2, max_steps=4, disable_dropout=True)  # two full cycles
     assert len(logs) == 4
     assert all(h["rl/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and h["rl/clip_fraction"] == 0.0 for h in logs)
 
