@@ -2,8 +2,8 @@
 optimizer step, with the samples and gradients of the per-micro-batch path.
 
 Every sample row draws from its own key (seed, process, optimizer step, row), so which rows share a decode does not
-change the draws. The models keep dropout 0.1 as checkpoints ship it (the trainers' default `disable_dropout` turns
-it off) and the sources differ in length, so that joining micro-batches pads them.
+change the draws. The models keep dropout 0.1 as checkpoints ship it (the policy gradients keep it by default, MRT
+turns it off) and the sources differ in length, so that joining micro-batches pads them.
 """
 
 from functools import partial
