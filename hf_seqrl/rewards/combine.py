@@ -6,20 +6,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from .builtin import RewardFn, get_reward
-from .convention import (call_rewards, check_reward_spec, is_evaluation_module, is_torch_module, reward_name,
-                         takes_predictions)
+from .convention import (call_rewards, check_reward_spec, is_comet_checkpoint, is_evaluation_module, is_torch_module,
+                         reward_name, takes_predictions)
 from .modules import EvaluateReward
-from .neural import ModelReward, model_reward
+from .neural import CometReward, ModelReward, model_reward
 
 
 def as_reward(item: Any) -> RewardFn:
-    """Returns the callable for one entry of `reward_funcs`: a name, a callable, an `evaluate` module, or a model (by
-    its head, `neural.model_reward`)."""
+    """Returns the callable for one entry of `reward_funcs`: a name, a callable, an `evaluate` module, a model (by
+    its head, `neural.model_reward`), or the path of a COMET checkpoint on disk (a folder in the Hub layout or a
+    `model.ckpt`: a `CometReward` with its defaults)."""
     if is_evaluation_module(item):
         return EvaluateReward(item)
     if is_torch_module(item) and not takes_predictions(item):
         return model_reward(item)
-    return item if callable(item) else get_reward(item)
+    if is_comet_checkpoint(item):
+        return CometReward(item)
+    if callable(item):
+        return item
+    check_reward_spec([item])
+    return get_reward(item)
 
 
 def model_rewards(reward: RewardFn) -> list[ModelReward]:

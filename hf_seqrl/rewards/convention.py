@@ -77,6 +77,16 @@ def is_evaluation_module(obj: Any) -> bool:
     return evaluate is not None and isinstance(obj, evaluate.EvaluationModule)
 
 
+def is_comet_checkpoint(name: Any) -> bool:
+    """Returns whether `name` is the path of a COMET checkpoint on disk: a `model.ckpt` file, or a folder holding
+    `checkpoints/model.ckpt` (the Hub layout)."""
+    if not isinstance(name, (str, os.PathLike)):
+        return False
+    path = os.fspath(name)
+    return (os.path.isfile(path) and path.endswith(".ckpt")) or \
+        os.path.isfile(os.path.join(path, "checkpoints", "model.ckpt"))
+
+
 def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None:
     """Raises a clear error if `spec` (what `reward_funcs` takes) or `weights` is invalid.
 
@@ -92,8 +102,14 @@ def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None
                 f"{', '.join(MODEL_REWARD_CLASSES)} (hf_seqrl.rewards), e.g. RewardModelReward(model, tokenizer=..., "
                 "pair='source-prediction') for a one-output sequence classifier or EmbeddingSimilarityReward(encoder, "
                 "tokenizer=...) for a sentence encoder.")
-        if callable(item) or is_evaluation_module(item) or (isinstance(item, str) and ":" in item):
+        if callable(item) or is_evaluation_module(item) or is_comet_checkpoint(item) or (
+                isinstance(item, str) and ":" in item and not os.path.exists(item)):
             continue
+        if isinstance(item, os.PathLike) or (isinstance(item, str) and os.path.exists(item)):
+            raise ValueError(
+                f"reward_funcs: {os.fspath(item)!r} is a path but not a COMET checkpoint (a model.ckpt, or a folder "
+                "holding checkpoints/model.ckpt): pass a model reward built from it, e.g. RewardModelReward(path), "
+                "EmbeddingSimilarityReward(path) or CometReward(path, ...).")
         if not isinstance(item, str) or item not in REWARD_NAMES:
             raise ValueError(
                 f"reward_funcs: unknown reward {item!r}. Valid names: {', '.join(REWARD_NAMES)}, a "

@@ -47,3 +47,25 @@ def test_two_scst_steps_with_a_comet_checkpoint_as_reward(tmp_path, name):
     assert len({round(r["reward"], 5) for r in rows}) > 1
     if name == "xcomet":
         assert len(reward.last_error_spans) == len(rows) and all(isinstance(s, list) for s in reward.last_error_spans)
+
+
+def test_a_comet_folder_or_checkpoint_path_in_reward_funcs_is_a_comet_reward(tmp_path):
+    sources, targets = toy_pairs(8, seed=0, alphabet="abcd", lengths=(2, 5))
+    folder = COMET_FIXTURES / "regression"
+    args = make_config(SeqRLConfig, tmp_path, max_steps=2, per_device_train_batch_size=4, max_new_tokens=5,
+                       logging_steps=1)
+    trainer = SCSTTrainer(model=tiny_model("marian", dropout=0.1), args=args, processing_class=byt5_tokenizer(),
+                          train_dataset=Dataset.from_dict({"source": sources, "target": targets}),
+                          reward_funcs=[str(folder), "chrf"])
+    comet = trainer.reward_fn.rewards[0]
+    assert isinstance(comet, CometReward) and trainer.reward_fn.names == ["comet", "chrf_reward"]
+    trainer.train()
+    assert len([h for h in trainer.state.log_history if "rl/rewards/comet/mean" in h]) == 2
+    # the folder, its model.ckpt and a Path all load the checkpoint CometReward(folder) loads
+    texts = (["abc", "dd"], [["abc"], ["da"]], ["abc", "dda"])
+    expected = CometReward(folder)(*texts)
+    from hf_seqrl.rewards import as_reward
+    for given in (folder, folder / "checkpoints" / "model.ckpt"):
+        assert as_reward(given)(*texts) == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="is a path but not a COMET checkpoint.*RewardModelReward"):
+        as_reward(str(COMET_FIXTURES / "encoder-xlmr"))
