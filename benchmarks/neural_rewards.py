@@ -54,6 +54,10 @@ ROWS = {
     "loo4:rougeL+embedding": ("loo4", ["reward=rougeL+embedding"]),
     "loo4:rougeL+embedding:normalize_then_sum": ("loo4", ["reward=rougeL+embedding",
                                                           "multi_objective_aggregation=normalize_then_sum"]),
+    "loo4:embedding+length_ratio:normalize_then_sum": ("loo4", ["reward=embedding+length_ratio",
+                                                                "multi_objective_aggregation=normalize_then_sum"]),
+    "loo4:rougeL+embedding+length_ratio:normalize_then_sum": (
+        "loo4", ["reward=rougeL+embedding+length_ratio", "multi_objective_aggregation=normalize_then_sum"]),
 }
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")  # the default rows
 ROW_TITLES = {"scst": "SCST", "loo4": "leave-one-out ×4"}
