@@ -72,6 +72,7 @@ class Settings:
     ss_min_ratio: float = 0.75
     clip_iterations: int = 2  # clipped arms: optimizer steps per rollout (the ratio clipped to 1 ± clip_epsilon)
     clip_epsilon: float = 0.2  # clipped arms
+    clip_epsilon_high: float = 0.0  # clipped arms: upper clip 1 + clip_epsilon_high (0 = clip_epsilon)
     importance_sampling_level: str = "token"  # clipped arms: the ratio clipped, per token or per sequence (GSPO)
     mrt_alpha: float = 0.005  # mrt: Q ∝ p(y|x)^alpha over each source's candidates (summed log-probs)
     mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them (mrt_beam: n-best)
@@ -163,7 +164,7 @@ ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_A
             "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
             "rl_max_new_tokens": REWARDED_ARMS,
             **dict.fromkeys(("mask_truncated_completions", "multi_objective_aggregation"), RL_ARMS),
-            **dict.fromkeys(("clip_iterations", "clip_epsilon", "importance_sampling_level"), CLIPPED_ARMS),
+            **dict.fromkeys(("clip_iterations", "clip_epsilon", "clip_epsilon_high", "importance_sampling_level"), CLIPPED_ARMS),
             **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt", "mrt_beam")), "mrt_beam_size": ("mrt_beam",),
             "pf_adversarial_weight": ("pf",), "reward": REWARDED_ARMS}
 

@@ -78,6 +78,7 @@ def _rl_arm(arm: str):
 
         settings = ctx.settings
         clipped = {"num_iterations": settings.clip_iterations, "epsilon": settings.clip_epsilon,
+                   "epsilon_high": settings.clip_epsilon_high or settings.clip_epsilon,
                    "importance_sampling_level": settings.importance_sampling_level} if arm in CLIPPED_ARMS else {}
         args = ctx.args(SeqRLConfig, lr=settings.rl_lr or settings.arm_lr, rl_weight=settings.rl_weight,
                         max_new_tokens=rollout_tokens(settings), center_advantages=settings.center_advantages,

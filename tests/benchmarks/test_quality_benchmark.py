@@ -181,7 +181,8 @@ def test_quality_rollout_fields_reach_the_arms_that_read_them(tmp_path):
     assert quality.run_tag("loo4", aggregation) == "_multi_objective_aggregationnormalize_then_sum"
     tokenizer = byt5_tokenizer()
     dataset = toy_dataset(tokenizer, *toy_pairs(8))
-    changed = replace(changed, **aggregation, clip_iterations=3, reward="chrf+bleu")
+    changed = replace(changed, **aggregation, clip_iterations=3, clip_epsilon=3e-4, clip_epsilon_high=4e-4,
+                      reward="chrf+bleu")
 
     def trainer_args(arm):
         return quality.arm_trainer(arm, tiny_model(), tokenizer, dataset, changed, str(tmp_path), 0, 5.0).args
@@ -190,6 +191,7 @@ def test_quality_rollout_fields_reach_the_arms_that_read_them(tmp_path):
     assert (clipped.baseline, clipped.num_samples, clipped.num_iterations, clipped.importance_sampling_level,
             clipped.max_new_tokens, clipped.mask_truncated_completions, clipped.multi_objective_aggregation) == \
         ("mean", 4, 3, "sequence", 7, True, "normalize_then_sum")
+    assert (clipped.epsilon, clipped.epsilon_high) == (3e-4, 4e-4)
     plain = trainer_args("loo4")  # one update per rollout: the clipped arms' fields stay at their defaults
     assert (plain.num_iterations, plain.importance_sampling_level, plain.max_new_tokens) == (1, "token", 7)
     assert trainer_args("mrt").max_new_tokens == 7
