@@ -7,7 +7,7 @@ reuse of it: the settings, the tasks' data, tokenizers and models, checkpoint C 
 from .checkpoint import c_folder, checkpoint_c, train_stage
 from .command import main
 from .metrics import BERTSCORE_LAYER, arm_reward, evaluate, score
-from .report import summarize, training_means, write_json
+from .report import summarize, training_means, write_dev_results, write_json
 from .settings import (C_FIELDS, DEFAULT_DATA, SETTINGS, Settings, apply_overrides, default_work_dir, rollout_tokens,
                        run_tag)
 from .task import build_model, build_tokenizer, load_model, load_task, task_data, to_dataset
@@ -16,4 +16,4 @@ from .units import ARM_TRAINERS, DecoderPositions, arm_trainer, run_arm, train_a
 __all__ = ["ARM_TRAINERS", "BERTSCORE_LAYER", "C_FIELDS", "DEFAULT_DATA", "SETTINGS", "DecoderPositions", "Settings",
            "apply_overrides", "arm_reward", "arm_trainer", "build_model", "build_tokenizer", "c_folder", "checkpoint_c",
            "default_work_dir", "evaluate", "load_model", "load_task", "main", "run_arm", "run_tag", "score", "summarize",
-           "task_data", "to_dataset", "train_arm", "train_stage", "write_json"]
+           "task_data", "to_dataset", "train_arm", "train_stage", "training_means", "write_dev_results", "write_json"]

@@ -121,7 +121,8 @@ def write_dev_results(args, settings: Settings, overrides: dict, command: str, c
     for arm in args.arms:
         mine = [r for r in runs if r["arm"] == arm]
         arms[arm] = {"seeds": [r["seed"] for r in mine], "steps": _spread([r["steps"] for r in mine]),
-                     "dev": {m: _spread([r["dev"][m] for r in mine]) for m in scored_metrics(settings)}}
+                     "dev": {m: _spread([r["dev"][m] for r in mine]) for m in (*scored_metrics(settings), "length_ratio")},
+                     "training": training_means(mine)}
     print(f"{'arm':<32}{'seeds':>6}{'steps':>7}{'dev ' + metric:>24}")
     print(f"{TITLES['C']:<32}{'-':>6}{'-':>7}{c_eval['dev'][metric]:>24.2f}")
     for arm, row in arms.items():

@@ -74,6 +74,7 @@ class Settings:
     clip_epsilon: float = 0.2  # clipped arms
     clip_epsilon_high: float = 0.0  # clipped arms: upper clip 1 + clip_epsilon_high (0 = clip_epsilon)
     importance_sampling_level: str = "token"  # clipped arms: the ratio clipped, per token or per sequence (GSPO)
+    length_normalize: bool = False  # RL arms: each sample's log-prob a mean over its tokens, not their sum
     mrt_alpha: float = 0.005  # mrt: Q ∝ p(y|x)^alpha over each source's candidates (summed log-probs)
     mrt_samples: int = 4  # mrt: sampled candidates per source; the greedy decode is added to them (mrt_beam: n-best)
     mrt_beam_size: int = 4  # mrt_beam: beam width of the candidates (the beam's decoder positions count in the budget)
@@ -163,7 +164,7 @@ REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
 ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
             "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
             "rl_max_new_tokens": REWARDED_ARMS,
-            **dict.fromkeys(("mask_truncated_completions", "multi_objective_aggregation"), RL_ARMS),
+            **dict.fromkeys(("mask_truncated_completions", "multi_objective_aggregation", "length_normalize"), RL_ARMS),
             **dict.fromkeys(("clip_iterations", "clip_epsilon", "clip_epsilon_high", "importance_sampling_level"), CLIPPED_ARMS),
             **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt", "mrt_beam")), "mrt_beam_size": ("mrt_beam",),
             "pf_adversarial_weight": ("pf",), "reward": REWARDED_ARMS}

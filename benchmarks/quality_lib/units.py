@@ -84,7 +84,8 @@ def _rl_arm(arm: str):
                         max_new_tokens=rollout_tokens(settings), center_advantages=settings.center_advantages,
                         temperature=settings.rl_temperature, disable_dropout=settings.disable_dropout,
                         mask_truncated_completions=settings.mask_truncated_completions,
-                        multi_objective_aggregation=settings.multi_objective_aggregation, **RL_ARMS[arm], **clipped)
+                        multi_objective_aggregation=settings.multi_objective_aggregation,
+                        length_normalize=settings.length_normalize, **RL_ARMS[arm], **clipped)
         return SCSTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
                            processing_class=ctx.tokenizer)
 

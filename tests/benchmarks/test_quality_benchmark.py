@@ -192,6 +192,10 @@ def test_quality_rollout_fields_reach_the_arms_that_read_them(tmp_path):
             clipped.max_new_tokens, clipped.mask_truncated_completions, clipped.multi_objective_aggregation) == \
         ("mean", 4, 3, "sequence", 7, True, "normalize_then_sum")
     assert (clipped.epsilon, clipped.epsilon_high) == (3e-4, 4e-4)
+    assert not clipped.length_normalize and trainer_args("loo4").length_normalize is False
+    normalized = replace(settings, length_normalize=True)
+    assert quality.arm_trainer("scst", tiny_model(), tokenizer, dataset, normalized, str(tmp_path), 0,
+                               5.0).args.length_normalize
     plain = trainer_args("loo4")  # one update per rollout: the clipped arms' fields stay at their defaults
     assert (plain.num_iterations, plain.importance_sampling_level, plain.max_new_tokens) == (1, "token", 7)
     assert trainer_args("mrt").max_new_tokens == 7
@@ -204,3 +208,18 @@ def test_quality_training_means_summarize_the_logged_curve():
     assert quality.training_means(runs) == {"rl/frac_truncated": {"mean": 0.5, "min": 0.5, "max": 0.5,
                                                                   "values": [0.5, 0.5]}}
     assert quality.training_means([{"curve": []}]) == {}
+
+
+def test_quality_dev_results_keep_the_length_and_the_training_means(tmp_path):
+    from types import SimpleNamespace
+
+    settings = quality.SETTINGS[("translation", True)]
+    run = {"arm": "loo4_clip", "steps": 10, "curve": [{"rl/clip_fraction": 0.5, "rl/ratio_max": 1.25}]}
+    runs = [{**run, "seed": 0, "dev": {"bleu": 30.0, "chrf": 50.0, "length_ratio": 0.9}},
+            {**run, "seed": 1, "dev": {"bleu": 32.0, "chrf": 52.0, "length_ratio": 1.1}}]
+    out = quality.write_dev_results(SimpleNamespace(arms=["loo4_clip"], task="translation"), settings, {}, "cmd",
+                                    {"dev": {"bleu": 29.0}}, runs, str(tmp_path / "dev.json"))
+    row = json.loads((tmp_path / "dev.json").read_text())["arms"]["loo4_clip"]
+    assert row == out["arms"]["loo4_clip"]
+    assert row["dev"]["bleu"]["mean"] == 31.0 and row["dev"]["length_ratio"]["mean"] == 1.0
+    assert row["training"]["rl/clip_fraction"]["values"] == [0.5, 0.5] and row["training"]["rl/ratio_max"]["max"] == 1.25
