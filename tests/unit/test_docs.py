@@ -47,6 +47,41 @@ def relative_links(path: Path) -> list[str]:
     return targets
 
 
+def heading_anchors(path: Path) -> set[str]:
+    """Returns the anchors GitHub gives a markdown file's headings: the text lowercased, links reduced to their text,
+    every character but letters, digits, `-`, `_` and spaces dropped, spaces made `-`; a repeated one gets `-1`, `-2`."""
+    anchors, seen, in_code = set(), {}, False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line.strip()):
+            in_code = not in_code
+            continue
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if in_code or not heading:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1)).lower()
+        slug = "".join(ch for ch in text if ch.isalnum() or ch in "-_ ").replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def anchored_links(path: Path) -> list[tuple[str, str]]:
+    """Returns `(file, anchor)` for each link of a markdown file that names a heading (file "" = the same file)."""
+    links, in_code = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line.strip()):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        for target in LINK.findall(line):
+            if "#" in target and not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+                file, anchor = target.split("#", 1)
+                links.append((file, anchor))
+    return links
+
+
 def test_readme_is_at_most_250_lines():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move reference material to docs/"
@@ -58,6 +93,28 @@ def test_relative_links_point_to_existing_files(name):
     path = ROOT / name
     missing = [t for t in relative_links(path) if not (path.parent / t).exists()]
     assert not missing, f"{name} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize("name", ["README.md", "benchmarks/README.md",
+                                  *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))])
+def test_links_to_headings_name_existing_headings(name):
+    path = ROOT / name
+    broken = []
+    for file, anchor in anchored_links(path):
+        target = (path.parent / file) if file else path
+        if target.suffix == ".md" and target.exists() and anchor not in heading_anchors(target):
+            broken.append(f"{file}#{anchor}")
+    assert not broken, f"{name} links to headings that do not exist: {broken}"
+
+
+def test_heading_anchors_follow_github(tmp_path):
+    sample = tmp_path / "sample.md"
+    sample.write_text("# Leave-one-out ×4, two updates (3 seeds)\n```\n# not a heading\n```\n## `mask_truncated`: off\n"
+                      "## [Linked](x.md) part\n## Repeat\n## Repeat\n[a](#repeat-1) [b](y.md#part) [c](https://e.org/#x)\n",
+                      encoding="utf-8")
+    assert heading_anchors(sample) == {"leave-one-out-4-two-updates-3-seeds", "mask_truncated-off", "linked-part",
+                                       "repeat", "repeat-1"}
+    assert anchored_links(sample) == [("", "repeat-1"), ("y.md", "part")]
 
 
 def test_readme_links_the_docs_and_the_benchmarks():
