@@ -52,6 +52,34 @@ def last_complete_checkpoint(folder: str) -> str | None:
     return os.path.join(folder, max(steps)[1]) if steps else None
 
 
+def window_rows(buffer: dict[str, list[float]], keys: list[str]) -> list[list[float]]:
+    """Returns, for each name of `keys`, `[sum, count, smallest, largest]` of its values recorded in `buffer`
+    (`[0, 0, inf, -inf]` for a name without values): one process's part of a logging window."""
+    rows = []
+    for key in keys:
+        values = buffer.get(key, [])
+        rows.append([math.fsum(values), len(values), min(values, default=math.inf), max(values, default=-math.inf)])
+    return rows
+
+
+def window_values(keys: list[str], rows: list[list[list[float]]]) -> dict[str, float]:
+    """Returns the logged value of each name of `keys` from the processes' `window_rows` (`rows[p][k]`): the smallest
+    value of a name ending in `_min`, the largest of one ending in `_max`, the mean of any other; a name no process
+    recorded is left out."""
+    values = {}
+    for k, key in enumerate(keys):
+        total, count = math.fsum(part[k][0] for part in rows), sum(part[k][1] for part in rows)
+        if not count:
+            continue
+        if key.endswith("_min"):
+            values[key] = min(part[k][2] for part in rows)
+        elif key.endswith("_max"):
+            values[key] = max(part[k][3] for part in rows)
+        else:
+            values[key] = total / count
+    return values
+
+
 class SeqRLBaseTrainer(Seq2SeqTrainer):
     """Orchestration shared by every hf-seqrl trainer.
 
@@ -261,7 +289,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             self._metrics[mode][key].extend(float(v) for v in (value if isinstance(value, list) else [value]))
 
     def log(self, logs, start_time=None):
-        """Adds the means of the recorded `rl/*` metrics (averaged over processes) to `logs`."""
+        """Adds the recorded `rl/*` metrics of the window since the last log, over all processes, to `logs`
+        (`window_values`: means, and the extremes of the names ending in `_min` / `_max`)."""
         prefix = next((k[: -len("_runtime")] for k in logs if k.endswith("_runtime") and not k.startswith("train")),
                       None)
         mode = "eval" if prefix is not None else "train"
@@ -269,16 +298,14 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         keys = sorted(buffer)
         if self.accelerator.num_processes > 1:
             # Processes may have recorded different names (a metric only some of their batches produce): reduce over
-            # the union, a name a process lacks counting (0, 0) there.
+            # the union, a name a process lacks counting no value there.
             keys = sorted(set().union(*gather_object([keys])))
         if keys:
-            sums = torch.tensor([[math.fsum(buffer.get(k, [])), len(buffer.get(k, []))] for k in keys],
-                                dtype=torch.float64, device=self.args.device)
+            rows = torch.tensor(window_rows(buffer, keys), dtype=torch.float64, device=self.args.device)[None]
             if self.accelerator.num_processes > 1:
-                sums = self.accelerator.reduce(sums, reduction="sum")
-            for key, (total, count) in zip(keys, sums.tolist()):
-                if count:
-                    logs[f"{prefix}_{key}" if mode == "eval" else key] = total / count
+                rows = self.accelerator.gather(rows)
+            for key, value in window_values(keys, rows.tolist()).items():
+                logs[f"{prefix}_{key}" if mode == "eval" else key] = value
             buffer.clear()
         super().log(logs, start_time)
 

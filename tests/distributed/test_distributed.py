@@ -209,6 +209,11 @@ def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_pat
     assert len(results["reuse0"]["rewards_seen"]) == len(results["reuse1"]["rewards_seen"]) == 4
     clipped = [h for h in results["reuse0"]["log_history"] if "rl/ratio_mean" in h]
     assert len(clipped) == 2 and clipped[0]["rl/ratio_mean"] == 1.0 and clipped[1]["rl/ratio_mean"] != 1.0
+    # the logged range is the extremes over both ranks' tokens: those of one process holding all 8 samples
+    alone = [h for h in single.state.log_history if "rl/ratio_mean" in h][1]
+    for key in ("rl/ratio_min", "rl/ratio_max"):
+        assert clipped[1][key] == pytest.approx(alone[key], abs=1e-5), key
+    assert clipped[1]["rl/ratio_min"] < clipped[1]["rl/ratio_mean"] < clipped[1]["rl/ratio_max"]
     mrt = [h for h in results["mrt0"]["log_history"] if "mrt/risk" in h]
     assert len(mrt) == 2 and all(math.isfinite(h["mrt/risk"]) and math.isfinite(h["rl/xe_loss"]) for h in mrt)
     initial = tiny_model("t5", seed=1).state_dict()
