@@ -149,12 +149,12 @@ class BaselineConfig(RolloutConfig):
         rewards is the reward, its advantage then centered / scaled as set above. `"normalize_then_sum"` (GDPO):
         each reward's advantage (its values minus the same baseline of its own values) is divided by its standard
         deviation over the source's samples before the weighted sum, so that a lexical and a neural reward weigh
-        what their weights say whatever their scales. Needs `num_samples >= 2` and a per-source baseline
-        (`"greedy"`, `"mean"` or `"none"`).
+        what their weights say whatever their scales (a single reward is normalized alike). Needs `num_samples >= 2`
+        and a per-source baseline (`"greedy"`, `"mean"` or `"none"`).
     mask_truncated_completions (`bool`, *optional*, defaults to `False`):
-        Leave the samples that reach the length limit without EOS out of the loss and its normalisation (TRL's name):
-        their reward judges an unfinished output. They still count in `rl/frac_truncated`, and they leave their
-        siblings' leave-one-out baselines as samples without a reward do.
+        Leave the samples that reach the length limit without EOS out of the loss and its normalisation, entropy bonus
+        and KL term included (TRL's name): their reward judges an unfinished output. They still count in
+        `rl/frac_truncated`, and they leave their siblings' leave-one-out baselines as samples without a reward do.
     """
 
     baseline: str | None = field(

@@ -65,25 +65,38 @@ class LengthRatioReward:
         self.low, self.high, self.unit = float(low), float(high), unit
         self.__name__ = "length_ratio"
 
-    def ratio(self, prediction: str, references: Sequence[str], source: str | None = None) -> float | None:
-        """Returns the prediction's length over the length of its closest non-empty reference, or of `source` when it
-        has none; None when neither is there."""
-        lengths = [text_length(ref, self.unit) for ref in references]
-        lengths = [length for length in lengths if length > 0]
-        if not lengths:
-            if source is None or text_length(source, self.unit) == 0:
-                return None
+    def lengths(self, references: Sequence[str], source: str | None = None) -> list[int]:
+        """Returns the lengths a prediction is measured against: its non-empty references', or `source`'s when it has
+        none; empty when neither is there."""
+        lengths = [length for length in (text_length(ref, self.unit) for ref in references) if length > 0]
+        if not lengths and source is not None and text_length(source, self.unit) > 0:
             lengths = [text_length(source, self.unit)]
+        return lengths
+
+    def ratio(self, prediction: str, references: Sequence[str], source: str | None = None) -> float | None:
+        """Returns the prediction's length over the length of its closest non-empty reference (as BLEU's brevity
+        penalty picks it), or of `source` when it has none; None when neither is there. The ratio `rl/length_ratio`
+        logs."""
+        lengths = self.lengths(references, source)
+        if not lengths:
+            return None
         predicted = text_length(prediction, self.unit)
         return predicted / closest_length(predicted, lengths)
 
+    def value(self, prediction: str, references: Sequence[str], source: str | None = None) -> float | None:
+        """Returns the reward of `prediction`: `band_value` of its length ratio to each non-empty reference (or to
+        `source` when it has none), the best of them, as every reward takes the best reference; None when there is
+        nothing to measure against."""
+        lengths = self.lengths(references, source)
+        if not lengths:
+            return None
+        predicted = text_length(prediction, self.unit)
+        return max(band_value(predicted / length, self.low, self.high) for length in lengths)
+
     def __call__(self, predictions: list[str], references: list[list[str]], sources: list[str] | None = None,
                  **columns: Any) -> list[float | None]:
-        values: list[float | None] = []
-        for i, prediction in enumerate(predictions):
-            ratio = self.ratio(prediction, references[i] if references else [], None if sources is None else sources[i])
-            values.append(None if ratio is None else band_value(ratio, self.low, self.high))
-        return values
+        return [self.value(prediction, references[i] if references else [], None if sources is None else sources[i])
+                for i, prediction in enumerate(predictions)]
 
     def __repr__(self) -> str:
         return f"length_ratio_reward(low={self.low:g}, high={self.high:g}, unit={self.unit!r})"
@@ -94,9 +107,9 @@ def length_ratio_reward(low: float = 0.8, high: float = 1.2, unit: str = "words"
     times as long as the reference, falling linearly outside (`band_value`). `get_reward("length_ratio")` is this with
     the defaults.
 
-    The reference is the prediction's closest one in length when it has several (ties: the shorter); a prediction
-    without a non-empty reference is measured against its source (quality-estimation setups, where the rows have no
-    reference), and gets None (no reward, it leaves the loss) when it has no source either.
+    With several references the best value counts (an output inside the band of any reference scores 1.0); a
+    prediction without a non-empty reference is measured against its source (quality-estimation setups, where the
+    rows have no reference), and gets None (no reward, it leaves the loss) when it has no source either.
 
     Args:
         low (`float`, *optional*, defaults to `0.8`), high (`float`, *optional*, defaults to `1.2`): the band of length

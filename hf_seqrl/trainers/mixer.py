@@ -87,7 +87,7 @@ class MixerTrainer(BaselineTrainer):
         scored = self.score_policy(model, inputs, batch.sample_ids, n, gold)
         positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
         prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
-        continuation_mask = batch.sample_mask & ~prefix_mask
+        continuation_mask = batch.loss_mask & ~prefix_mask  # a left-out row keeps its gold prefix's cross-entropy
         # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
         prefix_logprobs = None if args.temperature == 1.0 else losses.token_logprobs_from_logits(
             scored.sample_logits, batch.sample_ids, banned=scored.banned)

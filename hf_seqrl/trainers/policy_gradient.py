@@ -125,7 +125,7 @@ class BaselineTrainer(RolloutTrainer):
             bad = bad | ~ended_with_eos(rollout.sample_ids, rollout.sample_mask, eos_ids(unwrapped))
         greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, n, greedy)
-        if args.multi_objective_aggregation == "normalize_then_sum" and len(samples.parts) > 1:
+        if args.multi_objective_aggregation == "normalize_then_sum":
             adv = self.normalized_advantages(samples, bad, n, greedy)
         else:
             adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
@@ -181,8 +181,11 @@ class BaselineTrainer(RolloutTrainer):
                               greedy: RewardValues | None = None) -> torch.Tensor:
         """Returns the advantages of `multi_objective_aggregation="normalize_then_sum"`: each reward's values minus the
         configured baseline of that reward alone, normalized over the source's samples, weighted and summed
-        (`losses.normalized_sum`)."""
-        weights = dict(zip(self.local_reward_fn.part_names, self.local_reward_fn.weights))
+        (`losses.normalized_sum`). A single reward is normalized alike: its advantages over their std, times its
+        weight."""
+        local = self.local_reward_fn
+        names = getattr(local, "part_names", list(samples.parts))
+        weights = dict(zip(names, getattr(local, "weights", [1.0] * len(names))))
         greedy_parts = None if greedy is None else greedy.part_rewards()
         part_advantages, present = [], []
         for name, values in samples.part_rewards().items():
@@ -272,7 +275,7 @@ class SeqRLTrainer(BaselineTrainer):
                                 "rl/ratio_max": clipped.ratio_max.item()})
         metrics["rl/pg_loss"] = pg_loss.item()
         return self.finish_loss(pg_loss, self.gold_cross_entropy(scored, labels), inputs, scored, batch.sample_ids, n,
-                                batch.sample_mask, metrics)
+                                mask, metrics)
 
     def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
         """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""

@@ -196,9 +196,10 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return loss
 
     def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict, banned=None):
-        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens; records both. Both are
-        those of the rollout distribution: `banned` (`ScoredRollout.banned`) entries excluded."""
-        args = self.args
+        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens `token_mask` (the samples
+        left out of the loss are out of these too); records both, unless no token counts. Both are those of the rollout
+        distribution: `banned` (`ScoredRollout.banned`) entries excluded."""
+        args, counted = self.args, bool(token_mask.any())  # every process runs the reference pass (ZeRO-3 gathers)
         with torch.set_grad_enabled(args.entropy_coef > 0):
             entropy = losses.masked_mean(losses.token_entropy(logits, banned).flatten(), token_mask.flatten(), 0)
         if args.entropy_coef > 0:
@@ -206,8 +207,10 @@ class RolloutTrainer(SeqRLBaseTrainer):
         if args.kl_coef > 0:
             kl = self.kl_to_reference(inputs, token_ids, group, logits, token_mask, banned)
             loss = loss + args.kl_coef * kl
-            metrics["rl/kl"] = kl.item()
-        metrics["rl/entropy"] = entropy.item()
+            if counted:
+                metrics["rl/kl"] = kl.item()
+        if counted:
+            metrics["rl/entropy"] = entropy.item()
         return loss
 
     @contextlib.contextmanager

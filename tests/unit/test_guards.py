@@ -43,11 +43,11 @@ def test_the_closest_reference_length_counts_ties_going_to_the_shorter():
     assert closest_length(6, [4, 7]) == 7
 
 
-def test_the_reward_by_name_uses_the_closest_reference_then_the_source():
+def test_the_reward_by_name_takes_the_best_reference_then_the_source():
     reward = get_reward("length_ratio")
     assert reward.__name__ == "length_ratio"
     predictions = ["a b c d e", "a b", "a b", "a b c", "", "a b c d e f g h i j"]
-    references = [["a b c", "a b c d e f g"],  # 5 words; 3 and 7 equally close: 5/3 -> 1 - (5/3 - 6/5)/(6/5) = 11/18
+    references = [["a b c", "a b c d e f g"],  # 5 words: 5/3 -> 1 - (5/3 - 6/5)/(6/5) = 11/18, 5/7 -> (5/7)/0.8 = 25/28
                   ["x y"],                    # 2/2: inside the band
                   [""],                       # no reference: the source's 4 words, 2/4 = 0.5 -> 0.5/0.8
                   [],                         # nothing to measure against: no reward
@@ -55,9 +55,14 @@ def test_the_reward_by_name_uses_the_closest_reference_then_the_source():
                   ["x y z w v"]]              # 10/5 = 2: 1 - 0.8/1.2
     sources = ["s", "s", "w x y z", "", "s", "s"]
     values = reward(predictions, references, sources)
-    assert values == [pytest.approx(11 / 18), 1.0, pytest.approx(0.625), None, 0.0, pytest.approx(1 / 3)]
+    assert values == [pytest.approx(25 / 28), 1.0, pytest.approx(0.625), None, 0.0, pytest.approx(1 / 3)]
     # without sources, a prediction with no reference gets none
     assert reward(["a b"], [[]]) == [None]
+    # 12 words: the 5-word reference is the closer in length (12/5 = 2.4 -> 0), the 20-word one scores 12/20 -> 0.75;
+    # a reference added never lowers the reward
+    twelve = " ".join("w" * 12)
+    assert reward([twelve], [["a " * 5, "a " * 20]]) == reward([twelve], [["a " * 20]]) == [pytest.approx(0.75)]
+    assert reward.ratio(twelve, ["a " * 5, "a " * 20]) == pytest.approx(2.4)  # the logged ratio: the closest length
 
 
 def test_the_factory_sets_the_band_and_the_unit():

@@ -80,12 +80,15 @@ def test_truncated_samples_leave_the_loss_and_their_siblings_baselines(tmp_path)
 
 
 def test_when_every_sample_is_cut_nothing_trains(tmp_path):
-    # Two new tokens for targets of 3-5 letters: every sample hits the limit. Masked, the policy loss has no sample.
-    masked = trainer_for(tmp_path, max_steps=2, learning_rate=1e-2, max_new_tokens=2, mask_truncated_completions=True)
+    # Two new tokens for targets of 3-5 letters: every sample hits the limit. Masked, the policy loss has no sample,
+    # and neither have the entropy bonus and the KL term (an entropy over the cut samples would still train).
+    masked = trainer_for(tmp_path, max_steps=2, learning_rate=1e-2, max_new_tokens=2, mask_truncated_completions=True,
+                         entropy_coef=0.05, kl_coef=0.1)
     before = params(masked.model)
     masked.train()
     logs = [h for h in masked.state.log_history if "rl/frac_truncated" in h]
     assert all(h["rl/frac_truncated"] == 1.0 and h["rl/pg_loss"] == 0.0 for h in logs)
+    assert not any("rl/entropy" in h or "rl/kl" in h for h in logs)  # nothing measured, nothing logged
     assert all(torch.equal(before[k], v) for k, v in params(masked.model).items())
     kept = trainer_for(tmp_path / "kept", max_steps=2, learning_rate=1e-2, max_new_tokens=2)
     before = params(kept.model)
@@ -129,3 +132,39 @@ def test_length_ratio_is_logged_against_the_closest_reference(tmp_path):
     text = BatchText([["one two", "one two three four five"]], ["src"], {})
     batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3), text, trainer.model)
     assert batch.metrics["rl/length_ratio"] == pytest.approx((1 + 0.5 + 1.2) / 3)
+
+
+def test_the_logged_ratio_range_is_the_windows_extremes(tmp_path, monkeypatch):
+    import hf_seqrl.trainers.policy_gradient as policy_gradient
+
+    seen, objective = [], policy_gradient.losses.clipped_policy_objective
+
+    def recording(*args, **kwargs):
+        out = objective(*args, **kwargs)
+        seen.append((out.ratio_min.item(), out.ratio_max.item()))
+        return out
+
+    monkeypatch.setattr(policy_gradient.losses, "clipped_policy_objective", recording)
+    # A window of 2 steps = one rollout's two updates: ratios exactly 1 on the first, moved on the second.
+    trainer = trainer_for(tmp_path, num_iterations=2, max_steps=4, learning_rate=5e-2, logging_steps=2)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "rl/ratio_min" in h]
+    assert len(logs) == 2 and len(seen) == 4
+    for log, window in zip(logs, (seen[0:2], seen[2:4])):
+        assert log["rl/ratio_min"] == min(low for low, _ in window) < 1.0  # the mean would sit between
+        assert log["rl/ratio_max"] == max(high for _, high in window) > 1.0
+
+
+def test_normalize_then_sum_normalizes_a_single_reward_too(tmp_path):
+    values = {"aa": 0.3, "bbb": 0.0, "c": 0.0}
+    tokenizer = byt5_tokenizer()
+    ids = torch.tensor([tokenizer(t)["input_ids"] + [0] * (4 - len(t) - 1) for t in ("aa", "bbb", "c")])
+    text = BatchText([["ref"]], ["src"], {})
+    for weights, scale in ((None, 1.0), ([2.0], 2.0)):
+        trainer = trainer_for(tmp_path, reward=lambda predictions, **kw: [values[p] for p in predictions],
+                              num_samples=3, baseline="none", multi_objective_aggregation="normalize_then_sum",
+                              reward_weights=weights)
+        batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3), text, trainer.model)
+        # [0.3, 0, 0] over its unbiased std over the 3 samples, sqrt(0.03), times the weight
+        expected = scale * torch.tensor([0.3, 0.0, 0.0]) / 0.03 ** 0.5
+        torch.testing.assert_close(batch.advantages, expected)
