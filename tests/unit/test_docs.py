@@ -49,7 +49,8 @@ def relative_links(path: Path) -> list[str]:
 
 def heading_anchors(path: Path) -> set[str]:
     """Returns the anchors GitHub gives a markdown file's headings: the text lowercased, links reduced to their text,
-    every character but letters, digits, `-`, `_` and spaces dropped, spaces made `-`; a repeated one gets `-1`, `-2`."""
+    every character but letters, digits, `-`, `_` and spaces dropped, spaces made `-`; a repeated one gets `-1`,
+    `-2`."""
     anchors, seen, in_code = set(), {}, False
     for line in path.read_text(encoding="utf-8").splitlines():
         if FENCE.match(line.strip()):
@@ -109,9 +110,9 @@ def test_links_to_headings_name_existing_headings(name):
 
 def test_heading_anchors_follow_github(tmp_path):
     sample = tmp_path / "sample.md"
-    sample.write_text("# Leave-one-out ×4, two updates (3 seeds)\n```\n# not a heading\n```\n## `mask_truncated`: off\n"
-                      "## [Linked](x.md) part\n## Repeat\n## Repeat\n[a](#repeat-1) [b](y.md#part) [c](https://e.org/#x)\n",
-                      encoding="utf-8")
+    sample.write_text("# Leave-one-out ×4, two updates (3 seeds)\n```\n# not a heading\n```\n"
+                      "## `mask_truncated`: off\n## [Linked](x.md) part\n## Repeat\n## Repeat\n"
+                      "[a](#repeat-1) [b](y.md#part) [c](https://e.org/#x)\n", encoding="utf-8")
     assert heading_anchors(sample) == {"leave-one-out-4-two-updates-3-seeds", "mask_truncated-off", "linked-part",
                                        "repeat", "repeat-1"}
     assert anchored_links(sample) == [("", "repeat-1"), ("y.md", "part")]
