@@ -16,7 +16,7 @@ from .builtin import (BUILTIN_REWARDS, GUARD_REWARDS, REWARD_NAMES, SACREBLEU_IN
                       chrf_reward, get_reward, rouge_reward)
 from .combine import WeightedReward, as_reward, build_reward, model_rewards, place_on, unique_names
 from .convention import (call_reward, call_reward_parts, call_rewards, check_finite, check_reward_spec, combine_parts,
-                         is_async_reward, is_evaluation_module, is_number, reward_loop, reward_name)
+                         is_async_reward, is_evaluation_module, is_number, part_weights, reward_loop, reward_name)
 from .guards import length_ratio, length_ratio_reward
 from .metricx import MetricXReward
 from .modules import EvaluateReward, accepts_reference_lists
@@ -30,7 +30,7 @@ __all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometRe
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
            "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names",
            "GUARD_REWARDS", "REWARD_NAMES", "MetricXReward", "call_rewards", "is_async_reward", "length_ratio",
-           "length_ratio_reward", "reward_loop", "CometModel", "load_comet"]
+           "length_ratio_reward", "part_weights", "reward_loop", "CometModel", "load_comet"]
 
 
 def __getattr__(name):

@@ -193,6 +193,17 @@ def combine_parts(reward_fn: RewardFn, parts: dict[str, list[float]]) -> list[fl
     return values
 
 
+def part_weights(reward_fn: RewardFn, parts: dict[str, list[float]]) -> dict[str, float]:
+    """Returns the weight of each part of `parts` (from `call_reward_parts(reward_fn, ...)`) in the reward's value:
+    the combined reward's own `weights` by its `part_names` (a pooled reward: those of its in-process copy), or 1.0
+    for the one part of a single reward."""
+    reward_fn = getattr(reward_fn, "local", reward_fn)
+    if callable(getattr(reward_fn, "parts", None)):
+        return dict(zip(reward_fn.part_names, reward_fn.weights))
+    (name,) = parts
+    return {name: 1.0}
+
+
 def call_rewards(
     rewards: Sequence[tuple[str, RewardFn]],
     predictions: list[str],

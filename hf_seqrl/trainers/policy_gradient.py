@@ -20,6 +20,7 @@ from .. import losses
 from ..configs import BaselineConfig, SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import ended_with_eos, eos_ids, replayed_rng
+from ..rewards import part_weights
 from ..types import BatchText, RewardValues, Rollout, RolloutBatch, repeat_rows
 from .reuse import RolloutReuse
 from .rollout import RolloutPlan, RolloutTrainer
@@ -183,9 +184,7 @@ class BaselineTrainer(RolloutTrainer):
         configured baseline of that reward alone, normalized over the source's samples, weighted and summed
         (`losses.normalized_sum`). A single reward is normalized alike: its advantages over their std, times its
         weight."""
-        local = self.local_reward_fn
-        names = getattr(local, "part_names", list(samples.parts))
-        weights = dict(zip(names, getattr(local, "weights", [1.0] * len(names))))
+        weights = part_weights(self.local_reward_fn, samples.parts)
         greedy_parts = None if greedy is None else greedy.part_rewards()
         part_advantages, present = [], []
         for name, values in samples.part_rewards().items():

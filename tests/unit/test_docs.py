@@ -20,6 +20,7 @@ PROCESS_WORDS = re.compile(
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~)")
+URL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
 
 
 def tracked_files() -> list[str]:
@@ -31,33 +32,35 @@ def tracked_files() -> list[str]:
     return [p for p in out.stdout.decode().split("\0") if p]
 
 
-def relative_links(path: Path) -> list[str]:
-    """Returns the link targets of a markdown file outside fenced code blocks, minus URLs and pure anchors."""
-    targets, in_code = [], False
+def prose_lines(path: Path) -> list[str]:
+    """Returns the lines of a markdown file outside its fenced code blocks."""
+    lines, in_code = [], False
     for line in path.read_text(encoding="utf-8").splitlines():
         if FENCE.match(line.strip()):
             in_code = not in_code
-            continue
-        if in_code:
-            continue
-        for target in LINK.findall(line):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("#"):
-                continue
-            targets.append(target.split("#", 1)[0])
-    return targets
+        elif not in_code:
+            lines.append(line)
+    return lines
+
+
+def link_targets(path: Path) -> list[str]:
+    """Returns the link targets of a markdown file outside fenced code blocks, minus URLs."""
+    return [target for line in prose_lines(path) for target in LINK.findall(line) if not URL.match(target)]
+
+
+def relative_links(path: Path) -> list[str]:
+    """Returns the link targets of a markdown file outside fenced code blocks, minus URLs and pure anchors."""
+    return [target.split("#", 1)[0] for target in link_targets(path) if not target.startswith("#")]
 
 
 def heading_anchors(path: Path) -> set[str]:
     """Returns the anchors GitHub gives a markdown file's headings: the text lowercased, links reduced to their text,
     every character but letters, digits, `-`, `_` and spaces dropped, spaces made `-`; a repeated one gets `-1`,
     `-2`."""
-    anchors, seen, in_code = set(), {}, False
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if FENCE.match(line.strip()):
-            in_code = not in_code
-            continue
+    anchors, seen = set(), {}
+    for line in prose_lines(path):
         heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if in_code or not heading:
+        if not heading:
             continue
         text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1)).lower()
         slug = "".join(ch for ch in text if ch.isalnum() or ch in "-_ ").replace(" ", "-")
@@ -69,18 +72,7 @@ def heading_anchors(path: Path) -> set[str]:
 
 def anchored_links(path: Path) -> list[tuple[str, str]]:
     """Returns `(file, anchor)` for each link of a markdown file that names a heading (file "" = the same file)."""
-    links, in_code = [], False
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if FENCE.match(line.strip()):
-            in_code = not in_code
-            continue
-        if in_code:
-            continue
-        for target in LINK.findall(line):
-            if "#" in target and not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
-                file, anchor = target.split("#", 1)
-                links.append((file, anchor))
-    return links
+    return [tuple(target.split("#", 1)) for target in link_targets(path) if "#" in target]
 
 
 def test_readme_is_at_most_250_lines():

@@ -9,7 +9,8 @@ import torch
 from rouge_score import rouge_scorer
 
 from hf_seqrl import data, evaluation, rewards
-from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, call_reward_parts, combine_parts, get_reward
+from hf_seqrl.rewards import (BUILTIN_REWARDS, build_reward, call_reward, call_reward_parts, combine_parts, get_reward,
+                              part_weights)
 
 PREDS = [
     "the cat sat on the mat",
@@ -95,6 +96,9 @@ def test_reward_parts_sum_with_the_weights_to_the_total_exactly():
     single = build_reward("chrf")
     assert call_reward_parts(single, PREDS, REFS, name="chrf_reward") == {"chrf_reward": single(PREDS, REFS)}
     assert combine_parts(single, {"chrf_reward": [0.5]}) == [0.5]
+    # the weight of each part in the total
+    assert part_weights(combo, parts) == {"bleu_reward": 0.25, "rougeL_reward": 0.7, "bleu_reward_2": 0.05}
+    assert part_weights(single, {"chrf_reward": [0.5]}) == {"chrf_reward": 1.0}
     # a part that breaks the convention is named, and the combination that called it
     broken = build_reward(["bleu", lambda predictions, **_: [1.0]], [0.5, 0.5])
     with pytest.raises(RuntimeError, match=r"reward '0.5\*bleu_reward\+0.5\*<lambda>' raised ValueError on batch 3: "
