@@ -25,6 +25,9 @@ class Rollout:
         greedy_ids (`torch.LongTensor` of shape `(B, T')` or None): greedy decode of each source.
         greedy_mask (`torch.BoolTensor` of shape `(B, T')` or None).
         num_samples (`int`): `n`.
+        sample_cut (`torch.BoolTensor` of shape `(B*n,)`): true where a sample was cut at the length limit rather
+            than ended by an EOS the model chose (`hf_seqrl.models.base.cut_at_limit`).
+        greedy_cut (`torch.BoolTensor` of shape `(B,)` or None): the same for the greedy rows.
     """
 
     sample_ids: torch.Tensor
@@ -32,6 +35,8 @@ class Rollout:
     greedy_ids: torch.Tensor | None
     greedy_mask: torch.Tensor | None
     num_samples: int
+    sample_cut: torch.Tensor
+    greedy_cut: torch.Tensor | None = None
 
     def split(self, sources: list[int]) -> list["Rollout"]:
         """Returns the rollouts of consecutive parts of the batch, `sources[k]` sources each (summing to `B`), every
@@ -42,12 +47,14 @@ class Rollout:
             rows = slice(start * n, (start + count) * n)
             sample_ids, sample_mask = self.sample_ids[rows], self.sample_mask[rows]
             width = _counted_width(sample_mask)
-            greedy_ids = greedy_mask = None
+            greedy_ids = greedy_mask = greedy_cut = None
             if self.greedy_ids is not None:
                 greedy_ids, greedy_mask = self.greedy_ids[start:start + count], self.greedy_mask[start:start + count]
                 width = max(width, _counted_width(greedy_mask))
                 greedy_ids, greedy_mask = greedy_ids[:, :width], greedy_mask[:, :width]
-            parts.append(Rollout(sample_ids[:, :width], sample_mask[:, :width], greedy_ids, greedy_mask, n))
+                greedy_cut = None if self.greedy_cut is None else self.greedy_cut[start:start + count]
+            parts.append(Rollout(sample_ids[:, :width], sample_mask[:, :width], greedy_ids, greedy_mask, n,
+                                 self.sample_cut[rows], greedy_cut))
             start += count
         if start * n != self.sample_ids.shape[0]:
             raise ValueError(f"Rollout.split: the parts hold {start} sources, the rollout {self.sample_ids.shape[0] // n}.")

@@ -88,6 +88,27 @@ def ended_with_eos(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: l
     return torch.isin(last_tokens, torch.tensor(eos_token_ids, device=token_ids.device))
 
 
+def cut_at_limit(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: list[int], limit: int | torch.Tensor,
+                 forced_eos_id: int | None = None) -> torch.Tensor:
+    """Returns a bool per row: true where the row was cut at its length limit, false where the model chose EOS before
+    it. A row is cut when none of its counted tokens is an EOS, or when the model forces EOS at the limit
+    (`forced_eos_id`, as BART's and some Marian configs do) and the row's EOS is that forced last token: its
+    `limit`-th. The one definition of a cut sample: `rl/frac_truncated`, `mask_truncated_completions`, the sample
+    logs and the MRT candidates read it.
+
+    Args:
+        token_ids (`torch.LongTensor` of shape `(N, T)`), mask (`torch.BoolTensor` of shape `(N, T)`): decoded rows,
+            the mask true up to and including each row's EOS.
+        limit (`int` or `torch.LongTensor` of shape `(N,)`): the tokens each row could write, EOS included.
+        forced_eos_id (`int`, *optional*): the EOS token the decode forces as the `limit`-th token.
+    """
+    ended = ended_with_eos(token_ids, mask, eos_token_ids)
+    if forced_eos_id is not None:
+        limit = torch.as_tensor(limit, device=token_ids.device)
+        ended = ended & (mask.long().sum(dim=1) < limit)
+    return ~ended
+
+
 def pad_after_eos(token_ids: torch.Tensor, eos_token_ids: list[int], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns `(ids, mask)`: `token_ids` `(N, T)` with `pad` after each row's first EOS, and their
     `completion_mask`."""
@@ -147,6 +168,16 @@ def right_pad(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
     return pad_columns(x, length, value, "right")
 
 
+def decode_budget(config: GenerationConfig, minimum: int = 1) -> int:
+    """Returns the tokens a decode under `config` may write, EOS included: its `max_new_tokens`, else its `max_length`
+    less the decoder start token that `generate` counts in it (20 when neither is set); at least `minimum`."""
+    if config.max_new_tokens is not None:
+        budget = config.max_new_tokens
+    else:
+        budget = (config.max_length if config.max_length is not None else 20) - 1
+    return max(int(budget), minimum)
+
+
 # Generation settings that add logits processors the decode loop does not implement, with their neutral values.
 UNSUPPORTED = {"num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
                "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
@@ -188,13 +219,9 @@ class DecodeSettings:
             if len(forced_eos) != 1:
                 raise ValueError("The rollout decode forces one EOS token: set forced_eos_token_id to one id.")
             forced_eos = forced_eos[0]
-        if config.max_new_tokens is not None:
-            max_new = config.max_new_tokens
-        else:  # `generate` counts the decoder start token in max_length
-            max_new = (config.max_length if config.max_length is not None else 20) - 1
         start = config.decoder_start_token_id
         return cls(start_id=None if start is None else int(start), pad_id=int(config.pad_token_id), eos_ids=eos,
-                   max_new_tokens=max(int(max_new), 0), do_sample=bool(config.do_sample),
+                   max_new_tokens=decode_budget(config, minimum=0), do_sample=bool(config.do_sample),
                    temperature=1.0 if config.temperature is None else float(config.temperature),
                    top_k=int(config.top_k or 0), top_p=1.0 if config.top_p is None else float(config.top_p),
                    forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos,

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ..functional.sampling import argmax_or_sample, rollout_uniforms
 from ..types import Rollout
 from .bans import ban_logits
-from .base import DecodeSettings, eval_mode, pad_after_eos
+from .base import DecodeSettings, cut_at_limit, eval_mode, pad_after_eos
 
 
 class DecodeSteps:
@@ -185,11 +185,13 @@ def decode_rollout(model, steps: DecodeSteps, settings: DecodeSettings, with_gre
     group = steps.group
     with eval_mode(model):
         ids, mask = decode_targets(steps, settings, with_greedy, keys)
+    cut = cut_at_limit(ids, mask, list(settings.eos_ids), settings.max_new_tokens, settings.forced_eos_id)
     if prefix_ids is not None:
         prefix = prefix_ids.repeat_interleave(group, dim=0)
         ids = torch.cat([prefix, ids], dim=1)
         mask = torch.cat([torch.ones_like(prefix, dtype=torch.bool), mask], dim=1)
     if not with_greedy:
-        return Rollout(ids, mask, None, None, group)
-    ids, mask = ids.view(-1, group, ids.shape[-1]), mask.view(-1, group, mask.shape[-1])  # the greedy row first
-    return Rollout(ids[:, 1:].flatten(0, 1), mask[:, 1:].flatten(0, 1), ids[:, 0], mask[:, 0], group - 1)
+        return Rollout(ids, mask, None, None, group, cut)
+    ids, mask, cut = ids.view(-1, group, ids.shape[-1]), mask.view(-1, group, mask.shape[-1]), cut.view(-1, group)
+    return Rollout(ids[:, 1:].flatten(0, 1), mask[:, 1:].flatten(0, 1), ids[:, 0], mask[:, 0], group - 1,
+                   cut[:, 1:].flatten(), cut[:, 0])  # the greedy row first

@@ -17,7 +17,7 @@ import torch
 from .. import losses
 from ..configs import MixerConfig
 from ..hub import Method, Paper
-from ..models.base import pad_id, right_pad
+from ..models.base import decode_budget, pad_id, right_pad
 from ..schedules import mixer_delta
 from ..types import BatchText, Rollout
 from .policy_gradient import BaselineTrainer
@@ -111,7 +111,7 @@ class MixerTrainer(BaselineTrainer):
         if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
             return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy, keys=keys)
         config = self.rollout_config
-        budget = config.max_new_tokens or max(1, config.max_length - 1)  # the whole output's length limit
+        budget = decode_budget(config)  # the whole output's length limit
         pad, parts = pad_id(unwrapped), []
         for length in prefixes.unique().tolist():
             rows = (prefixes == length).nonzero().squeeze(1)
@@ -130,11 +130,15 @@ class MixerTrainer(BaselineTrainer):
         sample_mask = torch.zeros_like(sample_ids, dtype=torch.bool)
         greedy_ids = labels.new_full((labels.shape[0], width), pad) if with_greedy else None
         greedy_mask = torch.zeros_like(greedy_ids, dtype=torch.bool) if with_greedy else None
+        sample_cut = torch.zeros(sample_ids.shape[0], dtype=torch.bool, device=labels.device)
+        greedy_cut = torch.zeros(labels.shape[0], dtype=torch.bool, device=labels.device) if with_greedy else None
         for rows, part in parts:
             sample_rows = (rows.unsqueeze(1) * n + torch.arange(n, device=rows.device)).flatten()
             sample_ids[sample_rows] = right_pad(part.sample_ids, width, pad)
             sample_mask[sample_rows] = right_pad(part.sample_mask.long(), width, 0).bool()
+            sample_cut[sample_rows] = part.sample_cut
             if with_greedy:
                 greedy_ids[rows] = right_pad(part.greedy_ids, width, pad)
                 greedy_mask[rows] = right_pad(part.greedy_mask.long(), width, 0).bool()
-        return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, n)
+                greedy_cut[rows] = part.greedy_cut
+        return Rollout(sample_ids, sample_mask, greedy_ids, greedy_mask, n, sample_cut, greedy_cut)

@@ -14,7 +14,7 @@ import torch
 from .. import losses
 from ..configs import MRTConfig
 from ..hub import Method, Paper
-from ..models.base import eos_ids, pad_id, right_pad
+from ..models.base import cut_at_limit, decode_budget, eos_ids, pad_id, right_pad
 from ..models.beam import cap_lengths, length_limits
 from ..types import BatchText, repeat_rows
 from .rollout import RolloutPlan, RolloutTrainer
@@ -81,9 +81,10 @@ class MRTTrainer(RolloutTrainer):
         return plan and RolloutPlan(from_source=self.args.mrt_candidates != "beam", greedy=self.args.mrt_include_greedy)
 
     def draw_candidates(self, unwrapped, inputs):
-        """Returns `(drawn, greedy)`: the candidates each source draws as `candidate_set` parts (its samples, its
-        beam's n-best, as configured), and its greedy decode as one more part `(ids (B, T), mask, 1)` or None; each
-        capped at the source's length limit."""
+        """Returns `(drawn, greedy, drawn_cut)`: the candidates each source draws as `candidate_set` parts (its
+        samples, its beam's n-best, as configured), its greedy decode as one more part `(ids (B, T), mask, 1)` or
+        None, each capped at the source's length limit, and which drawn candidates were cut at a length limit
+        (`(B*drawn,)` in `candidate_set`'s order of the drawn rows; `hf_seqrl.models.base.cut_at_limit`)."""
         args, n = self.args, self.args.num_samples
         limits = None
         if args.max_len_b is not None:
@@ -96,17 +97,26 @@ class MRTTrainer(RolloutTrainer):
                 return ids, mask, rows_per_source
             return (*cap_lengths(ids, mask, limits.repeat_interleave(rows_per_source), eos, pad), rows_per_source)
 
-        parts, greedy = [], None
+        parts, greedy, cuts = [], None, []
         if args.mrt_candidates != "beam":
             rollout = self.take_rollout(unwrapped, inputs)
             parts.append(capped(rollout.sample_ids, rollout.sample_mask, n))
+            cut = rollout.sample_cut
+            if limits is not None:  # a sample longer than its limit ends in the EOS written there
+                cut = cut | (rollout.sample_mask.sum(dim=1) > limits.repeat_interleave(n))
+            cuts.append(cut.view(-1, n))
             if args.mrt_include_greedy:
                 greedy = capped(rollout.greedy_ids, rollout.greedy_mask, 1)
         if "beam" in args.mrt_candidates:
-            config = self.rollout_config
-            budget = config.max_new_tokens or max(1, config.max_length - 1)
-            parts.append((*self.family.beam_search(unwrapped, inputs, args.mrt_beam_size, n, budget, limits), n))
-        return parts, greedy
+            budget = decode_budget(self.rollout_config)
+            ids, mask = self.family.beam_search(unwrapped, inputs, args.mrt_beam_size, n, budget, limits)
+            parts.append((ids, mask, n))
+            # `generate` forces the model's forced EOS at the budget, and EOS at each source's limit.
+            cut = cut_at_limit(ids, mask, eos_ids(unwrapped), budget, unwrapped.generation_config.forced_eos_token_id)
+            if limits is not None:
+                cut = cut | cut_at_limit(ids, mask, eos_ids(unwrapped), limits.repeat_interleave(n), eos)
+            cuts.append(cut.view(-1, n))
+        return parts, greedy, torch.cat(cuts, dim=1).flatten()
 
     def rl_loss(self, model, inputs, text: BatchText):
         """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
@@ -117,7 +127,7 @@ class MRTTrainer(RolloutTrainer):
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
-        parts, greedy = self.draw_candidates(unwrapped, inputs)
+        parts, greedy, drawn_cut = self.draw_candidates(unwrapped, inputs)
         drawn = sum(m for _, _, m in parts)
         greedy_ids = None if greedy is None else greedy[0]
         if greedy is not None:
@@ -144,11 +154,11 @@ class MRTTrainer(RolloutTrainer):
         else:
             xe_loss = self.gold_cross_entropy(scored, xe_labels)
         samples = candidates.select(is_drawn)
-        drawn_ids, drawn_mask = token_ids[is_drawn], token_mask[is_drawn]
-        metrics = self.sample_metrics(samples, samples.left_out, drawn_ids, drawn_mask, unwrapped,
+        drawn_mask = token_mask[is_drawn]
+        metrics = self.sample_metrics(samples, samples.left_out, drawn_mask, drawn_cut,
                                       per_candidate.select(is_drawn.tolist()))
         if self.completions is not None:  # the drawn candidates' rows; no baseline or advantage in MRT
-            self.record_completions(inputs, text, samples, drawn_ids, drawn_mask, unwrapped, greedy_ids=greedy_ids)
+            self.record_completions(inputs, text, samples, drawn_cut, unwrapped, greedy_ids=greedy_ids)
         metrics.update({
             "mrt/risk": risk.loss.item(),
             "mrt/q_entropy": torch.special.entr(risk.q.detach()).sum(dim=-1).mean().item(),

@@ -19,7 +19,7 @@ import torch
 from .. import losses
 from ..configs import BaselineConfig, SeqRLConfig
 from ..hub import Method, Paper
-from ..models.base import ended_with_eos, eos_ids, replayed_rng
+from ..models.base import replayed_rng
 from ..rewards import part_weights
 from ..types import BatchText, RewardValues, Rollout, RolloutBatch, repeat_rows
 from .reuse import RolloutReuse
@@ -123,7 +123,7 @@ class BaselineTrainer(RolloutTrainer):
         samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
         sample_rewards, bad = samples.rewards, samples.left_out
         if args.mask_truncated_completions:  # an unfinished output's reward judges what it did not write
-            bad = bad | ~ended_with_eos(rollout.sample_ids, rollout.sample_mask, eos_ids(unwrapped))
+            bad = bad | rollout.sample_cut
         greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
         baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, n, greedy)
         if args.multi_objective_aggregation == "normalize_then_sum":
@@ -136,8 +136,7 @@ class BaselineTrainer(RolloutTrainer):
             adv = losses.scale_advantages(adv, losses.group_std(adv, n, ~bad))
         elif args.scale_rewards == "batch":
             adv = losses.scale_advantages(adv, self.batch_std(adv, ~bad))
-        metrics = self.sample_metrics(samples, bad, rollout.sample_ids, rollout.sample_mask, unwrapped,
-                                      repeat_rows(text, n))
+        metrics = self.sample_metrics(samples, bad, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
         kept = ~bad
         if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
             metrics.update({
@@ -147,7 +146,7 @@ class BaselineTrainer(RolloutTrainer):
                 "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
             })
         if self.completions is not None:
-            self.record_completions(inputs, text, samples, rollout.sample_ids, rollout.sample_mask, unwrapped,
+            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped,
                                     baseline_rewards, adv, rollout.greedy_ids)
         return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept)
 

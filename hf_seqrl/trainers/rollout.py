@@ -18,7 +18,7 @@ import torch
 from .. import losses
 from ..configs import RolloutConfig
 from ..hub import reward_label
-from ..models.base import ended_with_eos, eos_ids, replayed_rng, rng_state
+from ..models.base import replayed_rng, rng_state
 from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from ..rewards.guards import LengthRatioReward
@@ -253,9 +253,10 @@ class RolloutTrainer(SeqRLBaseTrainer):
         left_out = ~torch.isfinite(rewards)
         return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
 
-    def sample_metrics(self, samples: RewardValues, left_out, sample_ids, sample_mask, unwrapped,
+    def sample_metrics(self, samples: RewardValues, left_out, sample_mask, sample_cut,
                        text: BatchText | None = None) -> dict[str, float]:
         """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
+        the share cut at the length limit (`sample_cut` `(N,)`, `Rollout.sample_cut`),
         each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
         the length ratio to the closest reference in words (to the source without one; `text` holds one row per
         sample), degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
@@ -265,7 +266,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
             "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
             # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
             "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
-            "rl/frac_truncated": (~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))).float().mean().item(),
+            "rl/frac_truncated": sample_cut.float().mean().item(),
         }
         if kept.numel():
             metrics["rl/reward"] = kept.mean().item()
@@ -305,29 +306,28 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     # ---- sample logs ------------------------------------------------------------------------------
 
-    def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_ids, sample_mask, unwrapped,
+    def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_cut, unwrapped,
                            baselines=None, advantages=None, greedy_ids=None) -> None:
         """Keeps the rows of a micro-batch's samples for the sample log (`hf_seqrl.trainers.completions`).
 
         Args:
             text: the batch's `B` rows; samples: the `B*n` samples' `RewardValues`.
-            sample_ids, sample_mask (`(B*n, T)`): the samples, for the length-limit flag.
+            sample_cut (`torch.BoolTensor` of shape `(B*n,)`): the samples cut at the length limit.
             baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
         """
-        n = sample_ids.shape[0] // len(text.references)
+        n = sample_cut.shape[0] // len(text.references)
         decode = self.processing_class.batch_decode
         sources = text.sources
         if sources is None and inputs is not None:  # no `sources` column: the model's own input, decoded
             sources = decode(self.family.prompts(unwrapped, inputs)[0], skip_special_tokens=True)
         greedy = None if greedy_ids is None else decode(greedy_ids, skip_special_tokens=True)
         per_sample = repeat_rows(text._replace(sources=sources), n)
-        truncated = ~ended_with_eos(sample_ids, sample_mask, eos_ids(unwrapped))
         rows = completion_rows(
             self.state.global_step + 1, self.args.process_index, n, samples.predictions, per_sample.references,
             samples.parts, samples.values, per_sample.sources,
             None if greedy is None else [g for g in greedy for _ in range(n)],
             None if baselines is None else baselines.tolist(), None if advantages is None else advantages.tolist(),
-            truncated.tolist(), per_sample.columns)
+            sample_cut.tolist(), per_sample.columns)
         self.completions.add(self.state.global_step, rows)
 
     def log(self, logs, start_time=None):

@@ -170,9 +170,12 @@ def test_rollout_split_cuts_each_part_to_its_own_longest_row():
     ids = torch.arange(30).view(6, 5).masked_fill(~mask, 0)
     greedy_mask = torch.tensor([[t < n for t in range(5)] for n in (3, 1, 1)])
     greedy_ids = torch.arange(15).view(3, 5).masked_fill(~greedy_mask, 0)
-    first, second = Rollout(ids, mask, greedy_ids, greedy_mask, 2).split([1, 2])
+    sample_cut, greedy_cut = torch.tensor([0, 0, 1, 0, 1, 0]).bool(), torch.tensor([1, 0, 0]).bool()
+    first, second = Rollout(ids, mask, greedy_ids, greedy_mask, 2, sample_cut, greedy_cut).split([1, 2])
     assert first.sample_ids.tolist() == [[0, 0, 0], [5, 6, 0]] and first.greedy_ids.tolist() == [[0, 1, 2]]
+    assert first.sample_cut.tolist() == [False, False] and second.sample_cut.tolist() == [True, False, True, False]
+    assert first.greedy_cut.tolist() == [True] and second.greedy_cut.tolist() == [False, False]
     assert second.sample_ids.shape == (4, 4) and torch.equal(second.sample_ids, ids[2:, :4])
     assert torch.equal(second.greedy_mask, greedy_mask[1:, :4]) and second.num_samples == 2
     with pytest.raises(ValueError, match="the parts hold 2 sources, the rollout 3"):
-        Rollout(ids, mask, None, None, 2).split([1, 1])
+        Rollout(ids, mask, None, None, 2, sample_cut).split([1, 1])
