@@ -28,12 +28,43 @@ COMMANDS = {
 }
 
 
+class UsageError(ValueError):
+    """A command line or config file the CLI cannot take; `main` prints its message (no traceback) and exits 2."""
+
+
+def suggest(name: str, names) -> str:
+    """Returns " (did you mean 'x'?)" naming the accepted names closest to `name`, or "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def flag_name(token: str) -> str | None:
+    """Returns the field name of a `--name` or `--name=value` token, None for a value."""
+    return token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") and len(token) > 2 else None
+
+
+def parse_dataclasses(parser, argv: list[str], where: str = "the command line") -> tuple:
+    """Returns `parser.parse_args_into_dataclasses(argv)`, raising a `UsageError` that names each flag no dataclass
+    has, with the closest accepted names (abbreviations are refused: `allow_abbrev=False`)."""
+    *parsed, rest = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    if rest:
+        accepted = [action.dest for action in parser._actions if action.option_strings]
+        unknown = [token for token in rest if flag_name(token)] or rest
+        named = "; ".join(f"{token}{suggest(flag_name(token) or token, accepted)}" for token in unknown)
+        raise UsageError(f"{where}: unknown flag(s) {named}. `{parser.prog} --help` lists the accepted flags, "
+                         "spelled out in full.")
+    return tuple(parsed)
+
+
 def parse_command(command: str, arguments_class: type, argv: list[str] | None):
     """Returns `argv` parsed into `arguments_class` by `HfArgumentParser`, with `hf-seqrl COMMAND`'s help text."""
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(arguments_class, prog=f"hf-seqrl {command}", description=COMMANDS[command][0])
-    (args,) = parser.parse_args_into_dataclasses(argv)
+    parser = HfArgumentParser(arguments_class, prog=f"hf-seqrl {command}", description=COMMANDS[command][0],
+                              allow_abbrev=False)
+    (args,) = parse_dataclasses(parser, list(sys.argv[1:] if argv is None else argv))
     return args
 
 
@@ -59,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv[:1] = [f"hf-seqrl {command}"]
     try:
         return getattr(importlib.import_module(module), function)(argv[1:])
+    except UsageError as error:
+        print(f"hf-seqrl {command}: error: {error}", file=sys.stderr)
+        return 2
     finally:
         sys.argv[:1] = [program]
 

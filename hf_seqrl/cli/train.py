@@ -20,15 +20,17 @@ import transformers
 from transformers import HfArgumentParser
 
 from ..data import tokenize_for
-from ..data.files import drop_empty_pairs, load_text_files, select_pair_columns
+from ..data.files import check_pairs, load_text_files, select_pair_columns
 from ..evaluation import build_compute_metrics
 from ..models import FAMILIES, family_for
 from ..models.tiny import ARCHITECTURES
 from ..trainers import TRAINER_CLASSES, RolloutTrainer
+from . import UsageError, flag_name, parse_dataclasses, suggest
 
 # algorithm -> trainer class; each trainer names its config class (`config_class`)
 TRAINERS = {trainer.algorithm_id: trainer for trainer in TRAINER_CLASSES}
 ALGORITHMS = tuple(TRAINERS)
+OTHER_FIELDS = {f.name for trainer in TRAINER_CLASSES for f in dataclasses.fields(trainer.config_class)}
 SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (split, metric prefix)
 
 
@@ -84,6 +86,9 @@ class ScriptArguments:
         "help": "Decoder-only models: the prompt, with a {prompt} field that receives the source."})
     use_chat_template: bool = field(default=False, metadata={
         "help": "Decoder-only models: send the prompt as a user message through the tokenizer's chat template."})
+    drop_invalid_rows: bool = field(default=False, metadata={
+        "help": "Drop the rows the trainers cannot take (an empty source, no reference) with a warning that counts "
+                "them, instead of stopping with an error that names them."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation rows."})
     max_test_samples: int | None = field(default=None, metadata={"help": "Keep the first N test rows."})
@@ -140,7 +145,7 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
     import yaml
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--algorithm")
     known, _ = pre.parse_known_args(argv)
@@ -149,30 +154,53 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
         with open(known.config, encoding="utf-8") as f:
             from_file = yaml.safe_load(f) or {}
         if not isinstance(from_file, dict):
-            raise ValueError(f"{known.config} must hold a mapping of setting: value, got {type(from_file).__name__}.")
+            raise UsageError(f"{known.config} must hold a mapping of setting: value, got {type(from_file).__name__}.")
         values.update(from_file)
     algorithm = known.algorithm or values.get("algorithm", "scst")
-    parser = HfArgumentParser((ScriptArguments, config_class(algorithm)))
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}{suggest(str(algorithm), ALGORITHMS)}.")
+    parser = HfArgumentParser((ScriptArguments, config_class(algorithm)), allow_abbrev=False)
     dests = {f.name for dataclass in (ScriptArguments, config_class(algorithm)) for f in dataclasses.fields(dataclass)
              if f.init}
-    other_fields = {f.name for name in ALGORITHMS for f in dataclasses.fields(config_class(name))}
-    ignored = sorted(k for k in values if k not in dests and k in other_fields)
-    if ignored:  # e.g. a scheduled-sampling run from a config written for SCST
-        warnings.warn(f"{known.config}: {ignored} do not apply to algorithm={algorithm!r}; ignored.", stacklevel=2)
+    # A setting of another algorithm's config, in the file or on the command line, is dropped with a warning: one
+    # config or command line serves every algorithm (e.g. `--algorithm mrt` on an SCST config with `--baseline`).
+    ignored = sorted(k for k in values if k not in dests and k in OTHER_FIELDS)
+    argv, dropped = drop_flags(argv, lambda name: name not in dests and name in OTHER_FIELDS)
+    if ignored or dropped:
+        where = " and ".join(part for part, names in ((known.config, ignored), ("the command line", dropped)) if names)
+        warnings.warn(f"{where}: {sorted({*ignored, *dropped})} do not apply to algorithm={algorithm!r} "
+                      f"({config_class(algorithm).__name__}); ignored.", stacklevel=2)
         values = {k: v for k, v in values.items() if k not in ignored}
     unknown = sorted(set(values) - set(dests))
     if unknown:
-        raise ValueError(f"{known.config}: unknown setting(s) {unknown}; see `--help` for the accepted names.")
+        named = ", ".join(f"{name!r}{suggest(name, dests)}" for name in unknown)
+        raise UsageError(f"{known.config}: unknown setting(s) {named}; `hf-seqrl train --help` lists the accepted "
+                         "names.")
     parser.set_defaults(**values)
     if "use_cpu" not in values and int(os.environ.get("WORLD_SIZE", "1")) > 1 and _no_accelerator():
         # `accelerate launch --multi_gpu` on a machine without GPUs: run the processes on CPU over gloo.
         parser.set_defaults(use_cpu=True)
-    script_args, training_args = parser.parse_args_into_dataclasses(argv)
+    script_args, training_args = parse_dataclasses(parser, argv)
     # The pipeline's defaults fill the config fields it needs and the config leaves open.
     for name, default in PIPELINE_DEFAULTS.items():
         if getattr(training_args, name) is None:
             setattr(training_args, name, default)
     return script_args, training_args
+
+
+def drop_flags(argv: list[str], drop) -> tuple[list[str], list[str]]:
+    """Returns `(argv without the flags whose name `drop(name)` is true, with their values; those names)`: a flag's
+    values are the tokens after it up to the next `--flag`."""
+    kept, dropped, dropping = [], [], False
+    for token in argv:
+        name = flag_name(token)
+        if name is not None:
+            dropping = drop(name)
+            if dropping:
+                dropped.append(name)
+        if not dropping:
+            kept.append(token)
+    return kept, dropped
 
 
 # Config fields the pipeline needs, with its defaults where the config has None.
@@ -243,7 +271,7 @@ def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_
             data = data.select(range(min(limits[split], len(data))))
         data = select_pair_columns(data, data_args.source_column, data_args.target_column, s.source_lang,
                                    s.target_lang, where)
-        data = drop_empty_pairs(data, where)
+        data = check_pairs(data, where, drop=s.drop_invalid_rows)
         out[split] = data.map(
             tokenize_for, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",
             fn_kwargs=dict(family=family, tokenizer=tokenizer, source_column="source", target_column="target",

@@ -34,6 +34,12 @@ class RolloutConfig(FreeRunningConfig):
         reward had returned `None` (out of the loss and of their siblings' baselines) and logs their count as
         `rl/nonfinite_rewards`. A reward may always return `None` for a sample it does not apply to; see
         docs/rewards.md.
+    save_on_error (`bool`, *optional*, defaults to `True`):
+        When a reward raises, write a checkpoint of the steps done so far (`output_dir/checkpoint-N`, as
+        `save_strategy` would) before the error propagates, so that `resume_from_checkpoint` continues from there
+        instead of from the last scheduled checkpoint. The error names the reward, the 1-based training step, the
+        rows and the checkpoint. Single-process runs only: a checkpoint is a collective on several processes, and a
+        reward that raises on one rank leaves the others waiting.
 
     > Sampling
 
@@ -69,6 +75,8 @@ class RolloutConfig(FreeRunningConfig):
 
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward_funcs."})
     nonfinite_rewards: str = field(default="error", metadata={"help": "'error' or 'drop' on NaN/inf rewards."})
+    save_on_error: bool = field(default=True, metadata={
+        "help": "Write a resumable checkpoint when a reward raises, before the error propagates."})
     reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
     num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
@@ -152,7 +160,8 @@ class BaselineConfig(RolloutConfig):
         what their weights say whatever their scales (a single reward is normalized alike). Needs `num_samples >= 2`
         and a per-source baseline (`"greedy"`, `"mean"` or `"none"`).
     mask_truncated_completions (`bool`, *optional*, defaults to `False`):
-        Leave the samples that reach the length limit without EOS out of the loss and its normalisation, entropy bonus
+        Leave the samples cut at the length limit (the model chose no EOS before it; an EOS the model's
+        `forced_eos_token_id` forces at the limit counts as a cut) out of the loss and its normalisation, entropy bonus
         and KL term included (TRL's name): their reward judges an unfinished output. They still count in
         `rl/frac_truncated`, and they leave their siblings' leave-one-out baselines as samples without a reward do.
     """

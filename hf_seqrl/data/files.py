@@ -137,6 +137,46 @@ def select_pair_columns(dataset, source_column: str | None = None, target_column
                        remove_columns=columns, desc=f"{where}: select columns")
 
 
+def invalid_pairs(dataset) -> list[tuple[int, str]]:
+    """Returns `(row, what is wrong)` for each row of `dataset` (columns `source`, `target`) that the trainers refuse:
+    an empty or missing source, a missing target, or a target whose references are all empty; and for each list of
+    references holding an empty one (which every prediction would score 0 against)."""
+    problems = []
+    for row, (source, target) in enumerate(zip(dataset["source"], dataset["target"])):
+        references = [target] if isinstance(target, str) or target is None else list(target)
+        if not has_text(source):
+            problems.append((row, f"empty source {source!r}"))
+        elif not any(map(has_text, references)):
+            problems.append((row, f"no reference (target {target!r})"))
+        elif not all(map(has_text, references)):
+            problems.append((row, f"an empty reference among {references!r}"))
+    return problems
+
+
+def check_pairs(dataset, where: str, drop: bool = False, flag: str = "--drop_invalid_rows"):
+    """Returns `dataset` (columns `source`, `target`) when every row is usable (`invalid_pairs`); else raises an
+    error naming the rows and the fix, or, with `drop`, returns it without them (`drop_empty_pairs`) after a warning
+    that counts what was dropped."""
+    import warnings
+
+    problems = invalid_pairs(dataset)
+    if not problems:
+        return dataset
+    shown = "; ".join(f"row {row}: {what}" for row, what in problems[:5])
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    if not drop:
+        raise ValueError(f"{where}: {len(problems)} of {len(dataset)} rows cannot be trained on: {shown}{more}. Fix "
+                         f"them in the data, or pass {flag} to drop them (empty references inside a list are dropped, "
+                         "the rest of the row kept).")
+    kept = drop_empty_pairs(dataset, where)
+    message = (f"{where}: dropped {len(dataset) - len(kept)} of {len(dataset)} rows and the empty references of "
+               f"others ({flag}): {shown}{more}. {len(kept)} rows remain.")
+    warnings.warn(message, stacklevel=2)
+    if not len(kept):
+        raise ValueError(f"{where}: no row is left to train on: {shown}{more}.")
+    return kept
+
+
 def drop_empty_pairs(dataset, where: str = "dataset"):
     """Returns `dataset` (columns `source`, `target`) without empty references in lists of references, and without
     the rows whose source or every reference is empty."""

@@ -15,22 +15,22 @@ A reward is a callable called with keywords, one value per prediction:
 from .builtin import (BUILTIN_REWARDS, GUARD_REWARDS, REWARD_NAMES, SACREBLEU_INTERNALS, RewardFn, bleu_reward,
                       chrf_reward, get_reward, rouge_reward)
 from .combine import WeightedReward, as_reward, build_reward, model_rewards, place_on, unique_names
-from .convention import (call_reward, call_reward_parts, call_rewards, check_finite, check_reward_spec, combine_parts,
-                         is_async_reward, is_evaluation_module, is_number, part_weights, reward_loop, reward_name)
+from .convention import (RewardError, call_reward, call_reward_parts, call_rewards, check_finite, check_reward_spec,
+                         combine_parts, is_async_reward, is_evaluation_module, is_number, part_weights, reward_loop, reward_name)
 from .guards import length_ratio, length_ratio_reward
 from .metricx import MetricXReward
-from .modules import EvaluateReward, accepts_reference_lists
+from .modules import EvaluateReward, accepts_reference_lists, load_evaluate_module
 from .neural import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, ModelReward, RewardModelReward,
                      model_reward)
 from .pool import PooledReward
 
-__all__ = ["BUILTIN_REWARDS", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometReward", "EmbeddingSimilarityReward",
+__all__ = ["BUILTIN_REWARDS", "RewardError", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometReward", "EmbeddingSimilarityReward",
            "EvaluateReward", "ModelReward", "PooledReward", "RewardFn", "RewardModelReward", "WeightedReward",
            "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "call_reward_parts",
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
            "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names",
            "GUARD_REWARDS", "REWARD_NAMES", "MetricXReward", "call_rewards", "is_async_reward", "length_ratio",
-           "length_ratio_reward", "part_weights", "reward_loop", "CometModel", "load_comet"]
+           "length_ratio_reward", "load_evaluate_module", "part_weights", "reward_loop", "CometModel", "load_comet"]
 
 
 def __getattr__(name):

@@ -111,9 +111,14 @@ def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None
                 "holding checkpoints/model.ckpt): pass a model reward built from it, e.g. RewardModelReward(path), "
                 "EmbeddingSimilarityReward(path) or CometReward(path, ...).")
         if not isinstance(item, str) or item not in REWARD_NAMES:
+            close = [name for name in REWARD_NAMES if isinstance(item, str) and name.lower() == item.lower()]
+            if isinstance(item, str) and item.lower() in ("sacrebleu", "rouge", "google_bleu"):
+                close = ["bleu" if "bleu" in item.lower() else "rougeL"]
+            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"reward_funcs: unknown reward {item!r}. Valid names: {', '.join(REWARD_NAMES)}, a "
-                "'module:function' path, a callable, or an evaluate.EvaluationModule."
+                f"reward_funcs: unknown reward {item!r}.{hint} Valid names: {', '.join(REWARD_NAMES)}, a "
+                "'module:function' path, a callable, or an evaluate.EvaluationModule (offline, "
+                "hf_seqrl.rewards.load_evaluate_module says what to use instead)."
             )
     if weights is not None:
         if len(weights) != len(items):
@@ -141,7 +146,7 @@ def call_reward(
     sources: list[str] | None = None,
     columns: dict[str, list] | None = None,
     name: str | None = None,
-    batch_index: int | None = None,
+    step: int | None = None,
 ) -> list[float]:
     """Returns `reward_fn(predictions=, references=, sources=, **columns)` as a list of floats (and `None` where the
     reward does not apply), checked.
@@ -152,7 +157,7 @@ def call_reward(
     batch.
     """
     name = name or reward_name(reward_fn)
-    where = "" if batch_index is None else f" on batch {batch_index}"
+    where = call_site(step, predictions, sources)
     values = _awaited(_invoke(reward_fn, name, where, predictions, references, sources, columns), name, where)
     return _checked_values(values, len(predictions), name, where)
 
@@ -164,7 +169,7 @@ def call_reward_parts(
     sources: list[str] | None = None,
     columns: dict[str, list] | None = None,
     name: str | None = None,
-    batch_index: int | None = None,
+    step: int | None = None,
 ) -> dict[str, list[float]]:
     """Returns the values of each part of `reward_fn`, by the part's name, each checked as `call_reward` checks.
 
@@ -175,8 +180,8 @@ def call_reward_parts(
     """
     name = name or reward_name(reward_fn)
     if not callable(getattr(reward_fn, "parts", None)):
-        return {name: call_reward(reward_fn, predictions, references, sources, columns, name, batch_index)}
-    where = "" if batch_index is None else f" on batch {batch_index}"
+        return {name: call_reward(reward_fn, predictions, references, sources, columns, name, step)}
+    where = call_site(step, predictions, sources)
     parts = _awaited(_invoke(reward_fn.parts, name, where, predictions, references, sources, columns), name, where)
     if not isinstance(parts, dict) or not parts:
         raise TypeError(f"reward {name!r}: parts() must return a non-empty dict of name -> values{where}, got "
@@ -210,14 +215,14 @@ def call_rewards(
     references: list[list[str]],
     sources: list[str] | None = None,
     columns: dict[str, list] | None = None,
-    batch_index: int | None = None,
+    step: int | None = None,
 ) -> list[list[float | None]]:
     """Returns the values of each `(name, reward)` in `rewards`, each checked as `call_reward` checks them.
 
     The async rewards (`is_async_reward`) start first, together on the reward loop (one `asyncio.gather`); the others
     then run in this thread, in order, while the async ones wait on their servers; the call returns when all are done.
     """
-    where = "" if batch_index is None else f" on batch {batch_index}"
+    where = call_site(step, predictions, sources)
     waiting = [i for i, (_, fn) in enumerate(rewards) if is_async_reward(fn)]
     pending = None
     if waiting:
@@ -235,7 +240,7 @@ def call_rewards(
     try:
         for i, (name, fn) in enumerate(rewards):
             if i not in waiting:
-                values[i] = call_reward(fn, predictions, references, sources, columns, name, batch_index)
+                values[i] = call_reward(fn, predictions, references, sources, columns, name, step)
     except BaseException:
         if pending is not None:
             pending.cancel()
@@ -330,13 +335,33 @@ def _awaited(values, name: str, where: str):
     return _results(_submit([_named(values, name, where)]))[0]
 
 
+class RewardError(RuntimeError):
+    """An exception inside a reward function, re-raised naming the reward, where it was called and the cause."""
+
+
+def call_site(step: int | None, predictions: Sequence[str], sources: Sequence[str] | None = None) -> str:
+    """Returns where a reward is called, as its errors say it: " at training step N (1-based) on K rows, the first
+    source '...' → prediction '...'", each text cut to 60 characters; "" without a step."""
+    if step is None:
+        return ""
+
+    def short(text) -> str:
+        text = str(text)
+        return repr(text if len(text) <= 60 else text[:57] + "...")
+
+    first = ""
+    if predictions:
+        first = f", the first {'source ' + short(sources[0]) + ' → ' if sources else ''}prediction {short(predictions[0])}"
+    return f" at training step {step} on {len(predictions)} rows{first}"
+
+
 def _reward_error(err: Exception, name: str, where: str) -> RuntimeError:
     """Returns the error that names the reward whose call raised `err`, and the batch."""
     hint = ""
     if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
         hint = (" (rewards are called with keywords: predictions, references, sources and every other dataset "
                 "column; declare **kwargs to take the columns you do not use)")
-    return RuntimeError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}")
+    return RewardError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}")
 
 
 def _checked_values(values, count: int, name: str, where: str) -> list[float | None]:

@@ -23,6 +23,28 @@ def takes_sources(module) -> bool:
     return any(hasattr(features, "get") and features.get("sources") is not None for features in options)
 
 
+# `evaluate` metrics the built-in rewards compute without the Hub: evaluate's name -> the built-in's.
+BUILTIN_EQUIVALENTS = {"sacrebleu": "bleu", "bleu": "bleu", "google_bleu": "bleu", "chrf": "chrf", "rouge": "rougeL"}
+
+
+def load_evaluate_module(path: str, **load_kwargs: Any):
+    """Returns `evaluate.load(path, **load_kwargs)`; when that fails (offline, `evaluate` reads the metric's script
+    from the Hub and says it "doesn't exist on the Hugging Face Hub either"), raises an error naming the cause and
+    the fix: the built-in reward that computes the same metric without a download, or a local script path."""
+    import evaluate
+
+    try:
+        return evaluate.load(path, **load_kwargs)
+    except (FileNotFoundError, ConnectionError, OSError) as error:
+        builtin = BUILTIN_EQUIVALENTS.get(str(path).strip("/").split("/")[-1].lower())
+        instead = (f"reward_funcs={builtin!r}, the built-in that computes {path!r}'s metric locally" if builtin
+                   else "a built-in reward name (bleu, chrf, rouge1, rouge2, rougeL, rougeLsum)")
+        raise RuntimeError(
+            f"evaluate.load({path!r}) could not load the metric: evaluate reads a metric's script from the Hugging "
+            "Face Hub, which is not reachable here (or HF_HUB_OFFLINE / HF_EVALUATE_OFFLINE is set). Use "
+            f"{instead}, or evaluate.load('path/to/metric.py') on a local copy of its script.") from error
+
+
 class EvaluateReward:
     """A reward that scores each prediction with an `evaluate.EvaluationModule`.
 

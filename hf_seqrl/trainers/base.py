@@ -29,8 +29,8 @@ from ..models import family_for
 from ..models.base import disable_dropout
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
-from .inputs import (check_model_family, check_tokenizer, forward_arguments, load_model, load_tokenizer_for,
-                     tokenizer_outputs)
+from .inputs import (check_model_family, check_not_empty, check_token_ids, check_tokenizer, forward_arguments,
+                     load_model, load_tokenizer_for, tokenizer_outputs)
 
 STATE_FILE = "seqrl_state.json"
 logger = logging.get_logger(__name__)
@@ -78,6 +78,15 @@ def window_values(keys: list[str], rows: list[list[list[float]]]) -> dict[str, f
         else:
             values[key] = total / count
     return values
+
+
+def checkpoint_step(folder: str) -> int | str:
+    """Returns the optimizer steps a checkpoint folder holds (its `trainer_state.json`), or "?" when it says none."""
+    try:
+        with open(os.path.join(folder, "trainer_state.json")) as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError):
+        return "?"
 
 
 class SeqRLBaseTrainer(Seq2SeqTrainer):
@@ -130,6 +139,10 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         if processing_class is None:
             processing_class = load_tokenizer_for(model)
         check_tokenizer(processing_class, family, model, type(self).__name__)
+        check_token_ids(processing_class, model, type(self).__name__)
+        for name, data in (("train_dataset", train_dataset), *(eval_dataset.items() if isinstance(eval_dataset, dict)
+                                                               else [("eval_dataset", eval_dataset)])):
+            check_not_empty(data, name)
         start = family.label_start_id(model)
         train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, processing_class, args, start)
         if isinstance(eval_dataset, dict):
@@ -397,6 +410,9 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                     f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint "
                     f"(a checkpoint-N folder with {STATE_FILE}); pass a checkpoint path or start without resuming."
                 )
+        if isinstance(resume_from_checkpoint, str) and self.is_world_process_zero():
+            logger.warning(f"{type(self).__name__}: resumed from step {checkpoint_step(resume_from_checkpoint)} "
+                           f"({resume_from_checkpoint})")
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
     def _save_checkpoint(self, model, trial):

@@ -33,6 +33,13 @@ def check_model_family(family, supported: tuple[str, ...], trainer: str) -> None
                          f"{kinds[family.name]} model.")
 
 
+def check_not_empty(dataset, name: str) -> None:
+    """Raises a clear error when `dataset` (a sized dataset; None and iterables are left alone) has no rows."""
+    if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError(f"{name} has 0 rows, so there is nothing to train or evaluate on: check the file or split "
+                         "it came from, and any filter or select applied before the trainer.")
+
+
 def forward_arguments(model, label_names: list[str]) -> set[str]:
     """Returns the names a batch may hold for `model`: its `forward`'s arguments (the base model's under a peft
     adapter), `label_names` and the collator's label names."""
@@ -64,6 +71,74 @@ def check_tokenizer(tokenizer, family, model, trainer: str):
         f"{trainer}: the tokenizer ({type(tokenizer).__name__}) has no pad token, which batches of sources and "
         "targets need: set one the model knows, e.g. processing_class.pad_token = <its pad token> (an "
         "encoder-decoder checkpoint's config names it as pad_token_id).")
+
+
+# The ids a model's configs feed it or its decode forces or bans: (config attribute, what it is).
+CONFIG_IDS = (("decoder_start_token_id", "the decoder start token"), ("pad_token_id", "the pad token"),
+              ("eos_token_id", "the EOS token"), ("bos_token_id", "the BOS token"),
+              ("forced_bos_token_id", "the forced first token"), ("forced_eos_token_id", "the forced last token"),
+              ("suppress_tokens", "a banned token"), ("begin_suppress_tokens", "a token banned first"),
+              ("bad_words_ids", "a banned token"))
+
+
+def _ids(value) -> list[int]:
+    """Returns the ints in `value` (an id, a list of ids, a list of lists of ids, or None)."""
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [i for item in value for i in _ids(item)]
+
+
+def vocabulary_sizes(model) -> dict[str, int]:
+    """Returns the number of rows of each embedding matrix the model reads ids through, and the width of its output
+    layer: `{"encoder embedding": ..., "decoder embedding": ..., "output layer": ...}` (the entries it has)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    sizes = {}
+    embeddings = inner.get_input_embeddings()
+    if embeddings is not None:
+        sizes["input embedding"] = embeddings.num_embeddings
+    decoder = inner.get_decoder() if getattr(inner.config, "is_encoder_decoder", False) else None
+    decoder_embeddings = decoder.get_input_embeddings() if decoder is not None else None
+    if decoder_embeddings is not None:
+        sizes["decoder embedding"] = decoder_embeddings.num_embeddings
+    head = inner.get_output_embeddings()
+    if head is not None:
+        sizes["output layer"] = getattr(head, "out_features", None) or head.weight.shape[0]
+    return sizes
+
+
+def check_token_ids(tokenizer, model, trainer: str) -> None:
+    """Raises a clear error, naming the id and the fix, when an id the trainer will feed the model or its decode will
+    force or ban is outside the model's embedding matrices or output layer: the tokenizer's vocabulary, its special
+    ids, and every special, forced and banned id of the model's config and generation config. Unchecked, such an id
+    fails at the first step inside `torch.embedding` ("index out of range in self")."""
+    sizes = vocabulary_sizes(model)
+    if not sizes:
+        return
+    where, size = min(sizes.items(), key=lambda item: item[1])
+    tokens = len(tokenizer)
+    if tokens > size:
+        raise ValueError(
+            f"{trainer}: the tokenizer ({type(tokenizer).__name__}) has {tokens} tokens, but the model's {where} has "
+            f"{size} rows, so ids {size}..{tokens - 1} would fail at the first step. Use the model's own tokenizer, "
+            f"or grow the model with model.resize_token_embeddings(len(tokenizer)) before building the trainer.")
+    special = {f"the tokenizer's {name}": getattr(tokenizer, name, None)
+               for name in ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id")}
+    for source, config in (("model.config", model.config), ("model.generation_config",
+                                                             getattr(model, "generation_config", None))):
+        for name, role in CONFIG_IDS:
+            for token in _ids(getattr(config, name, None)):
+                if not 0 <= token < size:
+                    raise ValueError(
+                        f"{trainer}: {source}.{name}={token} ({role}) is outside the model's {where} of {size} rows "
+                        f"(ids 0..{size - 1}). Set {name} on model.config and model.generation_config to an id the "
+                        "model has (the tokenizer's own special ids, e.g. processing_class.pad_token_id), or resize "
+                        "the model's embeddings.")
+    for name, token in special.items():
+        if token is not None and not 0 <= token < size:
+            raise ValueError(f"{trainer}: {name}={token} is outside the model's {where} of {size} rows: use the "
+                             "model's own tokenizer or resize the model's embeddings.")
 
 
 def load_tokenizer_for(model):

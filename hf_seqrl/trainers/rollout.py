@@ -11,15 +11,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 from typing import NamedTuple
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import losses
 from ..configs import RolloutConfig
 from ..hub import reward_label
 from ..models.base import replayed_rng, rng_state
-from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
+from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from ..rewards.guards import LengthRatioReward
 from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
@@ -243,8 +245,11 @@ class RolloutTrainer(SeqRLBaseTrainer):
         the rewards are the parts' weighted sum). `text` holds one row per sequence (see `repeat_rows`). A sequence
         no reward applies to (`None`) is left out, and so is a non-finite reward with `nonfinite_rewards="drop"`."""
         predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
-        parts = call_reward_parts(self.reward_fn, predictions, text.references, text.sources, text.columns,
-                                  name=self.reward_label, batch_index=self.state.global_step)
+        try:
+            parts = call_reward_parts(self.reward_fn, predictions, text.references, text.sources, text.columns,
+                                      name=self.reward_label, step=self.state.global_step + 1)
+        except RewardError as error:
+            raise self.checkpoint_on_error(error) from error.__cause__
         values = combine_parts(self.reward_fn, parts)
         if self.args.nonfinite_rewards == "error":
             check_finite(values, self.reward_label)
@@ -252,6 +257,23 @@ class RolloutTrainer(SeqRLBaseTrainer):
         rewards = torch.tensor(numbers, dtype=torch.float32, device=token_ids.device)
         left_out = ~torch.isfinite(rewards)
         return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
+
+    def checkpoint_on_error(self, error: RewardError) -> RewardError:
+        """Returns `error` with what `save_on_error` did: during training on one process, a checkpoint of the steps
+        done is written first, and the message says how to resume from it."""
+        args, done = self.args, self.state.global_step
+        if not (args.save_on_error and self.model.training):
+            return error
+        if args.world_size > 1:
+            return RewardError(f"{error} (save_on_error writes no checkpoint on {args.world_size} processes: the "
+                               "others wait in a collective; resume from the last scheduled checkpoint.)")
+        if done == 0:
+            return RewardError(f"{error} (no step was done yet, so there is no checkpoint to write.)")
+        self._save_checkpoint(self.model, trial=None)
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{done}")
+        return RewardError(f"{error}. The {done} steps done are saved in {folder} (save_on_error): fix the reward, "
+                           f"then resume with resume_from_checkpoint={folder!r} (hf-seqrl train ... "
+                           f"--resume_from_checkpoint {folder}).")
 
     def sample_metrics(self, samples: RewardValues, left_out, sample_mask, sample_cut,
                        text: BatchText | None = None) -> dict[str, float]:

@@ -188,10 +188,33 @@ def test_cli_overrides_yaml_which_overrides_recipe_defaults(tmp_path):
     assert type(args).__name__ == "ScheduledSamplingConfig"
 
 
-def test_unknown_yaml_setting_is_named(tmp_path):
+def test_unknown_yaml_setting_is_named_with_the_closest_name(tmp_path, capsys):
+    from hf_seqrl.cli import UsageError, main
+
     config = write_yaml(tmp_path, tiny_model="t5", train_file="x.txt", learning_rat=0.1)
-    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['learning_rat'\]"):
+    with pytest.raises(UsageError, match=r"unknown setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\)"):
         parse_args(["--config", config])
+    assert main(["train", "--config", config]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("hf-seqrl train: error: ") and "Traceback" not in err and "learning_rate" in err
+
+
+def test_abbreviated_and_unknown_flags_are_refused(tmp_path):
+    from hf_seqrl.cli import UsageError
+
+    base = ["--tiny_model", "t5", "--train_file", "x.txt", "--output_dir", str(tmp_path)]
+    with pytest.raises(UsageError, match=r"unknown flag\(s\) --learning_rat \(did you mean 'learning_rate'\?\)"):
+        parse_args(base + ["--learning_rat", "0.1"])  # argparse would have read it as --learning_rate
+    with pytest.raises(UsageError, match=r"--num_sample "):
+        parse_args(base + ["--num_sample", "2"])
+
+
+def test_a_flag_of_another_algorithm_is_ignored_as_in_the_yaml(tmp_path):
+    # The README's line: an SCST config run as MRT with --baseline, a field MRT does not have.
+    with pytest.warns(UserWarning, match=r"the command line: \['baseline'\] do not apply to algorithm='mrt' "
+                                         r"\(MRTConfig\); ignored"):
+        _, args = parse_args(["--config", TRANSLATION, "--algorithm", "mrt", "--baseline", "none", "--num_samples", "3"])
+    assert type(args).__name__ == "MRTConfig" and args.num_samples == 3  # the flags after it still count
 
 
 def test_script_arguments_errors(tmp_path):

@@ -92,8 +92,8 @@ def test_async_values_are_checked_and_errors_name_the_reward():
 
     with pytest.raises(ValueError, match="reward 'wrong_count' returned 1 values for 2 predictions"):
         call_reward(wrong_count, PREDS, REFS)
-    with pytest.raises(RuntimeError, match="reward 'failing' raised KeyError on batch 3: 'server said no'"):
-        call_rewards([("failing", failing), ("slow_half", slow_half)], PREDS, REFS, batch_index=3)
+    with pytest.raises(RuntimeError, match=r"reward 'failing' raised KeyError at training step 3 on 2 rows, .*: 'server said no'"):
+        call_rewards([("failing", failing), ("slow_half", slow_half)], PREDS, REFS, step=3)
     with pytest.raises(RuntimeError, match=r"reward 'strict' raised TypeError.*declare \*\*kwargs"):
         build_reward([strict, slow_half])(PREDS, REFS, domain=["x", "y"])
     # a None (the reward does not apply) passes through as from a sync reward

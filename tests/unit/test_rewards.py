@@ -84,7 +84,7 @@ def test_weighted_combination():
 
 def test_reward_parts_sum_with_the_weights_to_the_total_exactly():
     combo = build_reward(["bleu", "rougeL", "bleu"], [0.25, 0.7, 0.05])
-    parts = call_reward_parts(combo, PREDS, REFS, name="combo", batch_index=3)
+    parts = call_reward_parts(combo, PREDS, REFS, name="combo", step=3)
     # a repeated reward gets a numbered key; every part holds the reward's own values
     assert list(parts) == ["bleu_reward", "rougeL_reward", "bleu_reward_2"]
     assert parts["bleu_reward"] == parts["bleu_reward_2"] == get_reward("bleu")(PREDS, REFS)
@@ -101,9 +101,9 @@ def test_reward_parts_sum_with_the_weights_to_the_total_exactly():
     assert part_weights(single, {"chrf_reward": [0.5]}) == {"chrf_reward": 1.0}
     # a part that breaks the convention is named, and the combination that called it
     broken = build_reward(["bleu", lambda predictions, **_: [1.0]], [0.5, 0.5])
-    with pytest.raises(RuntimeError, match=r"reward '0.5\*bleu_reward\+0.5\*<lambda>' raised ValueError on batch 3: "
-                                           r"reward '<lambda>' returned 1 values for 5"):
-        call_reward_parts(broken, PREDS, REFS, name=broken.__name__, batch_index=3)
+    with pytest.raises(RuntimeError, match=r"reward '0.5\*bleu_reward\+0.5\*<lambda>' raised ValueError at training step 3 on 5 rows, "
+                                           r"the first prediction .*: reward '<lambda>' returned 1 values for 5"):
+        call_reward_parts(broken, PREDS, REFS, name=broken.__name__, step=3)
 
 
 def test_callable_and_module_path_rewards():

@@ -26,11 +26,13 @@ def run(tmp_path, tokenizer, reward, arch="t5", model=None, **kwargs):
     return trainer, logs, before
 
 
-def test_reward_exception_names_reward_and_batch(tmp_path, tokenizer):
+def test_reward_exception_names_reward_step_and_rows(tmp_path, tokenizer):
     def broken(predictions, references, sources=None):
         raise KeyError("boom")
 
-    with pytest.raises(RuntimeError, match=r"reward 'broken' raised KeyError on batch 0: 'boom'"):
+    # the 1-based step and the rows; no checkpoint before any step is done
+    with pytest.raises(RuntimeError, match=r"reward 'broken' raised KeyError at training step 1 on 8 rows, the first "
+                                           r"prediction '.*': 'boom' \(no step was done yet"):
         run(tmp_path, tokenizer, broken)
 
 
@@ -45,7 +47,7 @@ def test_reward_wrong_length_is_an_error(tmp_path, tokenizer):
     def short(predictions, references, sources=None):
         return [0.0]
 
-    with pytest.raises(ValueError, match=r"reward 'short' returned 1 values for 8 predictions on batch 0"):
+    with pytest.raises(ValueError, match=r"reward 'short' returned 1 values for 8 predictions at training step 1 on 8 rows"):
         run(tmp_path, tokenizer, short)
 
 
@@ -53,7 +55,7 @@ def test_reward_returning_strings_is_an_error(tmp_path, tokenizer):
     def strings(predictions, references, sources):
         return ["1"] * len(predictions)
 
-    with pytest.raises(TypeError, match=r"reward 'strings' returned '1' \(str\) at index 0 on batch 0"):
+    with pytest.raises(TypeError, match=r"reward 'strings' returned '1' \(str\) at index 0 at training step 1 on 8 rows"):
         run(tmp_path, tokenizer, strings)
 
 
