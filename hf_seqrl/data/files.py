@@ -186,7 +186,8 @@ def drop_empty_pairs(dataset, where: str = "dataset"):
                 for source, target in zip(batch["source"], batch["target"])]
 
     dataset = dataset.filter(keep, batched=True, desc=f"{where}: drop empty pairs")
-    if len(dataset) and isinstance(dataset[0]["target"], list):
-        dataset = dataset.map(lambda batch: {"target": [[r for r in refs if has_text(r)] for refs in batch["target"]]},
+    if any(isinstance(target, list) and not all(map(has_text, target)) for target in dataset["target"]):
+        dataset = dataset.map(lambda batch: {"target": [[r for r in refs if has_text(r)] if isinstance(refs, list)
+                                                        else refs for refs in batch["target"]]},
                               batched=True, desc=f"{where}: drop empty references")
     return dataset
