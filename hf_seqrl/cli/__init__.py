@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def closing_block(title: str, output_dir: str, files: dict[str, str], next_commands: list[str]) -> str:
+    """Returns what a command prints when it is done: where its outputs went (`files`: what -> file name in
+    `output_dir`, those that exist) and the commands to run next."""
+    import os
+
+    lines = ["", f"{title}: {os.path.abspath(output_dir)}"]
+    lines += [f"  {what:<10}{os.path.join(output_dir, name)}" for what, name in files.items()
+              if os.path.exists(os.path.join(output_dir, name))]
+    if next_commands:
+        lines += ["next:"] + [f"  {command}" for command in next_commands]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Returns the exit status of `hf-seqrl` run with `argv` (default: sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)

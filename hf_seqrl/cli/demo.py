@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..demo import run_demo
+from ..demo.run import HELDOUT_FILE, RESULTS_FILE
 
 
 @dataclass
@@ -22,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     """Returns the exit status of `hf-seqrl demo` run with `argv` (default: sys.argv[1:])."""
     from . import parse_command
 
+    from . import closing_block
+
     args = parse_command("demo", DemoArguments, argv)
     run_demo(args.output_dir, seed=args.seed, quick=args.quick)
+    out = args.output_dir
+    print(closing_block("saved the SCST model", out, {"model": "model.safetensors", "card": "README.md",
+                                                       "results": RESULTS_FILE, "held out": HELDOUT_FILE},
+                        [f"hf-seqrl evaluate --model {out} --data {out}/{HELDOUT_FILE} --metrics bleu chrf",
+                         f"hf-seqrl diagnose --model {out} --data {out}/{HELDOUT_FILE} --output_dir diag_out"]))
     return 0

@@ -20,12 +20,13 @@ import transformers
 from transformers import HfArgumentParser
 
 from ..data import tokenize_for
+from ..data.tokenization import report_cut
 from ..data.files import check_pairs, load_text_files, select_pair_columns
-from ..evaluation import build_compute_metrics
+from ..evaluation import RUN_SETTINGS_FILE, build_compute_metrics
 from ..models import FAMILIES, family_for
 from ..models.tiny import ARCHITECTURES
 from ..trainers import TRAINER_CLASSES, RolloutTrainer
-from . import UsageError, flag_name, parse_dataclasses, suggest
+from . import UsageError, closing_block, flag_name, parse_dataclasses, suggest
 
 # algorithm -> trainer class; each trainer names its config class (`config_class`)
 TRAINERS = {trainer.algorithm_id: trainer for trainer in TRAINER_CLASSES}
@@ -278,7 +279,9 @@ def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_
                            max_source_length=data_args.max_source_length,
                            max_target_length=data_args.max_target_length,
                            prefix=s.source_prefix, decoder_start_token_id=decoder_start_token_id,
-                           prompt_template=s.prompt_template, use_chat_template=s.use_chat_template))
+                           prompt_template=s.prompt_template, use_chat_template=s.use_chat_template, count_cut=True))
+        out[split] = report_cut(out[split], where, (data_args.max_source_length, data_args.max_target_length),
+                                ("source", "target"))
     if "train" not in out:
         raise ValueError("The data has no 'train' split: give train_file, or a dataset_name with a train split.")
     return out
@@ -350,7 +353,20 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     else:
         trainer.save_model()  # every process calls it (sharded states are gathered); only the main one writes
         trainer.create_model_card(**card)
+    if trainer.is_world_process_zero():
+        print(closing_block(f"saved the {script_args.algorithm} model", training_args.output_dir,
+                            {"model": "model.safetensors", "adapter": "adapter_model.safetensors", "card": "README.md",
+                             "settings": RUN_SETTINGS_FILE, "metrics": "all_results.json"},
+                            next_commands(script_args, training_args.output_dir)))
     return metrics
+
+
+def next_commands(script_args: ScriptArguments, output_dir: str) -> list[str]:
+    """Returns the commands that score and diagnose the saved model on the run's held-out file (a placeholder
+    FILE.jsonl when the data came from the Hub)."""
+    data = script_args.test_file or script_args.validation_file or "FILE.jsonl"
+    return [f"hf-seqrl evaluate --model {output_dir} --data {data}",
+            f"hf-seqrl diagnose --model {output_dir} --data {data} --output_dir {output_dir}/diagnostics"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from ..models.base import decoder_start_id, pad_columns
 from .checks import has_text, normalize_references
 
+# The column `count_cut=True` adds to the tokenized rows: [source cut, target cut]; `report_cut` counts and removes it.
+CUT_COLUMN = "cut_to_max_length"
+
 # ---- encoder-decoder models: source → input_ids, target → labels ----------------------------------------------
 
 
@@ -31,8 +34,10 @@ def tokenize_pairs(
     max_target_length: int | None = None,
     prefix: str = "",
     decoder_start_token_id: int | None = None,
+    count_cut: bool = False,
 ) -> dict[str, list]:
-    """Returns tokenized `input_ids`, `attention_mask`, `labels` and raw `references` / `sources` (batched map).
+    """Returns tokenized `input_ids`, `attention_mask`, `labels` and raw `references` / `sources` (batched map); with
+    `count_cut`, also `CUT_COLUMN`: per row, whether truncation cut its source and its target (`report_cut`).
 
     A target cell may hold one string or a list of references; the first reference is the training label,
     all of them are kept as rewards' references. With `decoder_start_token_id`, labels lose a leading copy of
@@ -44,12 +49,50 @@ def tokenize_pairs(
             raise ValueError(f"Row {i} of this batch has an empty or non-string {source_column!r}: drop or fix it.")
     # Raises on an empty target too: every reference of a row must have text.
     references = normalize_references(examples[target_column], field_name=target_column)
-    model_inputs = tokenizer([prefix + s for s in sources], max_length=max_source_length, truncation=True)
-    labels = tokenizer(text_target=[refs[0] for refs in references], max_length=max_target_length, truncation=True)
+    texts = [prefix + s for s in sources]
+    model_inputs = tokenizer(texts, max_length=max_source_length, truncation=True)
+    targets = [refs[0] for refs in references]
+    labels = tokenizer(text_target=targets, max_length=max_target_length, truncation=True)
     model_inputs["labels"] = strip_start_token(labels["input_ids"], decoder_start_token_id)
     model_inputs["references"] = references
     model_inputs["sources"] = list(sources)
+    if count_cut:
+        source_cut = was_cut(tokenizer, texts, model_inputs["input_ids"], max_source_length)
+        target_cut = was_cut(tokenizer, targets, labels["input_ids"], max_target_length, target=True)
+        model_inputs[CUT_COLUMN] = [[s, t] for s, t in zip(source_cut, target_cut)]
     return model_inputs
+
+
+def was_cut(tokenizer, texts: list[str], ids: list[list[int]], max_length: int | None, target: bool = False):
+    """Returns, per text, whether truncation to `max_length` cut it: only the rows that came out at the limit are
+    tokenized again, whole."""
+    cut = [False] * len(texts)
+    if max_length is None:
+        return cut
+    at_limit = [i for i, row in enumerate(ids) if len(row) >= max_length]
+    if at_limit:
+        whole = [texts[i] for i in at_limit]
+        lengths = tokenizer(text_target=whole)["input_ids"] if target else tokenizer(whole)["input_ids"]
+        for i, row in zip(at_limit, lengths):
+            cut[i] = len(row) > max_length
+    return cut
+
+
+def report_cut(dataset, name: str, limits: tuple[int | None, int | None], roles=("source", "target")):
+    """Returns `dataset` without its `CUT_COLUMN`, after a warning that counts the rows whose source and target were
+    cut to `limits` (nothing is said when none was)."""
+    if CUT_COLUMN not in (getattr(dataset, "column_names", None) or []):
+        return dataset
+    flags = dataset[CUT_COLUMN]
+    counts = [sum(bool(row[k]) for row in flags) for k in range(2)]
+    parts = [f"{count} of {len(flags)} {role}s cut to {limit} tokens"
+             for count, role, limit in zip(counts, roles, limits) if count]
+    if parts:
+        import warnings
+
+        warnings.warn(f"{name}: {' and '.join(parts)} (max_{roles[0]}_length / max_{roles[1]}_length; raise them to "
+                      "keep more).", stacklevel=2)
+    return dataset.remove_columns(CUT_COLUMN)
 
 
 # ---- decoder-only models: prompt + completion in one row, the loss on the completion only ----------------------
@@ -110,8 +153,9 @@ def tokenize_prompt_completion(
     max_completion_length: int | None = None,
     prompt_template: str | None = None,
     use_chat_template: bool = False,
+    count_cut: bool = False,
 ) -> dict[str, list]:
-    """Returns causal-LM features (batched map): `input_ids` = prompt + completion + EOS, `attention_mask`, `labels`
+    """Returns causal-LM features (batched map; `count_cut` as in `tokenize_pairs`): `input_ids` = prompt + completion + EOS, `attention_mask`, `labels`
     (-100 on the prompt, the completion and its EOS otherwise), and raw `references` / `sources`.
 
     The prompt of a row is what precedes its first label (`hf_seqrl.models.causal.split_prompts` reads it back for
@@ -125,7 +169,7 @@ def tokenize_prompt_completion(
     prompts, targets = examples[prompt_column], examples[completion_column]
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenize_prompt_completion needs a tokenizer with an eos_token: completions end with it.")
-    features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": []}
+    features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": [], CUT_COLUMN: []}
     for i, (prompt, target) in enumerate(zip(prompts, targets)):
         source = source_text(prompt)
         if isinstance(prompt, str):
@@ -138,13 +182,18 @@ def tokenize_prompt_completion(
         references = [_message_text(t) for t in target] if is_list_of_refs else [_message_text(target)]
         if not has_text(references[0]):
             raise ValueError(f"Row {i} of this batch has an empty {completion_column!r}: drop or fix it.")
-        prompt_ids = prompt_token_ids(prompt, tokenizer, max_prompt_length)
+        whole_prompt = prompt_token_ids(prompt, tokenizer)
+        prompt_ids = whole_prompt[-max_prompt_length:] if max_prompt_length is not None else whole_prompt
+        whole_completion = completion_token_ids(references[0], tokenizer)
         completion_ids = completion_token_ids(references[0], tokenizer, max_completion_length)
+        features[CUT_COLUMN].append([len(prompt_ids) < len(whole_prompt), len(completion_ids) < len(whole_completion)])
         features["input_ids"].append(prompt_ids + completion_ids)
         features["attention_mask"].append([1] * (len(prompt_ids) + len(completion_ids)))
         features["labels"].append([-100] * len(prompt_ids) + completion_ids)
         features["references"].append(references)
         features["sources"].append(source)
+    if not count_cut:
+        del features[CUT_COLUMN]
     return features
 
 
@@ -153,7 +202,7 @@ def tokenize_prompt_completion(
 def tokenize_for(examples: dict[str, list], family, tokenizer, source_column: str, target_column: str,
                  max_source_length: int | None = None, max_target_length: int | None = None, prefix: str = "",
                  decoder_start_token_id: int | None = None, prompt_template: str | None = None,
-                 use_chat_template: bool = False) -> dict[str, list]:
+                 use_chat_template: bool = False, count_cut: bool = False) -> dict[str, list]:
     """Returns the tokenized features of source/target pairs for a model of `family` (a `datasets.map(batched=True)`
     function): `tokenize_pairs` for encoder-decoder models, `tokenize_prompt_completion` for decoder-only ones."""
     if family.name == "seq2seq":
@@ -161,11 +210,11 @@ def tokenize_for(examples: dict[str, list], family, tokenizer, source_column: st
             raise ValueError("prompt_template and use_chat_template shape the prompts of decoder-only models; an "
                              "encoder-decoder model reads the source itself (source_prefix adds a task prefix).")
         return tokenize_pairs(examples, tokenizer, source_column, target_column, max_source_length,
-                              max_target_length, prefix, decoder_start_token_id)
+                              max_target_length, prefix, decoder_start_token_id, count_cut)
     if prefix and prompt_template is None:
         prompt_template = prefix + "{prompt}"
     return tokenize_prompt_completion(examples, tokenizer, source_column, target_column, max_source_length,
-                                      max_target_length, prompt_template, use_chat_template)
+                                      max_target_length, prompt_template, use_chat_template, count_cut)
 
 
 def tokenize_sources(family, tokenizer, sources, max_length: int | None = None) -> dict:
@@ -256,7 +305,7 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
                 out.update(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
             return out
         out = tokenize_for(batch, family, tokenizer, source, target, limits[0], limits[1],
-                           decoder_start_token_id=decoder_start_token_id)
+                           decoder_start_token_id=decoder_start_token_id, count_cut=not streamed)
         if keep_references:
             out.pop("references", None)
         return dict(out)
@@ -264,4 +313,5 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     used = [c for c in (source, target) if c is not None and c not in ("references", "sources")]
     if streamed:  # tokenized on the fly, as the rows are read
         return dataset.map(tokenize, batched=True, with_indices=True, remove_columns=used)
-    return dataset.map(tokenize, batched=True, with_indices=True, remove_columns=used, desc=f"{name}: tokenize")
+    tokenized = dataset.map(tokenize, batched=True, with_indices=True, remove_columns=used, desc=f"{name}: tokenize")
+    return report_cut(tokenized, name, limits, ("prompt", "completion") if causal else ("source", "target"))

@@ -9,7 +9,8 @@ from .arms import ARM_TITLES, ARMS, compare
 from .task import FULL, QUICK, DemoSettings
 
 RESULTS_FILE = "demo_results.json"
-# The held-out split, for `hf-seqrl diagnose --model DIR --data DIR/heldout_test.jsonl --target_column references`.
+# The held-out split (`source`, and every reference in `target`, the CLI's default columns), for
+# `hf-seqrl evaluate` / `hf-seqrl diagnose --model DIR --data DIR/heldout_test.jsonl`.
 HELDOUT_FILE = "heldout_test.jsonl"
 
 
@@ -61,7 +62,7 @@ def run_with_settings(output_dir: str, seed: int, settings: DemoSettings, quick:
         json.dump(results, f, indent=2)
     with open(os.path.join(output_dir, HELDOUT_FILE), "w") as f:
         for row in test_rows:
-            f.write(json.dumps({"source": row["source"], "references": row["references"]}) + "\n")
+            f.write(json.dumps({"source": row["source"], "target": row["references"]}) + "\n")
     write_card(output_dir, results, settings)
     return results
 

@@ -42,6 +42,29 @@ def eval_mode(model):
         model.train(was_training)
 
 
+class _LengthWarnings:
+    """A logging filter that drops transformers' "Both `max_new_tokens` ... and `max_length` ... seem to have been
+    set" warning."""
+
+    def filter(self, record) -> bool:
+        return "seem to have been set" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_length_warnings():
+    """Within the context, `generate` does not warn that both `max_new_tokens` and `max_length` are set: the project
+    sets `max_new_tokens` on purpose over a checkpoint's `max_length` (opus-mt's 512), which `generate` then warns of
+    at every call."""
+    import logging
+
+    logger, quiet = logging.getLogger("transformers.generation.utils"), _LengthWarnings()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 def pad_columns(x: torch.Tensor, length: int, value: int, side: str) -> torch.Tensor:
     """Returns `x` `(N, T)` padded with `value` to `(N, length)` on the `"left"` or `"right"`."""
     if side not in ("left", "right"):

@@ -18,7 +18,8 @@ from transformers import DynamicCache, GenerationConfig
 from ..types import Rollout
 from .bans import token_ban_settings
 from .beam import beam_kwargs
-from .base import DecodeSettings, ModelFamily, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id, unwrap
+from .base import (DecodeSettings, ModelFamily, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id,
+                   quiet_length_warnings, unwrap)
 from .decoding import DecodeSteps, decode_rollout, decode_targets
 
 
@@ -94,7 +95,8 @@ def generate_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
                          **generate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns `(completion ids (B, T), mask)` of `model.generate` on left-padded prompts (greedy, beams, or whatever
     `generate_kwargs` ask for: evaluation and diagnostics), pad after each row's first EOS."""
-    sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), **generate_kwargs)
+    with quiet_length_warnings():
+        sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), **generate_kwargs)
     return generated_targets(sequences, prompt_ids.shape[1], model)
 
 

@@ -16,8 +16,8 @@ from transformers.modeling_outputs import BaseModelOutput
 from ..types import Rollout, ScoredRollout
 from .bans import TokenBans, token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, decoder_start_id, eval_mode, generated_targets, pad_id, score_targets,
-                   shift_right, unwrap)
+from .base import (DecodeSettings, ModelFamily, decoder_start_id, eval_mode, generated_targets, pad_id,
+                   quiet_length_warnings, score_targets, shift_right, unwrap)
 from .decoding import DecodeSteps, decode_loop, decode_rollout
 
 
@@ -243,8 +243,9 @@ class Seq2SeqFamily(ModelFamily):
                               with_greedy, keys, prefix)
 
     def generate(self, model, batch, **generate_kwargs):
-        return model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                              **generate_kwargs)
+        with quiet_length_warnings():
+            return model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                                  **generate_kwargs)
 
     def beam_search(self, model, batch, num_beams, num_return, max_new_tokens, limits=None):
         kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=1)  # after the start token
@@ -254,8 +255,9 @@ class Seq2SeqFamily(ModelFamily):
     def continue_from(self, model, batch, prefix, generation_config):
         forced = None if prefix is None else torch.cat(
             [prefix.new_full((prefix.shape[0], 1), decoder_start_id(model)), prefix], dim=1)
-        out = model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                             generation_config=generation_config, decoder_input_ids=forced)
+        with quiet_length_warnings():
+            out = model.generate(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                                 generation_config=generation_config, decoder_input_ids=forced)
         return generated_targets(out, 1, model)
 
     def prompts(self, model, batch):

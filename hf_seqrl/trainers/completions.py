@@ -8,7 +8,8 @@ optimizer step of the log), prints `num_completions_to_print` of them as a table
 log with no rollout since the last one (warm-up, the reused steps of `num_iterations > 1`) writes no file.
 
 The console table fits the terminal (`shutil.get_terminal_size`): one line per row, long text cut with "…"
-(`fit_widths`); the file and the integrations keep the whole text. The rest are pure functions of the rows
+(`fit_widths`), the sample given the most room and the source cut from the left so that the end of a prompt shows;
+the file and the integrations keep the whole text. The rest are pure functions of the rows
 (`completion_rows`, `table`, `table_text`, `markdown_table`, `write_jsonl`), tested without a model.
 """
 
@@ -26,6 +27,10 @@ MAX_COLUMN_CHARS = 1000  # a dataset column's value goes into a row when its JSO
 # What the console table shows (the file, TensorBoard and W&B get every column of `table`).
 CONSOLE_COLUMNS = ("source", "references", "prediction", "greedy", "reward", "advantage", "truncated")
 MIN_TEXT_WIDTH = 8  # a text column narrower than this shows too little to read
+# How the console shares its width among the text columns: the sample most, the greedy decode and the source next.
+TEXT_WEIGHTS = {"prediction": 3, "greedy": 2, "source": 2, "references": 1}
+# Cut from the left ("…" first): the end of a prompt says what it asks for (a chat template's fixed part comes first).
+CUT_FROM_LEFT = ("source",)
 
 
 def json_safe(value: Any) -> Any:
@@ -110,27 +115,52 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[l
     return names, [[f[name] for name in names] for f in flat]
 
 
-def _cell(value: Any, width: int | None = None) -> str:
+def _cell(value: Any, width: int | None = None, from_left: bool = False) -> str:
     text = f"{value:.4f}" if isinstance(value, float) else "" if value is None else str(value)
     text = " ".join(text.split())  # one line per row
-    return text if width is None or len(text) <= width else text[: max(width - 1, 0)] + "…"
+    if width is None or len(text) <= width:
+        return text
+    keep = max(width - 1, 0)
+    return "…" + text[len(text) - keep:] if from_left else text[:keep] + "…"
 
 
-def fit_widths(natural: Sequence[int], total: int, separator: int = 2) -> list[int]:
+def fit_widths(natural: Sequence[int], total: int, separator: int = 2,
+               weights: Sequence[float] | None = None) -> list[int]:
     """Returns column widths that fit a line of `total` characters, each column at most its `natural` width.
 
-    Columns separated by `separator` characters share the room: the widest are cut to one common width, the largest
-    at which the line fits, so the narrow ones (numbers, flags) keep theirs. The common width is at least
-    `MIN_TEXT_WIDTH`: a very narrow terminal gets a line longer than `total` rather than unreadable cells.
+    Columns separated by `separator` characters share the room: each wide column is cut to `weights[j]` (default 1)
+    times one common width, the largest at which the line fits, so the narrow ones (numbers, flags) keep theirs and
+    a column of weight 2 gets twice the room of one of weight 1. A cut width is at least `MIN_TEXT_WIDTH`: a very
+    narrow terminal gets a line longer than `total` rather than unreadable cells.
     """
+    weights = [1.0] * len(natural) if weights is None else list(weights)
     room = total - separator * max(len(natural) - 1, 0)
     if sum(natural) <= room:
         return list(natural)
+
+    def capped(unit: int) -> list[int]:
+        return [min(w, max(int(weight * unit), MIN_TEXT_WIDTH)) for w, weight in zip(natural, weights)]
+
     low, high = 0, max(natural)
-    while low < high:  # bisection for the largest cap whose capped widths fit
+    while low < high:  # bisection for the largest common width whose capped widths fit
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if sum(min(w, mid) for w in natural) <= room else (low, mid - 1)
-    return [min(w, max(low, MIN_TEXT_WIDTH)) for w in natural]
+        low, high = (mid, high) if sum(capped(mid)) <= room else (low, mid - 1)
+    return capped(low)
+
+
+def console_cells(rows: Sequence[dict], total_width: int, margin: int, separator: int
+                  ) -> tuple[list[str], list[list[str]], list[int]]:
+    """Returns `(names, cells, widths)` of `CONSOLE_COLUMNS` for a console `total_width` wide (`margin` characters of
+    borders and padding per column besides `separator`): the text columns share the room by `TEXT_WEIGHTS`, each cell
+    cut to its width, the source's from the left."""
+    names, values = table(rows, CONSOLE_COLUMNS)
+    texts = [[_cell(value) for value in row] for row in values]
+    natural = [max([len(name)] + [len(row[j]) for row in texts]) for j, name in enumerate(names)]
+    widths = fit_widths(natural, total_width - margin * len(names), separator,
+                        [TEXT_WEIGHTS.get(name, 1) for name in names])
+    cells = [[_cell(text, width, name in CUT_FROM_LEFT) for text, width, name in zip(row, widths, names)]
+             for row in texts]
+    return names, cells, widths
 
 
 def console_width() -> int:
@@ -142,11 +172,11 @@ def table_text(rows: Sequence[dict], width: int | None = None, total_width: int 
     """Returns the rows as a plain text table (`CONSOLE_COLUMNS`, one line per row, numbers to 4 decimals), for
     consoles without `rich`: the text of a cell is cut to `width` characters when given, and the columns to fit
     `total_width` (default: the terminal's width, `console_width`)."""
-    names, cells = table(rows, CONSOLE_COLUMNS)
-    texts = [names] + [[_cell(value, width) for value in row] for row in cells]
-    natural = [max(len(row[j]) for row in texts) for j in range(len(names))]
-    widths = fit_widths(natural, total_width or console_width())
-    texts = [[_cell(text, w) for text, w in zip(row, widths)] for row in texts]
+    if width is not None:
+        rows = [{**row, **{name: _cell(row[name], width, name in CUT_FROM_LEFT) for name in TEXT_WEIGHTS
+                           if isinstance(row.get(name), str)}} for row in rows]
+    names, cells, widths = console_cells(rows, total_width or console_width(), margin=0, separator=2)
+    texts = [[_cell(name, w) for name, w in zip(names, widths)]] + cells
     lines = ["  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip() for row in texts]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -181,16 +211,13 @@ def print_table(rows: Sequence[dict], step: int, total_width: int | None = None)
     except ImportError:
         print(f"completions at step {step}\n{table_text(rows, total_width=total_width)}", flush=True)
         return
-    names, cells = table(rows, CONSOLE_COLUMNS)
-    texts = [[_cell(value) for value in row] for row in cells]
-    natural = [max([len(name)] + [len(row[j]) for row in texts]) for j, name in enumerate(names)]
     # rich's box: a border before each column and after the last, one space of padding on each side of a cell.
-    widths = fit_widths(natural, total_width - 3 * len(names) - 1, separator=0)
+    names, cells, widths = console_cells(rows, total_width - 1, margin=3, separator=0)
     shown = Table(title=f"completions at step {step}", show_lines=True)
     for name, width in zip(names, widths):
         shown.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
-    for row in texts:
-        shown.add_row(*(_cell(text, width) for text, width in zip(row, widths)))
+    for row in cells:
+        shown.add_row(*row)
     Console(width=max(total_width, sum(widths) + 3 * len(widths) + 1)).print(shown)
 
 

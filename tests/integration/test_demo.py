@@ -42,7 +42,7 @@ def test_quick_demo_trains_compares_and_saves(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "C + SCST" in out and "C + scheduled sampling" in out
     heldout = [json.loads(line) for line in (tmp_path / "heldout_test.jsonl").read_text().splitlines()]
-    assert len(heldout) == QUICK.test_size and len(heldout[0]["references"]) == QUICK.dialects
+    assert len(heldout) == QUICK.test_size and len(heldout[0]["target"]) == QUICK.dialects
     card = (tmp_path / "README.md").read_text()
     assert "SCST" in card and "test_bleu_scst" in card and "outputs = model.generate(**inputs" in card
     # The card's code, run as written with the folder for the repository id, writes what the saved model writes.
