@@ -169,17 +169,33 @@ def reward_label(reward_funcs: Any, weights=None) -> str:
     return " + ".join(f"{float(w):g}*{n}" for w, n in zip(weights, names))
 
 
-def card_example(dataset, tokenizer, causal: bool) -> dict[str, Any]:
+def chat_prompt_ids(tokenizer, content: str) -> list[int]:
+    """Returns the ids of `content` sent as one user message through the tokenizer's chat template, with the
+    generation prompt (the prompt a chat-trained model read), without a final EOS."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                         tokenize=False)
+    ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    return ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
+
+
+def card_example(dataset, tokenizer, causal: bool, prompt_template: str | None = None,
+                 use_chat_template: bool = False) -> dict[str, Any]:
     """Returns the `render_model_card` fields of the "How to use" input: `example_input`, the first source (or prompt)
-    of `dataset` (the evaluation data; the first split of a dict) as text that tokenizes back to the ids the model
-    read, `prompt_special_tokens` and `prompt_ends_with_eos`; no `example_input` without data or a tokenizer.
+    of `dataset` (the evaluation data, else the training data; the first split of a dict) as text that tokenizes back
+    to the ids the model read, `prompt_special_tokens` and `prompt_ends_with_eos`; no `example_input` without data or
+    a tokenizer.
 
     The text is the row's `sources` entry, else its decoded ids; a causal prompt decoded with its special tokens
-    (a chat template's) is tokenized without adding any.
+    (a chat template's) is tokenized without adding any. A causal prompt that is the row's source (formatted by
+    `prompt_template`) sent as a user message through the tokenizer's chat template gives `example_messages`
+    instead: the card then builds the prompt with `apply_chat_template`, as training did (`use_chat_template`, or a
+    conversational dataset). With `use_chat_template` and no data, the placeholder is such a message.
     """
     if tokenizer is None:
         return {}
     fields: dict[str, Any] = {"prompt_ends_with_eos": causal and ends_with_eos(tokenizer, PLACEHOLDER_INPUT)}
+    if causal and use_chat_template and getattr(tokenizer, "chat_template", None):
+        fields["example_messages"] = [{"role": "user", "content": PLACEHOLDER_INPUT}]
     row = first_row(dataset)
     if not row or "input_ids" not in row:
         return fields
@@ -190,6 +206,10 @@ def card_example(dataset, tokenizer, causal: bool) -> dict[str, Any]:
         ids = ids[:next((i for i, label in enumerate(labels) if label != -100), len(ids))]
     ids = [i for i, keep in zip(ids, mask) if keep]  # causal prompts are left-padded
     source = row.get("sources")
+    if causal and isinstance(source, str) and getattr(tokenizer, "chat_template", None):
+        for content in dict.fromkeys([prompt_template.format(prompt=source) if prompt_template else source, source]):
+            if chat_prompt_ids(tokenizer, content) == ids:
+                return dict(example_messages=[{"role": "user", "content": content}], prompt_ends_with_eos=False)
     readings = [(source, True)] if isinstance(source, str) else []
     readings += [(tokenizer.decode(ids, skip_special_tokens=True), True)]
     if causal:
@@ -234,6 +254,7 @@ def render_model_card(
     curve: list[tuple[str, float, float]] | None = None,
     repo_id: str | None = None,
     example_input: str | None = None,
+    example_messages: list[dict] | None = None,
     prompt_special_tokens: bool = True,
     prompt_ends_with_eos: bool = False,
     max_new_tokens: int | None = None,
@@ -254,7 +275,9 @@ def render_model_card(
     decoder-only model: its code feeds `example_input` as a prompt and prints the completion only).
 
     The "How to use" code generates from `example_input` (a placeholder when None) with the model's generation config,
-    `max_new_tokens` added when given; a prompt is tokenized with the tokenizer's special tokens unless
+    `max_new_tokens` added when given; a decoder-only model trained on chat prompts gets `example_messages` (a list of
+    `{"role", "content"}`), rendered by `tokenizer.apply_chat_template`. Otherwise a prompt is tokenized with the
+    tokenizer's special tokens unless
     `prompt_special_tokens` is False (a prompt written with them, e.g. by a chat template), and loses its final EOS
     when `prompt_ends_with_eos` (tokenizers that end every text with EOS, as training cut it).
 
@@ -318,6 +341,7 @@ def render_model_card(
         curve=curve or [],
         repo_id=repo_id,
         example=repr(example_input if example_input is not None else PLACEHOLDER_INPUT),
+        messages=repr(example_messages) if causal and example_messages else None,
         prompt_special_tokens=prompt_special_tokens,
         prompt_ends_with_eos=prompt_ends_with_eos and prompt_special_tokens,
         max_new_tokens=max_new_tokens,

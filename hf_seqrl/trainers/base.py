@@ -347,7 +347,9 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             repo_id=args.hub_model_id,
             model_class=self.family.auto_class,
             max_new_tokens=getattr(args, "max_new_tokens", None) or args.generation_max_length,
-            **card_example(self.eval_dataset, self.processing_class, self.family.name == "causal"),
+            **card_example(self.eval_dataset if self.eval_dataset is not None else self.train_dataset,
+                           self.processing_class, self.family.name == "causal",
+                           self.run_settings.get("prompt_template"), bool(self.run_settings.get("use_chat_template"))),
         )
 
     def card_reward(self) -> str:

@@ -96,6 +96,33 @@ def test_causal_card_code_prompts_as_trained_and_prints_the_completion_only(tmp_
     assert_writes_as_trained(trainer, namespace, printed, max_new_tokens=8, causal=True)
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.mark.parametrize("with_eval", [True, False])
+def test_a_chat_trained_card_builds_its_prompt_with_the_chat_template(tmp_path, with_eval):
+    tokenizer = byt5_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+
+    def chats(n, seed):
+        sources, targets = toy_pairs(n, seed=seed, task="reverse", alphabet="abcd", lengths=(2, 5))
+        return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Reverse {s}"}] for s in sources],
+                                  "completion": targets})
+
+    trainer, out = train_and_save(SCSTTrainer, tiny_causal_model("llama"), tmp_path, train_dataset=chats(8, 0),
+                                  eval_dataset=chats(4, 1) if with_eval else None, processing_class=tokenizer)
+    card = (out / "README.md").read_text()
+    first = chats(4, 1) if with_eval else chats(8, 0)
+    assert f"messages = {first['prompt'][0]!r}" in card and "apply_chat_template(messages" in card
+    assert "<user>" not in card  # no prompt already rendered through the template
+    namespace, printed = run_card_code(out, "saved")
+    row = (trainer.eval_dataset if with_eval else trainer.train_dataset)[0]
+    assert namespace["inputs"]["input_ids"][0].tolist() == [i for i, label in zip(row["input_ids"], row["labels"])
+                                                            if label == -100]
+    assert_writes_as_trained(trainer, namespace, printed, max_new_tokens=8, causal=True)
+
+
 # ---- what the card claims ------------------------------------------------------------------------------------------
 
 def test_card_claims_no_task_the_config_does_not_name_and_no_invented_example(tmp_path):
@@ -105,8 +132,9 @@ def test_card_claims_no_task_the_config_does_not_name_and_no_invented_example(tm
     assert "pipeline_tag" not in meta and "translation" not in meta["tags"]
     assert "translation" not in card.lower() and "summariz" not in card.lower()
     assert card.split("\n# saved\n", 1)[1].lstrip().startswith("Encoder-decoder model fine-tuned with")
-    assert "Ein Hund" not in card and "Your input text." in card  # a placeholder, no sentence of some language
-    run_card_code(out, "saved")  # the placeholder runs too
+    # without evaluation data the example is the first training source: no sentence of some language invented
+    assert "Ein Hund" not in card and f"tokenizer({pairs()['source'][0]!r}, return_tensors=" in card
+    run_card_code(out, "saved")
 
 
 @pytest.mark.parametrize("task", ["translation", "summarization"])
