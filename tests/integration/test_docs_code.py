@@ -50,6 +50,7 @@ def test_the_decoder_only_walkthrough_runs(tmp_path, monkeypatch):
         assert torch.equal(namespace["model"].generate(**inputs, max_new_tokens=16, do_sample=False), expected)
 
 
+@pytest.mark.slow
 def test_the_offline_models_page_runs(tmp_path, monkeypatch):
     namespace, printed = run_page("offline_models.md", tmp_path, monkeypatch)
     assert namespace["trainer"].state.global_step > 0 and "eval_bleu" in printed

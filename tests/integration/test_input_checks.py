@@ -137,3 +137,18 @@ def test_an_evaluate_metric_offline_points_to_the_builtin(monkeypatch):
         load_evaluate_module("sacrebleu")
     with pytest.raises(ValueError, match=r"unknown reward 'sacrebleu'. Did you mean 'bleu'\?"):
         check_reward_spec("sacrebleu")
+
+
+@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+def test_truncation_is_counted_in_one_warning(tmp_path, family):
+    from helpers import tiny_causal_model
+
+    columns = ("source", "target") if family == "seq2seq" else ("prompt", "completion")
+    data = Dataset.from_dict({columns[0]: ["a" * 10_000, "short", "b" * 70], columns[1]: ["x", "y" * 40, "z"]})
+    model = tiny_model("t5") if family == "seq2seq" else tiny_causal_model()
+    limits = (dict(max_source_length=64, max_target_length=16) if family == "seq2seq"
+              else dict(max_prompt_length=64, max_completion_length=16))
+    with pytest.warns(UserWarning, match=rf"train_dataset: 2 of 3 {columns[0]}s cut to 64 tokens and 1 of 3 "
+                                         rf"{columns[1]}s cut to 16 tokens"):
+        trainer = build(tmp_path, model, data=data, **limits)
+    assert "cut_to_max_length" not in trainer.train_dataset.column_names  # the count's column is gone
