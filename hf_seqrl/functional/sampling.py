@@ -100,20 +100,25 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
     return inverse_cdf_sample(warp_logits(logits.float(), temperature, top_k, top_p), uniforms)
 
 
-def argmax_or_sample(logits: torch.Tensor, sampled: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0,
-                     top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Returns the argmax of each row, and on the `sampled` rows a draw of `sample_tokens` instead.
+def argmax_or_sample(logits: torch.Tensor, sample_rows: torch.Tensor | None, uniforms: torch.Tensor,
+                     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Returns the argmax of each row, and on the rows `sample_rows` a draw of `sample_tokens` instead.
+
+    The rows are given by position, not by a bool mask, so that nothing waits for the device: a bool mask's
+    selection has a size only the device knows (a host sync at every call).
 
     Args:
-        logits (`torch.Tensor` of shape `(N, V)`), sampled (`torch.BoolTensor` of shape `(N,)`).
-        uniforms (`torch.Tensor` of shape `(sampled.sum(),)`): the uniform of each sampled row, in order.
+        logits (`torch.Tensor` of shape `(N, V)`).
+        sample_rows (`torch.LongTensor` of shape `(S,)`, or None when every row samples): the sample rows, ascending.
+        uniforms (`torch.Tensor` of shape `(S,)`, `(N,)` when `sample_rows` is None): each sample row's uniform.
     """
     logits = logits.float()
-    if bool(sampled.all()):
+    if sample_rows is None:
         return sample_tokens(logits, uniforms, temperature, top_k, top_p)
     chosen = logits.argmax(dim=-1)
-    if bool(sampled.any()):
-        chosen[sampled] = sample_tokens(logits[sampled], uniforms, temperature, top_k, top_p)
+    if sample_rows.numel():
+        drawn = sample_tokens(logits.index_select(0, sample_rows), uniforms, temperature, top_k, top_p)
+        chosen = chosen.index_copy(0, sample_rows, drawn)
     return chosen
 
 

@@ -65,6 +65,25 @@ def quiet_length_warnings():
         logger.removeFilter(quiet)
 
 
+def prepared_attention_mask(config, keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Returns the 4D mask `(N, 1, 1, K)` that one query's attention over keys `keep` `(N, K)` (bool, true = attend)
+    reads under the attention implementation of `config`, as transformers' mask utilities build it (`sdpa`: bool;
+    `eager`: 0 where attended, `finfo(dtype).min` elsewhere); None where the implementation is another, or the config
+    adds a pattern of its own (a sliding window): the model then builds its mask itself.
+
+    Handed a prepared mask, transformers returns it as is, where a 2D one is first read on the host (whether it has
+    padding at all): one sync per forward of a decode step."""
+    impl = getattr(config, "_attn_implementation", None)
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    layer_types = getattr(config, "layer_types", None) or ()
+    if sliding or any(kind != "full_attention" for kind in layer_types) or impl not in ("sdpa", "eager"):
+        return None
+    keep = keep.bool()[:, None, None, :]
+    if impl == "sdpa":
+        return keep
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+
 def pad_columns(x: torch.Tensor, length: int, value: int, side: str) -> torch.Tensor:
     """Returns `x` `(N, T)` padded with `value` to `(N, length)` on the `"left"` or `"right"`."""
     if side not in ("left", "right"):

@@ -19,7 +19,7 @@ from ..types import Rollout
 from .bans import token_ban_settings
 from .beam import beam_kwargs
 from .base import (DecodeSettings, ModelFamily, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id,
-                   quiet_length_warnings, unwrap)
+                   prepared_attention_mask, quiet_length_warnings, unwrap)
 from .decoding import DecodeSteps, decode_rollout, decode_targets
 
 
@@ -126,13 +126,25 @@ class CausalSteps(DecodeSteps):
             logits = model(input_ids=rows, attention_mask=self.mask.long(), position_ids=position_ids(self.mask),
                            cache=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         self.positions = position_ids(self.mask)[:, -1:]
+        # Without left padding no mask is needed; with it, each step hands the model a prepared 4D mask, which it
+        # takes as is (a 2D one it would read on the host at every step).
+        self.padded = not bool(self.mask.all())  # once per decode
+        self.config = unwrap(model).config
         return logits
 
     def next(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
         self.positions = self.positions + 1
-        return self.model(input_ids=tokens[:, None], attention_mask=self.mask.long(), position_ids=self.positions,
+        mask = None
+        if self.padded:
+            mask = prepared_attention_mask(self.config, self.mask, self.cache_dtype())
+            mask = self.mask.long() if mask is None else mask
+        return self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=self.positions,
                           cache=self.cache, use_cache=True).logits[:, -1]
+
+    def cache_dtype(self) -> torch.dtype:
+        """Returns the dtype the attention scores are computed in (that of the model's parameters)."""
+        return next(unwrap(self.model).parameters()).dtype
 
     def keep(self, index: torch.Tensor) -> None:
         self.cache.batch_select_indices(index)

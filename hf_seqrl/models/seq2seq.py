@@ -17,7 +17,7 @@ from ..types import Rollout, ScoredRollout
 from .bans import TokenBans, token_ban_settings
 from .beam import beam_kwargs
 from .base import (DecodeSettings, ModelFamily, decoder_start_id, eval_mode, generated_targets, pad_id,
-                   quiet_length_warnings, score_targets, shift_right, unwrap)
+                   prepared_attention_mask, quiet_length_warnings, score_targets, shift_right, unwrap)
 from .decoding import DecodeSteps, decode_loop, decode_rollout
 
 
@@ -90,7 +90,13 @@ class EncoderDecoderSteps(DecodeSteps):
         self.cache = out.cache
         self.cache.batch_repeat_interleave(self.group)
         self.encoder_states = out.encoder_last_hidden_state.repeat_interleave(self.group, dim=0)
-        self.attention_mask = self.attention_mask.repeat_interleave(self.group, dim=0)
+        mask = self.attention_mask.repeat_interleave(self.group, dim=0)
+        # The cross-attention mask, prepared once: without padding none is needed; with it, a 4D mask that the
+        # decoder takes as is (a 2D one it would read on the host at every step).
+        padded = not bool(mask.all())  # once per decode
+        prepared = prepared_attention_mask(unwrap(self.model).get_decoder().config, mask,
+                                           self.encoder_states.dtype) if padded else None
+        self.attention_mask = prepared if prepared is not None else (mask if padded else None)
         return out.logits[:, -1].repeat_interleave(self.group, dim=0)
 
     def next(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -102,7 +108,9 @@ class EncoderDecoderSteps(DecodeSteps):
 
     def keep(self, index: torch.Tensor) -> None:
         self.cache.batch_select_indices(index)
-        self.encoder_states, self.attention_mask = self.encoder_states[index], self.attention_mask[index]
+        self.encoder_states = self.encoder_states[index]
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask[index]
 
 
 @torch.no_grad()

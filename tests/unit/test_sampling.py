@@ -102,12 +102,12 @@ def test_uniforms_lie_in_the_half_open_unit_interval_and_move_the_rng_on():
 
 def test_argmax_or_sample_draws_on_the_sampled_rows_only():
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.7], [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]]))
-    sampled = torch.tensor([False, True, True])
+    sampled = torch.tensor([1, 2])  # rows 1 and 2 sample, row 0 takes the argmax
     # row 1 at u = 0.6 falls in the second token's CDF interval (0.5, 0.8]; row 2 at u = 0.1 in the first [0, 0.2]
     chosen = argmax_or_sample(logits, sampled, torch.tensor([0.6, 0.1]))
     assert chosen.tolist() == [2, 1, 0]
-    assert argmax_or_sample(logits, torch.zeros(3, dtype=torch.bool), torch.empty(0)).tolist() == [2, 0, 2]
-    every = argmax_or_sample(logits, torch.ones(3, dtype=torch.bool), torch.tensor([0.05, 0.95, 0.5]))
+    assert argmax_or_sample(logits, torch.zeros(0, dtype=torch.long), torch.empty(0)).tolist() == [2, 0, 2]
+    every = argmax_or_sample(logits, None, torch.tensor([0.05, 0.95, 0.5]))  # every row samples
     assert every.tolist() == [0, 2, 2]
 
 

@@ -493,7 +493,12 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
     steps.clear()
     calls = []
     monkeypatch.setattr(decoding, "lockstep_group", lambda: True)
-    monkeypatch.setattr(decoding, "any_rank_running", lambda running, device: calls.append(running) or len(calls) < 12)
+
+    def another_rank_runs(flag, op=None):  # the all-reduce of each look: some other rank still decodes
+        calls.append(flag.item())
+        flag.fill_(1.0)
+
+    monkeypatch.setattr(decoding.dist, "all_reduce", another_rank_runs)
     forwards = []
     handle = model.register_forward_hook(lambda module, args, output: forwards.append(1))
     try:
@@ -501,6 +506,7 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
     finally:
         handle.remove()
     assert len(forwards) == 12  # the prompt, then one forward per step the other rank still runs
+    assert calls == [0.0, 0.0]  # one look every SYNC_EVERY = 4 steps (at 4 and 8; the limit ends it at 12)
     assert ids.tolist() == alone.tolist() and mask.sum() == (alone != 0).sum()
 
 

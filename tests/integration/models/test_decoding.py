@@ -90,15 +90,21 @@ def test_forced_bos_and_eos_tokens_as_generate_forces_them():
         assert tokens.shape[1] == 6 and ((tokens == 1).sum(1) == 1).all()  # every row ends with one EOS
 
 
-def test_decoding_stops_when_every_row_has_ended():
+@pytest.mark.parametrize("sync_every", [1, 4])
+def test_decoding_stops_at_the_first_look_after_every_row_has_ended(monkeypatch, sync_every):
+    from hf_seqrl.models import decoding
+
+    monkeypatch.setattr(decoding, "SYNC_EVERY", sync_every)
     model = varied_model("marian", eos_bias=1e4)  # EOS always wins
     calls = []
     model.register_forward_hook(lambda module, args, output: calls.append(1))
     ids, attn = sources()
     rollout = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=20), num_samples=3,
                              with_greedy=True)
-    assert rollout.sample_ids.shape[1] == 1 and (rollout.sample_ids == 1).all()
-    assert len(calls) == 1  # one forward (encoder + first step), no decoding step after every row ended
+    assert rollout.sample_ids.shape[1] == 1 and (rollout.sample_ids == 1).all()  # cut after the last EOS
+    # One forward (encoder + first step), then the steps until the loop next looks at the device: at step 1 when it
+    # looks every step, at step 4 when every 4 (three forwards whose rows only write pad).
+    assert len(calls) == sync_every
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -185,10 +191,14 @@ def test_max_length_counts_the_start_token_as_generate_does():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_ended_rows_leave_the_forward_without_changing_any_row(arch):
+def test_ended_rows_leave_the_forward_without_changing_any_row(arch, monkeypatch):
     # Rows end at different steps; once at most half of the rows in the forward still run, the ended ones are
-    # dropped from it. Every row's tokens equal those of the decode that keeps all rows (same uniforms).
+    # dropped from it. Every row's tokens equal those of the decode that keeps all rows (same uniforms). The loop
+    # looks at every step here (rows leave at the first look after they may), and at its default pace below.
+    from hf_seqrl.models import decoding
     from hf_seqrl.models.seq2seq import decode
+
+    monkeypatch.setattr(decoding, "SYNC_EVERY", 1)
 
     model = varied_model(arch)
 
@@ -213,3 +223,12 @@ def test_ended_rows_leave_the_forward_without_changing_any_row(arch):
     assert rows_per_step[0] == ids.shape[0] and rows_per_step[1] == 4 * ids.shape[0]  # first forward: the sources
     assert min(rows_per_step[1:]) < 4 * ids.shape[0]  # ended rows left the forward
     assert all(a >= b for a, b in zip(rows_per_step[1:], rows_per_step[2:]))
+    monkeypatch.setattr(decoding, "SYNC_EVERY", 4)
+    rows_per_step.clear()
+    hook = model.get_decoder().register_forward_hook(
+        lambda module, args, kwargs, output: rows_per_step.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    assert torch.equal(decode(model, ids, attn, settings, 4, True, uniforms), full)
+    hook.remove()
+    # the rows in the forward change only after a look (after tokens 4 and 8): from the forwards 4 and 8 on
+    changes = [i for i in range(2, len(rows_per_step)) if rows_per_step[i] != rows_per_step[i - 1]]
+    assert all(i in (4, 8) for i in changes)

@@ -1,0 +1,150 @@
+"""Counting what a GPU punishes, on any device: host syncs (ops that make the host wait for the device), collectives
+(`torch.distributed` calls) and peak resident memory. The benchmarks print these counts and the tests hold them.
+
+- `SyncCounter`: a `TorchDispatchMode` counting the ops that read a device value on the host or whose output shape
+  depends on device values (`_local_scalar_dense` behind `.item()` / `bool()` / `int()`, `nonzero`, boolean-mask
+  `index` / `index_put_`, `masked_select`, `repeat_interleave` with a tensor of repeats, `equal`, `unique`), each
+  attributed to the innermost library on the Python stack: hf-seqrl's own code or transformers'.
+- `CollectiveCounter`: wraps the `torch.distributed` functions that sharded models and lockstep decodes call.
+- `resident_peak_bytes` / `reset_resident_peak`: the process's VmHWM (Linux), which `clear_refs` resets.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SYNC_OPS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+                      "aten.repeat_interleave.Tensor", "aten._unique2.default", "aten.unique_consecutive.default",
+                      "aten.equal.default", "aten.unique_dim.default"})
+INDEX_OPS = ("aten.index.Tensor", "aten.index_put")
+LIBRARIES = (("hf_seqrl", f"{os.sep}hf_seqrl{os.sep}"), ("transformers", f"{os.sep}transformers{os.sep}"))
+
+
+def is_sync(func, args) -> bool:
+    """Returns whether the aten op `func` called with `args` makes the host wait for the device."""
+    name = str(func)
+    if name in SYNC_OPS:
+        return True
+    if name.startswith(INDEX_OPS) and len(args) > 1 and isinstance(args[1], (list, tuple)):
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+    return False
+
+
+def call_site() -> str:
+    """Returns the library of the innermost Python frame that belongs to hf-seqrl or transformers ("other" for
+    neither: torch itself, the caller's code)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        for library, marker in LIBRARIES:
+            if marker in filename:
+                return library
+        frame = frame.f_back
+    return "other"
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts host syncs while `active` (a context: `with counter.counting(): ...` inside `with counter:`), by the
+    library whose code called the op (`by_site`), and where in it (`by_frame`: `library:file:line`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.active = False
+        self.by_site: collections.Counter = collections.Counter()
+        self.by_frame: collections.Counter = collections.Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_site.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.active and is_sync(func, args):
+            site = call_site()
+            self.by_site[site] += 1
+            self.by_frame[library_frame(site)] += 1
+        return func(*args, **(kwargs or {}))
+
+    def counting(self):
+        return _Switch(self)
+
+
+class _Switch:
+    def __init__(self, counter):
+        self.counter = counter
+
+    def __enter__(self):
+        self.counter.active = True
+
+    def __exit__(self, *exc):
+        self.counter.active = False
+
+
+def library_frame(site: str) -> str:
+    """Returns `site:file:line` of the innermost frame of library `site` on the stack ("other" for neither)."""
+    markers = dict(LIBRARIES)
+    frame = sys._getframe(2)
+    while frame is not None and site in markers:
+        if markers[site] in frame.f_code.co_filename:
+            return f"{site}:{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return site
+
+
+COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast",
+               "all_to_all_single", "barrier")
+
+
+class CollectiveCounter:
+    """Within the context, counts the calls of each `torch.distributed` collective (`counts`), made by any code."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+        self._saved: dict = {}
+
+    def __enter__(self):
+        import torch.distributed as dist
+
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._saved[name] = original
+
+            def counted(*args, __name=name, __original=original, **kwargs):
+                self.counts[__name] += 1
+                return __original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        self._saved.clear()
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_resident_peak() -> int:
+    """Resets the process's peak resident memory to its current resident memory and returns that (bytes)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS")
+
+
+def resident_peak_bytes() -> int:
+    """Returns the process's peak resident memory (VmHWM) in bytes."""
+    return _status("VmHWM")
