@@ -138,6 +138,13 @@ class RowsInForward:
         return rows if self.sample_rows is None else rows.index_select(0, self.sample_rows)
 
 
+def longest_limit(max_new_tokens: int, device: torch.device) -> int:
+    """Returns the largest `max_new_tokens` of any rank (an all-reduce of one number, once per decode)."""
+    limit = torch.tensor([max_new_tokens], dtype=torch.float64, device=device)
+    dist.all_reduce(limit, op=dist.ReduceOp.MAX)
+    return int(limit.item())
+
+
 def look(running: torch.Tensor, active: torch.Tensor | None, lockstep: bool) -> tuple[bool, int, int]:
     """Returns `(any row running on any rank, rows running in the forward, rows in the forward)`: one read of the
     device (and, with `lockstep`, one all-reduce folded into it)."""
@@ -190,22 +197,28 @@ def decode_loop(steps: DecodeSteps, settings: DecodeSettings, greedy_first: bool
         sample_positions = torch.arange(rows, device=device) if forward.sample_rows is None else forward.sample_rows
         row_uniforms[:, sample_positions] = uniforms.to(device=device, dtype=torch.float64)
     lockstep = lockstep_group()
+    # Under lockstep every rank steps until the longest limit of any rank (agreed once), so that all stop together.
+    limit = settings.max_new_tokens if not lockstep else longest_limit(settings.max_new_tokens, device)
     running = torch.ones(rows, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
-    done = settings.max_new_tokens == 0
-    while not done:
-        step = len(tokens)
-        chosen = choose_tokens(logits, step, settings, forward.sample_rows,
-                               forward.sample_uniforms(row_uniforms[step]), bans)
-        last = chosen if forward.active is None else torch.full(
-            (rows,), settings.pad_id, dtype=torch.long, device=device).index_copy_(0, forward.active, chosen)
-        last = last.masked_fill(running.logical_not(), settings.pad_id)
-        tokens.append(last)
-        if eos.numel():
-            running &= torch.isin(last, eos, invert=True)
-        if len(tokens) == settings.max_new_tokens:
-            break  # every rank reaches the limit at the same step
-        if len(tokens) % sync_every == 0:
+    pads = torch.full((rows,), settings.pad_id, dtype=torch.long, device=device)
+    for iteration in range(1, limit + 1):
+        if len(tokens) < settings.max_new_tokens:
+            step = len(tokens)
+            chosen = choose_tokens(logits, step, settings, forward.sample_rows,
+                                   forward.sample_uniforms(row_uniforms[step]), bans)
+            last = chosen if forward.active is None else pads.clone().index_copy_(0, forward.active, chosen)
+            last = last.masked_fill(running.logical_not(), settings.pad_id)
+            tokens.append(last)
+            if eos.numel():
+                running &= torch.isin(last, eos, invert=True)
+            if len(tokens) == settings.max_new_tokens:
+                running = torch.zeros_like(running)  # this rank has written all it may
+        else:  # past this rank's limit, another rank's rows still decode: forwards whose outputs go unused
+            last = pads
+        if iteration == limit:
+            break
+        if iteration % sync_every == 0:
             # A rank whose rows have all ended keeps calling the model (its outputs unused) while others still decode:
             # sharded layers (FSDP2, ZeRO-3) gather their weights inside each forward, and every rank joins every gather.
             anyone, kept, in_forward = look(running, forward.active, lockstep)

@@ -494,9 +494,9 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
     calls = []
     monkeypatch.setattr(decoding, "lockstep_group", lambda: True)
 
-    def another_rank_runs(flag, op=None):  # the all-reduce of each look: some other rank still decodes
-        calls.append(flag.item())
-        flag.fill_(1.0)
+    def another_rank_runs(value, op=None):  # the limit agreed first (the same), then each look: another rank runs
+        calls.append(value.item())
+        value.fill_(max(value.item(), 1.0))
 
     monkeypatch.setattr(decoding.dist, "all_reduce", another_rank_runs)
     forwards = []
@@ -506,7 +506,7 @@ def test_decode_loop_keeps_pace_with_ranks_still_decoding(tokenizer, monkeypatch
     finally:
         handle.remove()
     assert len(forwards) == 12  # the prompt, then one forward per step the other rank still runs
-    assert calls == [0.0, 0.0]  # one look every SYNC_EVERY = 4 steps (at 4 and 8; the limit ends it at 12)
+    assert calls == [12.0, 0.0, 0.0]  # the limit, then one look every SYNC_EVERY = 4 steps (at 4 and 8; 12 ends it)
     assert ids.tolist() == alone.tolist() and mask.sum() == (alone != 0).sum()
 
 
