@@ -47,8 +47,14 @@ def flag_name(token: str) -> str | None:
 
 def parse_dataclasses(parser, argv: list[str], where: str = "the command line") -> tuple:
     """Returns `parser.parse_args_into_dataclasses(argv)`, raising a `UsageError` that names each flag no dataclass
-    has, with the closest accepted names (abbreviations are refused: `allow_abbrev=False`)."""
-    *parsed, rest = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    has, with the closest accepted names (abbreviations are refused: `allow_abbrev=False`), or the rule of a
+    config's validation that the values break."""
+    try:
+        *parsed, rest = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    except UsageError:
+        raise
+    except ValueError as error:  # a rule of a config's __post_init__: its message names the field and the fix
+        raise UsageError(str(error)) from error
     if rest:
         accepted = [action.dest for action in parser._actions if action.option_strings]
         unknown = [token for token in rest if flag_name(token)] or rest

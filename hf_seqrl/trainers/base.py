@@ -30,7 +30,7 @@ from ..models.base import disable_dropout
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
 from .inputs import (check_model_family, check_not_empty, check_token_ids, check_tokenizer, forward_arguments,
-                     load_model, load_tokenizer_for, tokenizer_outputs)
+                     load_model, load_tokenizer_for, tokenizer_outputs, warn_half_precision_weights)
 
 STATE_FILE = "seqrl_state.json"
 logger = logging.get_logger(__name__)
@@ -140,6 +140,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             processing_class = load_tokenizer_for(model)
         check_tokenizer(processing_class, family, model, type(self).__name__)
         check_token_ids(processing_class, model, type(self).__name__)
+        warn_half_precision_weights(model, args, type(self).__name__)
         for name, data in (("train_dataset", train_dataset), *(eval_dataset.items() if isinstance(eval_dataset, dict)
                                                                else [("eval_dataset", eval_dataset)])):
             check_not_empty(data, name)

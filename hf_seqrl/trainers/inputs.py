@@ -33,6 +33,25 @@ def check_model_family(family, supported: tuple[str, ...], trainer: str) -> None
                          f"{kinds[family.name]} model.")
 
 
+def warn_half_precision_weights(model, args, trainer: str) -> bool:
+    """Logs a warning (once per trainer) and returns True when `model`'s trainable weights are bf16 or fp16: the
+    optimizer then updates them in that precision (no fp32 master copy), where small updates round away. Loading in
+    float32 and training with `bf16=True` (autocast) keeps fp32 weights."""
+    import torch
+
+    dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    half = sorted(str(d).replace("torch.", "") for d in dtypes & {torch.bfloat16, torch.float16})
+    if not half:
+        return False
+    logger.warning(
+        f"{trainer}: the trainable weights are {', '.join(half)}, so the optimizer updates them in {half[0]} with no "
+        "fp32 master copy, and updates smaller than the weights' rounding step are lost. Load the model in float32 "
+        "(from_pretrained(..., dtype=torch.float32), or model_init_kwargs={'dtype': 'float32'}) and set "
+        f"{type(args).__name__}(bf16=True) to compute in bf16 with fp32 weights; a LoRA adapter's own weights are "
+        "float32 unless the base's dtype is forced on them.")
+    return True
+
+
 def check_not_empty(dataset, name: str) -> None:
     """Raises a clear error when `dataset` (a sized dataset; None and iterables are left alone) has no rows."""
     if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:

@@ -152,3 +152,16 @@ def test_truncation_is_counted_in_one_warning(tmp_path, family):
                                          rf"{columns[1]}s cut to 16 tokens"):
         trainer = build(tmp_path, model, data=data, **limits)
     assert "cut_to_max_length" not in trainer.train_dataset.column_names  # the count's column is gone
+
+
+def test_half_precision_weights_are_warned_of_once_with_the_fix(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="hf_seqrl"):
+        build(tmp_path, tiny_model("t5").to(torch.bfloat16))
+    assert caplog.text.count("no fp32 master copy") == 1
+    assert "dtype=torch.float32" in caplog.text and "SeqRLConfig(bf16=True)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_seqrl"):
+        build(tmp_path, tiny_model("t5"))
+    assert "master copy" not in caplog.text
