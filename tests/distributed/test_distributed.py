@@ -95,6 +95,7 @@ def single_process_test_metrics(out: Path) -> dict[str, float]:
     return compute(EvalPrediction(predictions=ids.numpy(), label_ids=None))
 
 
+@pytest.mark.slow  # tens of seconds: in the second tier
 def test_translation_recipe_on_two_processes(tmp_path):
     out = tmp_path / "out"
     result, seconds = launch([
@@ -283,6 +284,7 @@ def test_trainers_of_a_suite_on_two_processes(tmp_path, suite, runs):
         torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.slow  # tens of seconds: in the second tier
 def test_model_reward_batch_scaling_and_batched_rollouts_on_two_processes(tmp_path):
     """2 processes x batch 4: a reward model on each rank with the advantages scaled by their std over both ranks
     equals one process with the global batch of 8; 2 x 2 sampled micro-batches whose rollouts one decode serves end
@@ -303,6 +305,7 @@ def test_model_reward_batch_scaling_and_batched_rollouts_on_two_processes(tmp_pa
         torch.testing.assert_close(results["batched0"]["params"][name], value, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.slow  # tens of seconds: in the second tier
 def test_deepspeed_zero3_trains_as_one_process(tmp_path):
     """recipes/accelerate_configs/deepspeed_zero3.yaml on 2 CPU processes: the Trainer with every parameter
     partitioned (rollouts, the scoring pass and the step) ends one step of the `one_step` setup, encoder-decoder and
