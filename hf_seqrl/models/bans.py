@@ -81,11 +81,3 @@ def token_ban_settings(config: GenerationConfig) -> dict:
     a logit mask (see `TokenBans.from_generation_config`)."""
     TokenBans.from_generation_config(config)
     return {name: getattr(config, name, None) for name in BAN_SETTINGS}
-
-
-def ban_logits(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
-    """Returns a copy of `logits` `(N, V)` with `finfo.min` at the token `ids` (not -inf: softmax stays finite, p = 0
-    exactly), or `logits` itself when `ids` is empty."""
-    if not ids:
-        return logits
-    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), torch.finfo(logits.dtype).min)
