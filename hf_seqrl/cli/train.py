@@ -119,7 +119,7 @@ class ScriptArguments:
 def trainer_class(algorithm: str) -> type:
     """Returns the trainer class of `algorithm`."""
     if algorithm not in TRAINERS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}.")
+        raise UsageError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}{suggest(str(algorithm), ALGORITHMS)}.")
     return TRAINERS[algorithm]
 
 
@@ -158,8 +158,6 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
             raise UsageError(f"{known.config} must hold a mapping of setting: value, got {type(from_file).__name__}.")
         values.update(from_file)
     algorithm = known.algorithm or values.get("algorithm", "scst")
-    if algorithm not in ALGORITHMS:
-        raise UsageError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}{suggest(str(algorithm), ALGORITHMS)}.")
     parser = HfArgumentParser((ScriptArguments, config_class(algorithm)), allow_abbrev=False)
     dests = {f.name for dataclass in (ScriptArguments, config_class(algorithm)) for f in dataclasses.fields(dataclass)
              if f.init}

@@ -155,7 +155,8 @@ def tokenize_prompt_completion(
     use_chat_template: bool = False,
     count_cut: bool = False,
 ) -> dict[str, list]:
-    """Returns causal-LM features (batched map; `count_cut` as in `tokenize_pairs`): `input_ids` = prompt + completion + EOS, `attention_mask`, `labels`
+    """Returns causal-LM features (batched map; `count_cut` as in `tokenize_pairs`): `input_ids` = prompt +
+    completion + EOS, `attention_mask`, `labels`
     (-100 on the prompt, the completion and its EOS otherwise), and raw `references` / `sources`.
 
     The prompt of a row is what precedes its first label (`hf_seqrl.models.causal.split_prompts` reads it back for
@@ -169,7 +170,9 @@ def tokenize_prompt_completion(
     prompts, targets = examples[prompt_column], examples[completion_column]
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenize_prompt_completion needs a tokenizer with an eos_token: completions end with it.")
-    features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": [], CUT_COLUMN: []}
+    features = {"input_ids": [], "attention_mask": [], "labels": [], "references": [], "sources": []}
+    if count_cut:
+        features[CUT_COLUMN] = []
     for i, (prompt, target) in enumerate(zip(prompts, targets)):
         source = source_text(prompt)
         if isinstance(prompt, str):
@@ -182,18 +185,18 @@ def tokenize_prompt_completion(
         references = [_message_text(t) for t in target] if is_list_of_refs else [_message_text(target)]
         if not has_text(references[0]):
             raise ValueError(f"Row {i} of this batch has an empty {completion_column!r}: drop or fix it.")
-        whole_prompt = prompt_token_ids(prompt, tokenizer)
-        prompt_ids = whole_prompt[-max_prompt_length:] if max_prompt_length is not None else whole_prompt
-        whole_completion = completion_token_ids(references[0], tokenizer)
+        prompt_ids = prompt_token_ids(prompt, tokenizer, max_prompt_length)
         completion_ids = completion_token_ids(references[0], tokenizer, max_completion_length)
-        features[CUT_COLUMN].append([len(prompt_ids) < len(whole_prompt), len(completion_ids) < len(whole_completion)])
+        if count_cut:  # only a part that came out at its limit is tokenized again, whole
+            features[CUT_COLUMN].append([
+                len(prompt_ids) == max_prompt_length and len(prompt_token_ids(prompt, tokenizer)) > len(prompt_ids),
+                len(completion_ids) == max_completion_length
+                and len(completion_token_ids(references[0], tokenizer)) > len(completion_ids)])
         features["input_ids"].append(prompt_ids + completion_ids)
         features["attention_mask"].append([1] * (len(prompt_ids) + len(completion_ids)))
         features["labels"].append([-100] * len(prompt_ids) + completion_ids)
         features["references"].append(references)
         features["sources"].append(source)
-    if not count_cut:
-        del features[CUT_COLUMN]
     return features
 
 

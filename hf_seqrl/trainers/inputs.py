@@ -111,7 +111,8 @@ def _ids(value) -> list[int]:
 
 def vocabulary_sizes(model) -> dict[str, int]:
     """Returns the number of rows of each embedding matrix the model reads ids through, and the width of its output
-    layer: `{"encoder embedding": ..., "decoder embedding": ..., "output layer": ...}` (the entries it has)."""
+    layer: `{"input embedding": ..., "decoder embedding": ..., "output layer": ...}` (the entries it has; the input
+    embedding is an encoder-decoder's encoder's, or a decoder-only model's)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     sizes = {}
     embeddings = inner.get_input_embeddings()
