@@ -55,7 +55,7 @@ def time_passes(shape: str, samples: int, arm: str, steps: int) -> list[float]:
                                gold_labels=labels)
         pg = losses.policy_gradient_loss(scored.token_logprobs, mask, advantages)
         if arm == "whole_tensor":  # the gold cross-entropy from its logits, a pass of its own
-            xe = losses.cross_entropy(scored.gold_logits, labels)
+            xe = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
         else:
             xe = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
         with torch.no_grad():

@@ -357,6 +357,23 @@ def cross_entropy_from_logprobs(token_logprobs: torch.Tensor, labels: torch.Tens
     return -masked_mean(token_logprobs.flatten(), (labels != ignore_index).flatten(), 0)
 
 
+def label_smoothed_cross_entropy(raw_logprobs: torch.Tensor, raw_logprob_sums: torch.Tensor, labels: torch.Tensor,
+                                 epsilon: float, vocab_size: int, ignore_index: int = -100) -> torch.Tensor:
+    """Returns `(1 - epsilon) * NLL + epsilon * mean over positions and tokens of -log p`: transformers' label
+    smoothing over the positions where `labels != ignore_index`, from the log-probs a chunked pass reduced.
+
+    Args:
+        raw_logprobs (`torch.Tensor` of shape `(N, T)`): `log p(label)` at each position (any value where ignored).
+        raw_logprob_sums (`torch.Tensor` of shape `(N, T)`): `sum_v log p(v)` at each position.
+        labels (`torch.Tensor` of shape `(N, T)`). vocab_size (`int`): `V`, the number of tokens summed over.
+    """
+    active = labels != ignore_index
+    count = active.sum()
+    nll = -torch.where(active, raw_logprobs, 0.0).sum() / count
+    smoothed = -torch.where(active, raw_logprob_sums, 0.0).sum() / (count * vocab_size)
+    return (1 - epsilon) * nll + epsilon * smoothed
+
+
 def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
     """Returns the discriminator's binary cross-entropy: real (teacher-forced) rows labelled 1, fake (free-running)
     rows labelled 0, averaged over all rows.

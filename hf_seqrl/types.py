@@ -68,28 +68,33 @@ def _counted_width(mask: torch.Tensor) -> int:
 
 @dataclass
 class ScoredRollout:
-    """Output of the teacher-forced pass over a rollout.
+    """Output of the teacher-forced pass over a rollout: what the losses read, reduced over the vocabulary chunk by
+    chunk (`hf_seqrl.functional.lm_head`; no tensor of every position's logits is kept).
 
     Attributes:
-        sample_logits (`torch.Tensor` of shape `(B, n, T, V)`): decoder logits at the sampled positions (a view of
-            the forward's logits, banned entries included; `sample_logits[b, j]` belongs to row `b * n + j` of the
-            samples).
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token (with grad), under the
-            distribution the samples were drawn from (banned tokens excluded).
-        gold_logits (`torch.Tensor` of shape `(B, T_gold, V)` or None): logits of the gold rows (unmasked).
+            distribution the samples were drawn from (at its temperature, banned tokens excluded).
         gold_logprobs (`torch.Tensor` of shape `(B, T_gold)` or None): log-prob of each gold token at temperature 1
-            (with grad; any value where the label is -100), from the same pass as `token_logprobs` and under the
-            same bans. None where the family computes only `gold_logits`.
-        banned (`torch.BoolTensor` of shape `(V,)` or `(T, V)`, or None): the entries of `sample_logits` outside the
-            rollout distribution (`hf_seqrl.models.bans.TokenBans.mask`), for the entropy and KL kernels' `banned`
-            argument.
+            (with grad; any value where the label is -100), under the same bans.
+        entropy (`torch.Tensor` of shape `(B*n, T)`): entropy of the temperature-1 distribution at each sampled
+            position, bans applied (with grad only when the pass was asked for it).
+        kl (`torch.Tensor` of shape `(B*n, T)` or None): `KL(policy || reference)` at each sampled position, when the
+            pass was given a reference.
+        plain_logprobs (`torch.Tensor` of shape `(B*n, T)` or None): the sampled tokens' log-probs at temperature 1,
+            when asked.
+        raw_logprobs, raw_logprob_sums (`torch.Tensor` of shape `(B, T_gold)`, or `(B*n, T)` without gold rows, or
+            None): label smoothing's terms, with no bans (`hf_seqrl.losses.label_smoothed_cross_entropy`), when asked.
+        vocab_size (`int`): the width of the model's logits.
     """
 
-    sample_logits: torch.Tensor
     token_logprobs: torch.Tensor
-    gold_logits: torch.Tensor | None
     gold_logprobs: torch.Tensor | None = None
-    banned: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    plain_logprobs: torch.Tensor | None = None
+    raw_logprobs: torch.Tensor | None = None
+    raw_logprob_sums: torch.Tensor | None = None
+    vocab_size: int = 0
 
 
 class BatchText(NamedTuple):

@@ -169,31 +169,3 @@ def token_kl(logits: torch.Tensor, ref_logits: torch.Tensor, banned: torch.Tenso
     logp = F.log_softmax(_ban(logits.float(), banned), dim=-1)
     logq = F.log_softmax(_ban(ref_logits.float(), banned), dim=-1)
     return (logp.exp() * (logp - logq)).sum(dim=-1)
-
-
-def group_logprobs(logits: torch.Tensor, rows: torch.Tensor, sample_ids: torch.Tensor, num_samples: int,
-                   temperature: float, banned: torch.Tensor | None = None, with_gold: bool = False):
-    """Returns what the scoring pass reads from the logits of its groups of rows, in one pass over them:
-    `(sample_logits, sample_logprobs, gold_logits, gold_logprobs, sample_banned)`.
-
-    Args:
-        logits (`torch.Tensor` of shape `(B, G, L, V)`): the forward's logits, `G = num_samples (+ 1 gold row)`.
-        rows (`torch.LongTensor` of shape `(B, G, L)`): the tokens they score (gold row last when `with_gold`).
-        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): the samples, `T <= L`.
-        temperature (`float`): the samples' temperature; the gold row is scored at temperature 1.
-        banned (`torch.BoolTensor` of shape `(V,)` or `(L, V)`, *optional*): tokens outside the distribution.
-
-    Returns: `sample_logits` `(B, n, T, V)` (a view), the samples' log-probs `(B*n, T)`, the gold row's logits and
-    log-probs `(B, L, V)` / `(B, L)` (None without gold), and the mask of the sample positions.
-    """
-    t_sample = sample_ids.shape[1]
-    sample_logits = logits[:, :num_samples, :t_sample]  # a view: the scoring reads the logits in place
-    sample_banned = banned if banned is None or banned.dim() == 1 else banned[:t_sample]
-    if not with_gold:
-        return (sample_logits, token_logprobs_from_logits(sample_logits, sample_ids, temperature, sample_banned),
-                None, None, sample_banned)
-    row_temperature = logits.new_full((logits.shape[1], 1), temperature, dtype=torch.float32)
-    row_temperature[num_samples] = 1.0
-    logprobs = token_logprobs_from_logits(logits, rows, row_temperature, banned)
-    return (sample_logits, logprobs[:, :num_samples, :t_sample].flatten(0, 1), logits[:, num_samples],
-            logprobs[:, num_samples], sample_banned)

@@ -19,11 +19,20 @@ import re
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig
 
-from ..functional.logprobs import group_logprobs
+from ..functional.lm_head import Positions, position_stats
 from ..types import Rollout, ScoredRollout
 from .bans import TokenBans
+from .heads import handing_hidden
+
+
+def is_sharded(model) -> bool:
+    """Returns whether `model` (unwrapped) holds parameters sharded across processes (FSDP2, ZeRO-3): gathered only
+    inside its forward."""
+    return any(isinstance(m, FSDPModule) for m in model.modules()) or any(
+        hasattr(p, "ds_id") for p in model.parameters())
 
 
 def unwrap(model):
@@ -270,6 +279,23 @@ class DecodeSettings:
                    bans=TokenBans.from_generation_config(config))
 
 
+@dataclass(frozen=True)
+class ScoreOptions:
+    """What a scoring pass computes besides the token log-probs (each costs one more reduction per chunk).
+
+    Attributes:
+        reference (`Positions`, *optional*): a frozen model's output-layer inputs at the sampled positions
+            (`ModelFamily.reference_positions`); gives `ScoredRollout.kl`.
+        entropy_grad (`bool`): the entropy carries grad (an entropy bonus), else it is a detached metric.
+        plain (`bool`): the samples' log-probs at temperature 1 too. raw (`bool`): label smoothing's terms.
+    """
+
+    reference: Positions | None = None
+    entropy_grad: bool = False
+    plain: bool = False
+    raw: bool = False
+
+
 class ModelFamily:
     """The interface; see the module docstring for its coordinates. Methods take unwrapped models unless noted."""
 
@@ -316,11 +342,11 @@ class ModelFamily:
         in the returned ids, mask true on them)."""
         raise NotImplementedError
 
-    def score(self, model, batch: dict, sample_ids, num_samples: int, gold_labels=None,
-              temperature: float = 1.0) -> ScoredRollout:
+    def score(self, model, batch: dict, sample_ids, num_samples: int, gold_labels=None, temperature: float = 1.0,
+              options: ScoreOptions = ScoreOptions()) -> ScoredRollout:
         """Returns the token log-probs (with grad) of `sample_ids` `(B*n, T)` under the (possibly wrapped) model,
-        the tokens that `generation_config(model, ...)` bans out of the softmax; `gold_logits` is aligned with
-        `gold_labels` (the batch's `labels`) when they are given.
+        the tokens that `generation_config(model, ...)` bans out of the softmax, their entropy (and what `options`
+        asks); `gold_logprobs` is aligned with `gold_labels` (the batch's `labels`) when they are given.
 
         One `target_forward` over the samples and the gold rows of every source, the sources encoded inside it
         (`encode(..., in_forward=True)`), then `score_targets`."""
@@ -329,8 +355,16 @@ class ModelFamily:
         bans = TokenBans.from_generation_config(self.generation_config(inner, None))
         encoded = self.encode(inner, batch, in_forward=True)
         gold = None if gold_labels is None else self.target_labels({"labels": gold_labels})
-        return score_targets(lambda targets, group: self.target_forward(model, encoded, targets, group).logits,
-                             sample_ids, num_samples, gold, pad_id(inner), temperature, bans)
+        return score_targets(lambda targets, group: self.target_forward(model, encoded, targets, group), inner,
+                             sample_ids, num_samples, gold, pad_id(inner), temperature, bans, options)
+
+    def reference_positions(self, model, batch: dict, sample_ids, num_samples: int) -> Positions:
+        """Returns a frozen (possibly wrapped or sharded) model's output-layer inputs at the positions of `sample_ids`
+        `(B*n, T)`, for `ScoreOptions.reference` (run it under `torch.no_grad()`)."""
+        inner = unwrap(model)
+        encoded = self.encode(inner, batch, in_forward=True)
+        return target_positions(lambda targets, group: self.target_forward(model, encoded, targets, group), inner,
+                                sample_ids, num_samples, copy=is_sharded(inner))
 
     def generate(self, model, batch: dict, **generate_kwargs):
         """Returns `model.generate`'s output for the sources/prompts of `batch`, target tokens only for causal
@@ -398,18 +432,30 @@ class ModelFamily:
 DROPOUT_ATTRIBUTE = re.compile(r"(^|_)(dropout|layerdrop)(_rate|_prob|_p)?$")
 
 
-def score_targets(forward, sample_ids: torch.Tensor, num_samples: int, gold: torch.Tensor | None, pad: int,
-                  temperature: float = 1.0, bans: TokenBans | None = None) -> ScoredRollout:
+def _flat_positions(batch: int, group: int, length: int, rows: range, width: int, device) -> tuple:
+    """Returns the flat indices `(batch*len(rows)*width,)` of rows `rows` of each group, positions `< width`, in a
+    `(batch, group, length)` layout, and each one's position."""
+    b = torch.arange(batch, device=device).view(-1, 1, 1) * group * length
+    r = torch.arange(rows.start, rows.stop, device=device).view(1, -1, 1) * length
+    t = torch.arange(width, device=device).view(1, 1, -1)
+    return (b + r + t).flatten(), t.expand(batch, len(rows), width).flatten()
+
+
+def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, gold: torch.Tensor | None, pad: int,
+                  temperature: float = 1.0, bans: TokenBans | None = None,
+                  options: ScoreOptions = ScoreOptions()) -> ScoredRollout:
     """Returns the scoring pass over the `n` samples of every source and, with `gold`, its gold row: one forward
-    over all of them, then the log-probs of the samples (at `temperature`) and of the gold tokens (at temperature 1)
-    in one pass over the logits, both under `bans` (banned tokens out of the softmax, the logits left unmasked).
+    over all of them, the output layer's inputs reduced a chunk of positions at a time (`position_stats`, inside the
+    forward) into the samples' log-probs (at `temperature`), entropy (and KL, ...: `options`) and the gold tokens'
+    log-probs (at temperature 1), all under `bans` (banned tokens out of the softmax).
 
     Args:
-        forward: `forward(targets, group)` returns the teacher-forced logits `(B*group, L, V)` of `targets`
-            `(B*group, L)` (-100 read as pad), `group` rows per source (a family's `target_forward`).
+        forward: `forward(targets, group)` runs the teacher-forced pass of `targets` `(B*group, L)` (-100 read as
+            pad), `group` rows per source, and returns its output (a family's `target_forward`).
+        model: the unwrapped model `forward` runs (its output layer, `hf_seqrl.models.heads`).
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
         gold (`torch.LongTensor` of shape `(B, T_gold)`, -100 after each row's last token, *optional*): gold targets;
-            the returned gold logits and log-probs `(B, T_gold, V)` / `(B, T_gold)` are aligned with them.
+            the returned gold log-probs `(B, T_gold)` are aligned with them.
     """
     batch, t_sample = sample_ids.shape[0] // num_samples, sample_ids.shape[1]
     rows, group = sample_ids.view(batch, num_samples, t_sample), num_samples
@@ -418,15 +464,55 @@ def score_targets(forward, sample_ids: torch.Tensor, num_samples: int, gold: tor
         rows = right_pad(rows.flatten(0, 1), length, pad).view(batch, num_samples, length)
         rows = torch.cat([rows, right_pad(gold, length, -100).unsqueeze(1)], dim=1)
         group += 1
-    logits = forward(rows.flatten(0, 1), group)
-    logits = logits.view(batch, group, logits.shape[1], logits.shape[2])
-    banned = None if bans is None else bans.mask(logits.shape[2], logits.shape[3], logits.device)
-    sample_logits, token_logprobs, gold_logits, gold_logprobs, sample_banned = group_logprobs(
-        logits, rows, sample_ids, num_samples, temperature, banned, with_gold=gold is not None)
-    if gold is None:
-        return ScoredRollout(sample_logits, token_logprobs, None, banned=sample_banned)
-    width = gold.shape[1]
-    return ScoredRollout(sample_logits, token_logprobs, gold_logits[:, :width], gold_logprobs[:, :width], sample_banned)
+    length, device = rows.shape[2], sample_ids.device
+    out = {}
+
+    def reduce(positions: Positions):
+        banned = None if bans is None else bans.mask(length, positions.vocab_size, device)
+        where, at = _flat_positions(batch, group, length, range(num_samples), t_sample, device)
+        samples = position_stats(positions.take(where), sample_ids.flatten(), temperature, banned, at,
+                                 reference=options.reference, entropy=True, entropy_grad=options.entropy_grad,
+                                 plain=options.plain, raw=options.raw and gold is None)
+        out["samples"], out["vocab_size"] = samples, positions.vocab_size
+        if gold is not None:
+            where, at = _flat_positions(batch, group, length, range(num_samples, group), gold.shape[1], device)
+            out["gold"] = position_stats(positions.take(where), gold.flatten(), 1.0, banned, at, raw=options.raw)
+
+    def receive(hidden, layer):  # inside the forward: a sharded model holds its output layer gathered here
+        reduce(Positions(hidden.reshape(-1, hidden.shape[-1]), layer))
+        return out["samples"].logprobs[:1].sum()
+
+    with handing_hidden(model, receive) as known:
+        output = forward(rows.flatten(0, 1), group)
+    if not known:
+        reduce(Positions(logits=output.logits.reshape(-1, output.logits.shape[-1])))
+    samples, gold_stats = out["samples"], out.get("gold")
+    shape = sample_ids.shape
+    view = (lambda x, like=shape: None if x is None else x.view(like))
+    raw = gold_stats if gold is not None else samples
+    raw_shape = shape if gold is None else gold.shape
+    return ScoredRollout(
+        token_logprobs=samples.logprobs.view(shape), entropy=samples.entropy.view(shape), kl=view(samples.kl),
+        plain_logprobs=view(samples.plain_logprobs),
+        gold_logprobs=None if gold_stats is None else gold_stats.logprobs.view(gold.shape),
+        raw_logprobs=view(raw.raw_logprobs, raw_shape), raw_logprob_sums=view(raw.raw_logprob_sums, raw_shape),
+        vocab_size=out["vocab_size"])
+
+
+def target_positions(forward, model, sample_ids: torch.Tensor, num_samples: int, copy: bool) -> Positions:
+    """Returns a frozen model's output-layer inputs at every position of `sample_ids` `(B*n, T)` (`B*n*T` of them,
+    row-major): one teacher-forced pass (`forward(targets, group)`), for the KL of a later scoring pass; with `copy`,
+    the output layer's tensors are copied (a sharded model frees its gathered weights after the forward)."""
+    out = {}
+
+    def receive(hidden, layer):
+        out["positions"] = Positions(hidden.reshape(-1, hidden.shape[-1]).detach(), layer.frozen(copy))
+
+    with handing_hidden(model, receive) as known:
+        output = forward(sample_ids, num_samples)
+    if not known:
+        return Positions(logits=output.logits.reshape(-1, output.logits.shape[-1]).detach())
+    return out["positions"]
 
 
 def disable_dropout(model) -> int:

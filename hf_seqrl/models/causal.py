@@ -18,7 +18,7 @@ from transformers import DynamicCache, GenerationConfig
 from ..types import Rollout
 from .bans import token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id,
+from .base import (DecodeSettings, ModelFamily, ScoreOptions, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id,
                    prepared_attention_mask, quiet_length_warnings, unwrap)
 from .decoding import DecodeSteps, decode_rollout, decode_targets
 
@@ -249,18 +249,20 @@ class CausalFamily(ModelFamily):
         return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                              generation_config, num_samples, with_greedy, prefix_ids=prefix, keys=keys)
 
-    def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0):
-        """As `ModelFamily.score`, with `gold_logits` `(B, L, V)` and `gold_logprobs` `(B, L)` placed where
-        `gold_labels` `(B, L)` (-100 on prompt and padding) hold the completion: position `t` predicts
-        `gold_labels[:, t]`, zeros where it is -100."""
-        scored = super().score(model, batch, sample_ids, num_samples, gold_labels, temperature)
-        if gold_labels is not None:  # from the completion-ordered `(B, T, ...)` values of the gold rows
+    def score(self, model, batch, sample_ids, num_samples, gold_labels=None, temperature=1.0,
+              options=ScoreOptions()):
+        """As `ModelFamily.score`, with the gold rows' values (`gold_logprobs`, and label smoothing's `raw_*`)
+        `(B, L)` placed where `gold_labels` `(B, L)` (-100 on prompt and padding) hold the completion: position `t`
+        predicts `gold_labels[:, t]`, zeros where it is -100."""
+        scored = super().score(model, batch, sample_ids, num_samples, gold_labels, temperature, options)
+        if gold_labels is not None:  # from the completion-ordered `(B, T)` values of the gold rows
             completion = completion_labels(gold_labels) != -100
             where = (gold_labels != -100).nonzero(as_tuple=True)
-            for name in ("gold_logits", "gold_logprobs"):
+            for name in ("gold_logprobs", "raw_logprobs", "raw_logprob_sums"):
                 values = getattr(scored, name)
-                placed = values.new_zeros(gold_labels.shape + values.shape[2:]).index_put(where, values[completion])
-                setattr(scored, name, placed)
+                if values is not None:
+                    placed = values.new_zeros(gold_labels.shape).index_put(where, values[completion])
+                    setattr(scored, name, placed)
         return scored
 
     def prompts(self, model, batch):

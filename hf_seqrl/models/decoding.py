@@ -32,7 +32,8 @@ import torch.distributed as dist
 from ..functional.sampling import argmax_or_sample, rollout_uniforms
 from ..types import Rollout
 from .bans import TokenBans
-from .base import DecodeSettings, cut_at_limit, eval_mode, pad_after_eos
+from .base import DecodeSettings, cut_at_limit, eval_mode, pad_after_eos, unwrap
+from .sharding import decoding_whole, whole_for_decode
 
 
 class DecodeSteps:
@@ -58,8 +59,9 @@ class DecodeSteps:
 
 
 def lockstep_group() -> bool:
-    """Returns whether ranks must decode in lockstep: `torch.distributed` is initialized with world size > 1."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """Returns whether ranks must decode in lockstep: `torch.distributed` is initialized with world size > 1 and the
+    model decodes sharded (its forwards gather weights: every rank must run as many)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and not decoding_whole()
 
 
 # Steps between two looks at the device: whether every row has ended, whether the ended rows leave the forward.
@@ -270,7 +272,7 @@ def decode_rollout(model, steps: DecodeSteps, settings: DecodeSettings, with_gre
     if prefix_ids is not None:
         settings = dataclasses.replace(settings, bans=settings.bans.after_prefix(prefix_ids.shape[1]))
     group = steps.group
-    with eval_mode(model):
+    with eval_mode(model), whole_for_decode(unwrap(model)):
         ids, mask = decode_targets(steps, settings, with_greedy, keys)
     cut = cut_at_limit(ids, mask, list(settings.eos_ids), settings.max_new_tokens, settings.forced_eos_id)
     if prefix_ids is not None:

@@ -16,7 +16,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from ..types import Rollout, ScoredRollout
 from .bans import TokenBans, token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, decoder_start_id, eval_mode, generated_targets, pad_id,
+from .base import (DecodeSettings, ModelFamily, ScoreOptions, decoder_start_id, eval_mode, generated_targets, pad_id,
                    prepared_attention_mask, quiet_length_warnings, score_targets, shift_right, unwrap)
 from .decoding import DecodeSteps, decode_loop, decode_rollout
 
@@ -215,7 +215,8 @@ def teacher_forced(model, encoded: dict, targets: torch.Tensor, start_id: int, p
 
 def score_rollout(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, sample_ids: torch.Tensor,
                   num_samples: int, start_id: int, pad: int, gold_labels: torch.Tensor | None = None,
-                  temperature: float = 1.0, bans: TokenBans | None = None) -> ScoredRollout:
+                  temperature: float = 1.0, bans: TokenBans | None = None,
+                  options: ScoreOptions = ScoreOptions()) -> ScoredRollout:
     """Returns token log-probs of the sampled sequences (with grad) in one teacher-forced forward (`score_targets`
     over `teacher_forced`; what `Seq2SeqFamily.score` computes, with the ids and bans given).
 
@@ -230,8 +231,8 @@ def score_rollout(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
         bans (`TokenBans`, *optional*): what the rollout decode banned (`Seq2SeqFamily.score` reads the model's).
     """
     sources = {"input_ids": input_ids, "attention_mask": attention_mask}
-    return score_targets(lambda targets, group: teacher_forced(model, sources, targets, start_id, pad, group).logits,
-                         sample_ids, num_samples, gold_labels, pad, temperature, bans)
+    return score_targets(lambda targets, group: teacher_forced(model, sources, targets, start_id, pad, group),
+                         unwrap(model), sample_ids, num_samples, gold_labels, pad, temperature, bans, options)
 
 
 class Seq2SeqFamily(ModelFamily):

@@ -220,16 +220,21 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self.loss_is_scaled_for_ga = False
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
 
-    def _xe_from_logits(self, logits, labels, logprobs=None):
+    def _xe_from_logits(self, logits, labels):
         """Returns the Trainer's cross-entropy (label smoothing included) of `logits` `(N, T, V)` aligned with
-        `labels` `(N, T)`: the mean over the positions that are not -100. `logprobs` `(N, T)`, the labels' log-probs
-        at temperature 1 where a pass computed them already, gives it without another pass over the logits
-        (unless label smoothing, which needs the logits, applies)."""
+        `labels` `(N, T)`: the mean over the positions that are not -100."""
         if self.label_smoother is not None:
             return self.label_smoother({"logits": logits}, labels)
-        if logprobs is not None:
-            return losses.cross_entropy_from_logprobs(logprobs, labels)
         return losses.cross_entropy(logits, labels)
+
+    def cross_entropy_of(self, logprobs, labels, raw_logprobs=None, raw_logprob_sums=None, vocab_size: int = 0):
+        """Returns the Trainer's cross-entropy of `labels` `(N, T)` from a scoring pass's log-probs `(N, T)` of them:
+        label smoothed (`label_smoothing_factor`) from its unbanned terms `raw_logprobs` / `raw_logprob_sums` over
+        `vocab_size` tokens, as transformers' `LabelSmoother` computes it from the logits."""
+        if self.label_smoother is not None:
+            return losses.label_smoothed_cross_entropy(raw_logprobs, raw_logprob_sums, labels,
+                                                       self.label_smoother.epsilon, vocab_size)
+        return losses.cross_entropy_from_logprobs(logprobs, labels)
 
     def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         """Returns the loss of a training step after the warm-up (implemented by subclasses)."""

@@ -84,13 +84,12 @@ class MixerTrainer(BaselineTrainer):
         rollout = self.sample_continuations(unwrapped, inputs, labels, prefixes)
         batch = self.rollout_batch(rollout, text, unwrapped, inputs)
         gold = inputs["labels"] if args.rl_weight < 1 else None
-        scored = self.score_policy(model, inputs, batch.sample_ids, n, gold)
+        scored = self.score_policy(model, inputs, batch.sample_ids, n, gold, plain=args.temperature != 1.0)
         positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
         prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
         continuation_mask = batch.loss_mask & ~prefix_mask  # a left-out row keeps its gold prefix's cross-entropy
         # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
-        prefix_logprobs = None if args.temperature == 1.0 else losses.token_logprobs_from_logits(
-            scored.sample_logits, batch.sample_ids, banned=scored.banned)
+        prefix_logprobs = scored.plain_logprobs
         mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
                                        prefix_logprobs)
         target_tokens = (labels != -100).sum().clamp(min=1)

@@ -149,8 +149,9 @@ class MRTTrainer(RolloutTrainer):
         risk = losses.minimum_risk(seq_logprobs, rewards, k, args.mrt_alpha, keep)
         if xe_labels is not None and args.mrt_include_reference:  # the last candidate, scored at temperature 1
             width = targets.shape[1]
-            reference_logprobs = scored.token_logprobs.view(-1, k, scored.token_logprobs.shape[1])[:, -1, :width]
-            xe_loss = self._xe_from_logits(scored.sample_logits[:, -1, :width], targets, reference_logprobs)
+            last = [None if x is None else x.view(-1, k, x.shape[1])[:, -1, :width]
+                    for x in (scored.token_logprobs, scored.raw_logprobs, scored.raw_logprob_sums)]
+            xe_loss = self.cross_entropy_of(*last[:1], targets, *last[1:], scored.vocab_size)
         else:
             xe_loss = self.gold_cross_entropy(scored, xe_labels)
         samples = candidates.select(is_drawn)

@@ -20,7 +20,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .. import losses
 from ..configs import RolloutConfig
 from ..hub import reward_label
-from ..models.base import replayed_rng, rng_state
+from ..models.base import ScoreOptions, replayed_rng, rng_state
+from ..models.sharding import decode_per_layer
 from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from ..rewards.guards import LengthRatioReward
@@ -128,8 +129,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
         joined = batches[0] if len(batches) == 1 else self.family.join_prompts(unwrapped, batches)
         n = self.args.num_samples
         keys = self.rollout_keys.next(self.state.global_step, sum(sizes), n, joined["input_ids"].device)
-        rollout = self.family.sample(unwrapped, joined, self.rollout_config, n, with_greedy=self.rollout_plan().greedy,
-                                     keys=keys)
+        with decode_per_layer(not self.args.ds3_gather_for_generation):
+            rollout = self.family.sample(unwrapped, joined, self.rollout_config, n,
+                                         with_greedy=self.rollout_plan().greedy, keys=keys)
         return [rollout] if len(batches) == 1 else rollout.split(sizes)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -172,42 +174,60 @@ class RolloutTrainer(SeqRLBaseTrainer):
         with `finish_loss`)."""
         raise NotImplementedError
 
-    def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None,
-                     temperature: float | None = None) -> ScoredRollout:
+    def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None,
+                     plain: bool = False) -> ScoredRollout:
         """Returns the family's scoring pass of `token_ids` under the policy (with grad; at `temperature`, default the
-        rollout's), remembering its random state so that the reference pass draws the same dropout masks."""
-        self._policy_rng = rng_state(self.args.device)
-        temperature = self.args.temperature if temperature is None else temperature
-        return self.family.score(model, inputs, token_ids, group, gold_labels, temperature)
+        rollout's; the samples' temperature-1 log-probs too with `plain`), remembering its random state.
+
+        With `kl_coef > 0` the KL reference runs first, on the same tokens and with the random draws the policy pass
+        then makes (with dropout on, both passes thin the same units, so the KL measures the weights' difference only),
+        and the policy pass reduces the KL chunk by chunk beside its log-probs."""
+        args = self.args
+        self._policy_rng = rng_state(args.device)
+        reference = self.reference_positions(inputs, token_ids, group) if args.kl_coef > 0 else None
+        options = ScoreOptions(reference, entropy_grad=args.entropy_coef > 0, plain=plain,
+                               raw=self.label_smoother is not None)
+        temperature = args.temperature if temperature is None else temperature
+        return self.family.score(model, inputs, token_ids, group, gold_labels, temperature, options)
+
+    def reference_positions(self, inputs, token_ids, group: int):
+        """Returns the KL reference's output-layer inputs at the positions of `token_ids` (frozen), from a pass in the
+        policy's mode (train or eval) that makes the draws the next policy pass makes."""
+        # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
+        with self.reference() as reference, torch.no_grad(), self.accelerator.autocast(), \
+                replayed_rng(self._policy_rng, self.args.device):
+            reference.train(self.model.training)
+            return self.family.reference_positions(reference, inputs, token_ids, group)
 
     def gold_cross_entropy(self, scored: ScoredRollout, labels):
         """Returns the cross-entropy of the gold `labels` from the scoring pass `scored`, or None without labels."""
-        return None if labels is None else self._xe_from_logits(scored.gold_logits, labels, scored.gold_logprobs)
+        if labels is None:
+            return None
+        return self.cross_entropy_of(scored.gold_logprobs, labels, scored.raw_logprobs, scored.raw_logprob_sums,
+                                     scored.vocab_size)
 
     def finish_loss(self, rl_loss, xe_loss, inputs, scored: ScoredRollout, token_ids, group: int, token_mask,
                     metrics: dict):
         """Returns the loss of a step from its algorithm's `rl_loss`: mixed with `xe_loss` by `rl_weight`, minus
-        `entropy_coef` × entropy, plus `kl_coef` × KL over `token_mask` `(N, T)` of `token_ids` (`group` rows per
-        source); records `metrics` with the entropy, KL and cross-entropy added."""
+        `entropy_coef` × entropy, plus `kl_coef` × KL over `token_mask` `(N, T)` (the scoring pass's, `scored`);
+        records `metrics` with the entropy, KL and cross-entropy added."""
         loss = losses.mix_losses(rl_loss, xe_loss, self.args.rl_weight)
-        loss = self.add_regularizers(loss, inputs, token_ids, group, scored.sample_logits, token_mask, metrics,
-                                     scored.banned)
+        loss = self.add_regularizers(loss, scored, token_mask, metrics)
         if xe_loss is not None:
             metrics["rl/xe_loss"] = xe_loss.item()
         self._record("train", metrics)
         return loss
 
-    def add_regularizers(self, loss, inputs, token_ids, group: int, logits, token_mask, metrics: dict, banned=None):
+    def add_regularizers(self, loss, scored: ScoredRollout, token_mask, metrics: dict):
         """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens `token_mask` (the samples
         left out of the loss are out of these too); records both, unless no token counts. Both are those of the rollout
-        distribution: `banned` (`ScoredRollout.banned`) entries excluded."""
-        args, counted = self.args, bool(token_mask.any())  # every process runs the reference pass (ZeRO-3 gathers)
-        with torch.set_grad_enabled(args.entropy_coef > 0):
-            entropy = losses.masked_mean(losses.token_entropy(logits, banned).flatten(), token_mask.flatten(), 0)
+        distribution (banned entries excluded)."""
+        args, counted = self.args, bool(token_mask.any())
+        entropy = losses.masked_mean(scored.entropy.flatten(), token_mask.flatten(), 0)
         if args.entropy_coef > 0:
             loss = loss - args.entropy_coef * entropy
         if args.kl_coef > 0:
-            kl = self.kl_to_reference(inputs, token_ids, group, logits, token_mask, banned)
+            kl = losses.masked_mean(scored.kl.flatten(), token_mask.flatten(), 0)
             loss = loss + args.kl_coef * kl
             if counted:
                 metrics["rl/kl"] = kl.item()
@@ -224,19 +244,6 @@ class RolloutTrainer(SeqRLBaseTrainer):
             return
         with reference_of(self.accelerator.unwrap_model(self.model), self.reference_adapter) as reference:
             yield reference
-
-    def kl_to_reference(self, inputs, token_ids, group: int, logits, token_mask, banned=None):
-        """Returns the mean per-token KL(policy || frozen reference) over the counted positions of `token_ids`.
-
-        The reference runs in the policy's mode (train or eval) and replays the policy pass's random draws: with
-        dropout on, both passes thin the same units, so the KL measures the weights' difference only."""
-        # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
-        with self.reference() as reference, torch.no_grad(), self.accelerator.autocast(), \
-                replayed_rng(self._policy_rng, self.args.device):
-            reference.train(self.model.training)
-            ref = self.family.score(reference, inputs, token_ids, group, temperature=self.args.temperature)
-        kl = losses.token_kl(logits, ref.sample_logits, banned)
-        return losses.masked_mean(kl.flatten(), token_mask.flatten(), 0)
 
     # ---- rewards --------------------------------------------------------------------------------
 

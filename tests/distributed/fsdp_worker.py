@@ -9,7 +9,8 @@ loss, backward, SGD. The reference averages its gradients over the ranks by hand
 reduce-scatter does, so both runs follow the same trajectory. The ranks decode different lengths (their sources
 and length limits differ), so a rank whose rows have ended must keep stepping while the other decodes.
 
-Each rank writes OUT/rank<i>.pt: per step the losses and sample lengths of both runs, and the final parameters.
+Each rank writes OUT/rank<i>.pt: per step the losses, sample lengths and the collectives of the rollout decode of
+both runs, and the final parameters.
 
 Usage: torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT_DIR [fsdp2|zero3]
 """
@@ -25,6 +26,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+from counting import CollectiveCounter  # noqa: E402
 from helpers import byt5_tokenizer, skip_deepspeed_shm_build, tiny_model, whole_state_dict  # noqa: E402
 from hf_seqrl import losses
 from hf_seqrl.models.base import decoder_start_id, pad_id
@@ -45,16 +48,17 @@ def rl_step(model, optimizer, batch, config, seed: int, average_gradients: bool,
     the DeepSpeed `engine` when given: its backward and step reduce the gradients)."""
     ids, attn, labels = batch
     torch.manual_seed(seed)
-    rollout = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
+    with CollectiveCounter() as collectives:
+        rollout = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
     advantages = toy_reward(rollout.sample_ids) - toy_reward(rollout.greedy_ids).repeat_interleave(2)
     scored = score_rollout(engine or model, ids, attn, rollout.sample_ids, 2, decoder_start_id(model), pad_id(model),
                            labels)
     pg_loss = losses.policy_gradient_loss(scored.token_logprobs, rollout.sample_mask, advantages)
-    loss = losses.mix_losses(pg_loss, losses.cross_entropy(scored.gold_logits, labels), 0.5)
+    loss = losses.mix_losses(pg_loss, losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels), 0.5)
     if engine is not None:
         engine.backward(loss)
         engine.step()
-        return {"loss": loss.item(), "length": rollout.sample_ids.shape[1]}
+        return {"loss": loss.item(), "length": rollout.sample_ids.shape[1], "decode": dict(collectives.counts)}
     loss.backward()
     if average_gradients:
         for parameter in model.parameters():
@@ -62,7 +66,7 @@ def rl_step(model, optimizer, batch, config, seed: int, average_gradients: bool,
             parameter.grad /= dist.get_world_size()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss.item(), "length": rollout.sample_ids.shape[1]}
+    return {"loss": loss.item(), "length": rollout.sample_ids.shape[1], "decode": dict(collectives.counts)}
 
 
 def zero3_engine(model, lr: float):
@@ -104,7 +108,8 @@ def main(out: str, sharding: str = "fsdp2") -> None:
             history[name].append(rl_step(model, opt, batch, config, 100 * step + rank, average, eng))
     unsharded = reference.state_dict()
     params = {name: (value, unsharded[name].detach().clone()) for name, value in whole_state_dict(sharded).items()}
-    torch.save({"rank": rank, "history": history, "params": params}, os.path.join(out, f"rank{rank}.pt"))
+    torch.save({"rank": rank, "sharding": sharding, "history": history, "params": params},
+               os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     del engine
     dist.destroy_process_group()

@@ -9,9 +9,8 @@ from transformers import DataCollatorForSeq2Seq, GenerationConfig
 from helpers import (byt5_tokenizer, chi_square_p_value, make_config, prompt_completion_dataset, tiny_causal_model,
                      tiny_model, toy_dataset, toy_pairs)
 from hf_seqrl import SCSTTrainer, SeqRLConfig
-from hf_seqrl.functional import logprobs
-from hf_seqrl.functional.logprobs import token_entropy
-from hf_seqrl.models import CausalFamily, Seq2SeqFamily
+from hf_seqrl.functional import lm_head
+from hf_seqrl.models import CausalFamily, Seq2SeqFamily, heads
 from hf_seqrl.models.bans import TokenBans
 from hf_seqrl.models.base import DecodeSettings, completion_mask, shift_right
 from hf_seqrl.models.causal import completion_forward, completion_labels, generate_completions
@@ -35,11 +34,16 @@ def marian_preferring_pad():
 
 
 def add_logit_bias(model, bias: dict[int, float]):
-    """Adds `bias` to the model's output logits (a hook on its LM head: the decode and the scoring pass see it)."""
-    added = torch.zeros(model.config.vocab_size)
-    for token, value in bias.items():
-        added[token] = value
-    model.get_output_embeddings().register_forward_hook(lambda module, args, output: output + added)
+    """Adds `bias` to the model's output logits (its LM head becomes a Linear with that bias: the decode and the
+    scoring pass see it)."""
+    head = model.get_output_embeddings()
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    biased.weight = head.weight
+    with torch.no_grad():
+        biased.bias.zero_()
+        for token, value in bias.items():
+            biased.bias[token] = value
+    model.set_output_embeddings(biased)
     return model
 
 
@@ -98,7 +102,6 @@ def test_scoring_pass_uses_the_distribution_sampled_from_with_its_gradients():
     labels = labels.masked_fill(labels == PAD, -100)
     scored = family.score(model, batch, rollout.sample_ids, n, gold_labels=labels, temperature=temperature)
     assert torch.isfinite(scored.token_logprobs).all() and torch.isfinite(scored.gold_logprobs).all()
-    assert scored.banned.tolist() == [i == PAD for i in range(model.config.vocab_size)]
     # The same logits from a plain forward: one row per sample (the encoder re-run), then the gold rows.
     out = model(input_ids=batch["input_ids"].repeat_interleave(n, 0),
                 attention_mask=batch["attention_mask"].repeat_interleave(n, 0),
@@ -124,12 +127,14 @@ def test_scoring_pass_uses_the_distribution_sampled_from_with_its_gradients():
         else:
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     # Entropy of the same distribution, at temperature 1 (the pad's mass of e^30 removed).
-    entropy = token_entropy(scored.sample_logits, scored.banned).flatten(0, 1)
+    entropy = scored.entropy
     logp = out.logits[..., 1:].log_softmax(-1)
     torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1), atol=1e-4, rtol=1e-4)
 
 
-def test_blockwise_and_whole_tensor_scoring_agree_under_bans(monkeypatch):
+def test_chunked_and_whole_logits_scoring_agree_under_bans(monkeypatch):
+    # The output layer's inputs reduced a few positions at a time, against the forward's own logits (the path of a
+    # model whose output layer is not known), with a (T, V) ban mask.
     model, family = marian_preferring_pad(), Seq2SeqFamily()
     model.generation_config.bad_words_ids = [[PAD]]
     model.generation_config.begin_suppress_tokens = [BEGIN]  # a (T, V) mask
@@ -137,17 +142,16 @@ def test_blockwise_and_whole_tensor_scoring_agree_under_bans(monkeypatch):
     torch.manual_seed(0)
     rollout = family.sample(model, batch, family.generation_config(model, 5, temperature=0.8), n)
     labels = torch.tensor([[7, 8, 1, -100], [9, 1, -100, -100], [10, 11, 12, 1]])
-    monkeypatch.setattr(logprobs, "CPU_BLOCK_ELEMENTS", 3 * model.config.vocab_size)  # several blocks per row
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * model.config.vocab_size)  # several chunks per row
     results = []
-    for blockwise in (True, False):
-        monkeypatch.setattr(logprobs, "BLOCKWISE_DEVICES", ("cpu",) if blockwise else ())
+    for known in (True, False):
+        monkeypatch.setattr(heads, "KNOWN_HEADS", heads.KNOWN_HEADS if known else {})
         scored = family.score(model, batch, rollout.sample_ids, n, gold_labels=labels, temperature=0.8)
-        assert scored.banned.shape == (rollout.sample_ids.shape[1], model.config.vocab_size)
         loss = scored.token_logprobs[rollout.sample_mask].sum() + scored.gold_logprobs[labels != -100].sum()
-        results.append((scored.token_logprobs, scored.gold_logprobs,
+        results.append((scored.token_logprobs, scored.gold_logprobs, scored.entropy,
                         torch.autograd.grad(loss, model.get_output_embeddings().weight)[0]))
-    for blockwise, whole in zip(*results):
-        torch.testing.assert_close(blockwise, whole, atol=1e-5, rtol=1e-5)
+    for chunked, whole in zip(*results):
+        torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
 
 
 def test_training_with_the_ban_stays_finite_and_never_samples_pad(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ def test_bf16_loss_is_close_to_float32_on_the_same_samples(arch):
         scored = score_rollout(model, ids, attn, rollout.sample_ids, 4, decoder_start_id(model), pad_id(model),
                                labels, temperature=0.9)
         pg = losses.policy_gradient_loss(scored.token_logprobs, rollout.sample_mask, advantages)
-        return losses.mix_losses(pg, losses.cross_entropy(scored.gold_logits, labels), 0.5), scored.token_logprobs
+        return losses.mix_losses(pg, losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels), 0.5), scored.token_logprobs
 
     full, full_logprobs = loss_and_logprobs()
     seen = record_head_dtypes(model)

@@ -42,7 +42,7 @@ def test_candidate_set_pads_alike_and_finds_duplicates():
 
 
 def test_reference_candidate_scores_like_the_gold_labels(tokenizer):
-    # MRTTrainer takes the cross-entropy logits from the reference candidate's row: the same as the gold row.
+    # MRTTrainer takes the cross-entropy from the reference candidate's row: the same log-probs as the gold row's.
     model = tiny_model("t5", seed=5)
     enc = tokenizer(["abc", "da"], return_tensors="pt", padding=True)
     labels = tokenizer(text_target=["abc", "d"], return_tensors="pt", padding=True)["input_ids"]
@@ -51,8 +51,9 @@ def test_reference_candidate_scores_like_the_gold_labels(tokenizer):
     ids, mask, _ = candidate_set([(samples, samples != 0, 1), (labels, labels != -100, 1)], 1, pad=0)
     scored = score_rollout(model, enc["input_ids"], enc["attention_mask"], ids, 2, 0, 0)
     gold = score_rollout(model, enc["input_ids"], enc["attention_mask"], samples, 1, 0, 0, gold_labels=labels)
-    from_candidates = scored.sample_logits[:, -1, : labels.shape[1]]
-    torch.testing.assert_close(from_candidates, gold.gold_logits, atol=1e-5, rtol=1e-5)
+    from_candidates = scored.token_logprobs.view(2, 2, -1)[:, -1, : labels.shape[1]]
+    counted = labels != -100
+    torch.testing.assert_close(from_candidates[counted], gold.gold_logprobs[counted], atol=1e-5, rtol=1e-5)
 
 
 def test_mrt_trains_a_tiny_t5_and_logs_its_metrics(tmp_path, tokenizer):
