@@ -43,7 +43,14 @@ class OutputLayer:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """Returns the logits `(..., V)` of `hidden` `(..., d)`, in the weight's dtype."""
-        logits = F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
+        return self.activate(self.linear(hidden))
+
+    def linear(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Returns `h W^T + b` `(..., V)`."""
+        return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
+
+    def activate(self, logits: torch.Tensor) -> torch.Tensor:
+        """Returns what the forward makes of `h W^T + b`: scaled, soft-capped."""
         if self.scale != 1.0:
             logits = logits * self.scale
         if self.softcap is not None:
@@ -181,8 +188,9 @@ def position_stats(
     ref_layer = None if reference is None else reference.layer
     ref_source = None if reference is None else (reference.hidden if reference.logits is None else reference.logits)
 
-    def run(start, end, hidden, weight, bias):
-        z = _wide(OutputLayer(weight, bias, layer.scale, layer.softcap)(hidden) if layer is not None else hidden)
+    def run(start, end, linear):
+        # `linear`: the chunk's `h W^T + b` (or its logits, without a layer)
+        z = _wide(linear if layer is None else layer.activate(linear))
         ref_z = None
         if reference is not None:
             ref_hidden = ref_source[start:end]
@@ -202,17 +210,23 @@ def position_stats(
         next(values) if plain else None, next(values) if raw else None, next(values) if raw else None)
 
 
-class _Chunked(torch.autograd.Function):
-    """`run(start, end, hidden, weight, bias)` over the chunks `spans` of the positions, its outputs concatenated.
+def _linear(hidden, weight, bias):
+    return hidden if weight is None else F.linear(hidden.to(weight.dtype), weight, bias)
 
-    The forward keeps no graph; the backward makes each chunk again with one, differentiates it and frees it, so only
-    a chunk's logits exist at a time, and the inputs get one gradient each (as DDP's and ZeRO's hooks expect). The
-    outputs at the indices `detached` carry no gradient."""
+
+class _Chunked(torch.autograd.Function):
+    """`run(start, end, hidden W^T + bias)` over the chunks `spans` of the positions, its outputs concatenated (without
+    a `weight`, `source` holds the logits and `run` reads their slices).
+
+    The forward keeps no graph. The backward makes each chunk's `h W^T + b` again, differentiates `run` with respect to
+    it and adds that chunk's share to the gradients of the hidden states, the weight and the bias in place, so that a
+    chunk's logits are all that exist at a time and each input gets one gradient (as DDP's hooks expect). The outputs
+    at the indices `detached` carry no gradient."""
 
     @staticmethod
     def forward(ctx, run, spans, detached, source, weight, bias):
         with torch.no_grad():
-            parts = [run(start, end, source[start:end], weight, bias) for start, end in spans]
+            parts = [run(start, end, _linear(source[start:end], weight, bias)) for start, end in spans]
         outputs = tuple(torch.cat(column) for column in zip(*parts))
         ctx.run, ctx.spans, ctx.detached = run, spans, detached
         ctx.save_for_backward(source, weight, bias)
@@ -223,25 +237,29 @@ class _Chunked(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         source, weight, bias = ctx.saved_tensors
-        needs = ctx.needs_input_grad[3:]
-        grad_source = torch.zeros_like(source) if needs[0] else None
-        grad_weight = grad_bias = None
+        need_source, need_weight, need_bias = ctx.needs_input_grad[3:]
+        grad_source = torch.zeros_like(source) if need_source else None
+        grad_weight = torch.zeros_like(weight) if need_weight and weight is not None else None
+        grad_bias = torch.zeros_like(bias) if need_bias and bias is not None else None
         for start, end in ctx.spans:
+            hidden = source[start:end]
+            with torch.no_grad():
+                linear = _linear(hidden, weight, bias)
             with torch.enable_grad():
-                leaves = [None if x is None else x.detach().requires_grad_(need)
-                          for x, need in zip((source[start:end], weight, bias), needs)]
-                outputs = ctx.run(start, end, *leaves)
-                pairs = [(out, grad[start:end]) for i, (out, grad) in enumerate(zip(outputs, grads))
+                linear = linear.detach().requires_grad_()
+                pairs = [(out, grad[start:end]) for i, (out, grad) in enumerate(zip(ctx.run(start, end, linear), grads))
                          if grad is not None and i not in ctx.detached]
-                wanted = [x for x, need in zip(leaves, needs) if need and x is not None]
-                if not pairs or not wanted:
+                if not pairs:
                     continue
-                got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
-            chunk = [next(got) if need and x is not None else None for x, need in zip(leaves, needs)]
-            if chunk[0] is not None:
-                grad_source[start:end] = chunk[0]
-            if chunk[1] is not None:
-                grad_weight = chunk[1] if grad_weight is None else grad_weight.add_(chunk[1])
-            if chunk[2] is not None:
-                grad_bias = chunk[2] if grad_bias is None else grad_bias.add_(chunk[2])
+                (grad_linear,) = torch.autograd.grad([o for o, _ in pairs], [linear], [g for _, g in pairs])
+            if weight is None:
+                if grad_source is not None:
+                    grad_source[start:end] = grad_linear
+                continue
+            if grad_source is not None:
+                grad_source[start:end] = (grad_linear @ weight).to(source.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_linear.T, hidden.to(weight.dtype))
+            if grad_bias is not None:
+                grad_bias.add_(grad_linear.sum(dim=0).to(bias.dtype))
         return None, None, None, grad_source, grad_weight, grad_bias
