@@ -19,6 +19,7 @@ benchmarks/results/compaction_<task>.json and prints a table.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import os
 import statistics
@@ -29,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import quality_lib as quality  # noqa: E402  (the quality benchmark's data, tokenizer and checkpoint C)
+from speed import synchronize  # noqa: E402
 # The rollouts timed: name -> (rows per source, first row greedy).
 ROLLOUTS = {"SCST (greedy + 1 sample)": (2, True), "leave-one-out (4 samples)": (4, False)}
 ARMS = ("compacted", "all rows", "generate")
@@ -57,9 +59,11 @@ def time_rollout(model, batches, settings, group: int, greedy_first: bool) -> di
     lengths = []
     for index, (ids, mask) in enumerate(batches):
         samples = ids.shape[0] * (group - int(greedy_first))
-        uniforms = torch.rand((settings.max_new_tokens, samples), generator=torch.Generator().manual_seed(index))
+        uniforms = torch.rand((settings.max_new_tokens, samples),
+                              generator=torch.Generator().manual_seed(index)).to(ids.device)
         outputs = {}
         for name in ARMS[index % len(ARMS):] + ARMS[:index % len(ARMS)]:  # each arm first in turn
+            synchronize(ids.device)
             start = time.perf_counter()
             with torch.no_grad():
                 if name == "generate":
@@ -67,6 +71,7 @@ def time_rollout(model, batches, settings, group: int, greedy_first: bool) -> di
                 else:
                     outputs[name] = decode(model, ids, mask, settings, group, greedy_first, uniforms,
                                            compact_below=0.5 if name == "compacted" else 0.0)
+            synchronize(ids.device)
             seconds[name].append(time.perf_counter() - start)
         if not torch.equal(outputs["compacted"], outputs["all rows"]):
             raise AssertionError(f"batch {index}: the compacted decode wrote other tokens")
@@ -86,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--batches", type=int, default=20, help="dev batches decoded per rollout")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, ...")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
 
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     from hf_seqrl.models.seq2seq import rollout_generation_config
 
     torch.set_num_threads(args.threads)
-    settings = quality.SETTINGS[(args.task, False)]
+    settings = replace(quality.SETTINGS[(args.task, False)], device=args.device)
     data_dir = args.data_dir or quality.DEFAULT_DATA
     work_dir = quality.default_work_dir(args.task)
     c_folder = quality.c_folder(settings, work_dir)
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     for start in range(0, min(len(rows), args.batches * settings.batch_size), settings.batch_size):
         enc = tokenizer([r["source"] for r in rows[start:start + settings.batch_size]], truncation=True,
                         max_length=settings.max_source_tokens, padding=True, return_tensors="pt")
-        batches.append((enc["input_ids"], enc["attention_mask"]))
+        batches.append((enc["input_ids"].to(args.device), enc["attention_mask"].to(args.device)))
     results = {name: time_rollout(model, batches, decode_settings, group, greedy_first)
                for name, (group, greedy_first) in ROLLOUTS.items()}
     print(f"| rollout ({args.task}, batch {settings.batch_size}) | tokens per row (mean / max / limit) | "
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['compacted_vs_all_rows']:.2f}× | {r['compacted_vs_generate']:.2f}× |")
     record = {"task": args.task, "command": "python benchmarks/compaction.py " + " ".join(argv or sys.argv[1:]),
               "checkpoint": os.path.relpath(c_folder, os.path.dirname(HERE)), "batch_size": settings.batch_size,
-              "batches": len(batches),
+              "batches": len(batches), "device": args.device,
               "threads": args.threads, "torch": torch.__version__, "rollouts": results}
     output = args.output or os.path.join(HERE, "results", f"compaction_{args.task}.json")
     with open(output, "w") as f:

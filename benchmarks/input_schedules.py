@@ -51,19 +51,17 @@ def build_trainer(kind: str, fields: dict, model, tokenizer, device: str):
     config_cls, trainer_cls = {"ks": (KStepRolloutConfig, KStepRolloutTrainer),
                                "pc": (PrefixCorruptionConfig, PrefixCorruptionTrainer),
                                "ss": (ScheduledSamplingConfig, ScheduledSamplingTrainer)}[kind]
-    args = config_cls(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=device == "cpu", **fields)
+    args = config_cls(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=not speed.on_accelerator(device), **fields)
     return trainer_cls(model=model, args=args, processing_class=tokenizer)
 
 
 def time_step(trainer, model, batch, device: str) -> tuple[float, float]:
     """Returns (seconds of loss + backward, decoder rows per source) of one step."""
     model.zero_grad(set_to_none=True)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    speed.synchronize(device)
     start = time.perf_counter()
     trainer.compute_loss(model, dict(batch)).backward()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    speed.synchronize(device)
     seconds = time.perf_counter() - start
     rows = trainer._metrics["train"].get("ks/rows_per_source", [1.0])[-1]
     trainer._metrics["train"].clear()
@@ -93,7 +91,7 @@ def run_shape(shape: str, batch_size: int, target_length: int, repeats: int, dev
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--target-length", type=int, default=32)
@@ -106,7 +104,8 @@ def main():
     repeats = options.repeats or (3 if options.quick else 5)
     results = [row for shape in shapes
                for row in run_shape(shape, options.batch, options.target_length, repeats, options.device)]
-    meta = {"device": options.device, "threads": options.threads, "torch": torch.__version__, "repeats": repeats}
+    meta = {"device": options.device, "threads": options.threads, "torch": torch.__version__, "repeats": repeats,
+            "command": " ".join(["python", "benchmarks/input_schedules.py", *sys.argv[1:]])}
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as f:
         json.dump({"settings": meta, "results": results}, f, indent=1)

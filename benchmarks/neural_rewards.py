@@ -149,9 +149,9 @@ def markdown(results: dict, decoding: str = "greedy") -> str:
     return "\n".join(lines)
 
 
-def random_comet(**sizes):
+def random_comet(device=None, **sizes):
     """Returns a `CometReward` of wmt22-comet-da's architecture (`XLMR_LARGE`, updated with `sizes`) with random
-    weights (seed 0) and MiniLM's tokenizer."""
+    weights (seed 0) and MiniLM's tokenizer, on `device` (default: the trainer's)."""
     import torch
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 
@@ -163,17 +163,19 @@ def random_comet(**sizes):
                               bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
     torch.manual_seed(0)
     encoder = XLMRobertaModel(config, add_pooling_layer=False)
-    return CometReward(CometModel(COMET_HPARAMS, encoder, tokenizer))
+    return CometReward(CometModel(COMET_HPARAMS, encoder, tokenizer), device=device)
 
 
-def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str | None, work: str) -> dict:
-    """Returns the step and reward times of `steps` timed SCST steps (after an untimed one) from C with `reward`."""
+def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str | None, work: str,
+                device: str = "cpu") -> dict:
+    """Returns the step and reward times of `steps` timed SCST steps (after an untimed one) from C with `reward`, on
+    `device` (the policy, and the reward's model where it has one)."""
     import torch
     from transformers import TrainerCallback
 
     from hf_seqrl import SCSTTrainer, SeqRLConfig
 
-    settings = quality.SETTINGS[("summarization", quick)]
+    settings = replace(quality.SETTINGS[("summarization", quick)], device=device)
     splits, tokenizer, dataset = quality.task_data(settings, data_dir or quality.DEFAULT_DATA, work)
     folder = quality.c_folder(settings, work)
     if not os.path.isdir(folder):
@@ -181,7 +183,7 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
     model = quality.load_model(settings, folder)
     if reward == "comet":  # COMET reads the sources: the whole abstracts (it truncates them at 512 tokens itself)
         dataset = dataset.add_column("sources", [row["source"] for row in splits["train"]])
-        reward_funcs = random_comet()
+        reward_funcs = random_comet(device=device)
     else:
         reward_funcs = quality.arm_reward(replace(settings, reward=reward))
     ends, inside, scored, texts = [], [0.0], [0], []
@@ -195,7 +197,8 @@ def time_reward(reward: str, batch: int, steps: int, quick: bool, data_dir: str 
 
     args = SeqRLConfig(output_dir=os.path.join(work, "timing"), per_device_train_batch_size=batch, max_steps=steps + 1,
                        learning_rate=1e-7, max_new_tokens=settings.max_new_tokens, report_to=[], save_strategy="no",
-                       logging_steps=10**6, disable_tqdm=True, use_cpu=True, dataloader_pin_memory=False, seed=0)
+                       logging_steps=10**6, disable_tqdm=True, use_cpu=torch.device(device).type == "cpu",
+                       dataloader_pin_memory=False, seed=0)
     trainer = SCSTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                           reward_funcs=reward_funcs, callbacks=[StepEnds()])
     reward_values = trainer.reward_values
@@ -231,7 +234,8 @@ def timing(args) -> dict:
     for batch in args.batch_sizes:
         for reward in args.timed:
             cmd = [sys.executable, __file__, "--_time", reward, str(batch), str(args.steps), "--threads",
-                   str(args.threads), "--work-dir", work_dir(args)] + (["--quick"] if args.quick else [])
+                   str(args.threads), "--work-dir", work_dir(args), "--device", args.device] + (
+                ["--quick"] if args.quick else [])
             cmd += ["--data-dir", args.data_dir] if args.data_dir else []
             done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -256,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[8, 32])
     parser.add_argument("--steps", type=int, default=3, help="--timing: timed steps per process")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--device", default="cpu", help="--timing: a torch device (cpu, cuda, ...)")
     parser.add_argument("--output", default=None)
     parser.add_argument("--work-dir", default=None, help="the quality benchmark's work folder (C and cached units)")
     parser.add_argument("--_time", nargs=3, help=argparse.SUPPRESS)
@@ -265,8 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         torch.set_num_threads(args.threads)
         reward, batch, steps = args._time
-        print(json.dumps(time_reward(reward, int(batch), int(steps), args.quick, args.data_dir, work_dir(args))),
-              flush=True)
+        print(json.dumps(time_reward(reward, int(batch), int(steps), args.quick, args.data_dir, work_dir(args),
+                                     args.device)), flush=True)
         return {}
     start = time.time()
     results = timing(args) if args.timing else compare(args)

@@ -89,10 +89,13 @@ def hf_data(tokenizer, prompts, references):
                    fn_kwargs=dict(tokenizer=tokenizer))
 
 
+DEVICE = ["cpu"]  # --device: where every arm trains (the Trainer places the model and the batches there)
+
+
 def common_args(out: str, steps: int, seed: int, lr: float = LR) -> dict:
     return dict(output_dir=out, max_steps=steps, learning_rate=lr, lr_scheduler_type="constant", logging_steps=10**6,
-                report_to=[], save_strategy="no", disable_tqdm=True, seed=seed, use_cpu=True, bf16=False,
-                dataloader_pin_memory=False)
+                report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
+                use_cpu=torch.device(DEVICE[0]).type == "cpu", bf16=False, dataloader_pin_memory=False)
 
 
 def make_trainer(kind: str, model, tokenizer, prompts, references, steps: int, seed: int, out: str, callbacks=(),
@@ -221,7 +224,7 @@ def run_arm(kind: str, steps: int, seed: int, init: str | None, eval_every: int)
 
 def spawn(kind: str, steps: int, seed: int, init: str | None = None, eval_every: int = 0) -> dict:
     command = [sys.executable, __file__, "arm", "--kind", kind, "--steps", str(steps), "--seed", str(seed),
-               "--eval_every", str(eval_every)] + (["--init", init] if init else [])
+               "--eval_every", str(eval_every), "--device", DEVICE[0]] + (["--init", init] if init else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     if result.returncode != 0:
@@ -303,7 +306,9 @@ def main(argv=None) -> None:
     parser.add_argument("--init")
     parser.add_argument("--eval_every", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, ...")
     args = parser.parse_args(argv)
+    DEVICE[0] = args.device
     if args.what == "arm":
         print(json.dumps(run_arm(args.kind, args.steps, args.seed, args.init, args.eval_every)))
         return
@@ -312,6 +317,8 @@ def main(argv=None) -> None:
     import transformers
 
     results["versions"] = dict(trl=trl.__version__, transformers=transformers.__version__, torch=torch.__version__)
+    results["command"] = " ".join(["python", "benchmarks/vs_trl.py", *(sys.argv[1:] if argv is None else argv)])
+    results["device"] = args.device
     sections = {"equivalence": equivalence, "speed": lambda: speed(args.repeats), "learning": learning}
     for name, measure in sections.items():
         if args.what in (name, "all"):

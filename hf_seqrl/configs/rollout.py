@@ -41,10 +41,10 @@ class RolloutConfig(FreeRunningConfig):
         rows and the checkpoint. Single-process runs only: a checkpoint is a collective on several processes, and a
         reward that raises on one rank leaves the others waiting.
     ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
-        TRL's field. A model sharded by FSDP2 is gathered once per rollout decode, decodes with no collective per
-        token (each rank on its own, not in lockstep) and is resharded after it (`hf_seqrl.models.sharding`).
-        `False` keeps the per-layer path, every forward gathering what it runs: for a model too large to hold whole
-        on one device. A ZeRO-3 model decodes per layer whatever this field says.
+        TRL's field. A model sharded by FSDP2 or DeepSpeed ZeRO-3 is gathered once per rollout decode, decodes with
+        no collective per token (each rank on its own, not in lockstep) and is sharded again after it
+        (`hf_seqrl.models.sharding`). `False` keeps the per-layer path, every forward gathering what it runs: for a
+        model too large to hold whole on one device.
 
     > Sampling
 
@@ -83,7 +83,7 @@ class RolloutConfig(FreeRunningConfig):
     save_on_error: bool = field(default=True, metadata={
         "help": "Write a resumable checkpoint when a reward raises, before the error propagates."})
     ds3_gather_for_generation: bool = field(default=True, metadata={
-        "help": "Gather a sharded (FSDP2) model once per rollout decode; False decodes per layer."})
+        "help": "Gather a sharded (FSDP2, ZeRO-3) model once per rollout decode; False decodes per layer."})
     reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
     num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 
-# A chunk holds about this many logits (4 MiB in float32): a handful of its size is the pass's peak over the model.
-CHUNK_ELEMENTS = 1 << 20
+# A chunk holds about this many logits (16 MiB in float32): a handful of its size is the pass's peak over the model.
+CHUNK_ELEMENTS = 1 << 21
 
 
 @dataclass(frozen=True)

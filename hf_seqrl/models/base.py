@@ -484,15 +484,20 @@ def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, go
 
     with handing_hidden(model, receive) as known:
         output = forward(rows.flatten(0, 1), group)
+    tie = 0.0
     if not known:
         reduce(Positions(logits=output.logits.reshape(-1, output.logits.shape[-1])))
+    elif output.logits.requires_grad:
+        # The forward's placeholder logits join the loss (times 0), so that a backward passes through the output
+        # module's output: ZeRO-3 gathers the module's weight there, before the chunks' backward reads it.
+        tie = output.logits.sum() * 0
     samples, gold_stats = out["samples"], out.get("gold")
     shape = sample_ids.shape
     view = (lambda x, like=shape: None if x is None else x.view(like))
     raw = gold_stats if gold is not None else samples
     raw_shape = shape if gold is None else gold.shape
     return ScoredRollout(
-        token_logprobs=samples.logprobs.view(shape), entropy=samples.entropy.view(shape), kl=view(samples.kl),
+        token_logprobs=samples.logprobs.view(shape) + tie, entropy=samples.entropy.view(shape), kl=view(samples.kl),
         plain_logprobs=view(samples.plain_logprobs),
         gold_logprobs=None if gold_stats is None else gold_stats.logprobs.view(gold.shape),
         raw_logprobs=view(raw.raw_logprobs, raw_shape), raw_logprob_sums=view(raw.raw_logprob_sums, raw_shape),

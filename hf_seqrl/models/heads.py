@@ -46,9 +46,7 @@ def _known_head(model):
         why = "its architecture is not in hf_seqrl.models.heads.KNOWN_HEADS"
     elif module is None or type(module) is not torch.nn.Linear:  # an adapter on the head changes its forward
         why = f"its output module is a {type(module).__name__}, not a plain Linear"
-    elif hasattr(module.weight, "ds_id"):  # its backward gathers the weight only when the module's output has a grad
-        why = "it is partitioned by DeepSpeed ZeRO-3"
-    elif module._forward_hooks:
+    elif module._forward_hooks and not hasattr(module.weight, "ds_id"):  # ZeRO-3's own gather hooks aside
         why = "its output module has forward hooks, which would not see the logits"
     elif isinstance(module, FSDPModule):  # its own group reshards after the forward, before the chunks' backward
         why = "its output module is sharded on its own (fully_shard), not with the root"

@@ -2,8 +2,11 @@
 resharded, so that ranks decode on their own (not in lockstep) and a sharded model decodes as fast as a whole one.
 
 Under FSDP2 (`fully_shard`) every sharded module is unsharded once and kept unsharded across the decode's forwards,
-then resharded. `decode_per_layer()` keeps the per-layer path (each forward gathers what it runs, every rank in
-lockstep): for a model too large to hold whole on one device. A ZeRO-3 model still decodes per layer.
+then resharded. Under DeepSpeed ZeRO-3 the parameters are gathered (`deepspeed.zero.GatheredParameters`) and the
+engine's per-module fetch and release hooks are off for the decode, then registered again (as TRL's
+`unwrap_model_for_generation` does); the trainer registers its engine (`register_zero3`). `decode_per_layer()` keeps
+the per-layer path (each forward gathers what it runs, every rank in lockstep): for a model too large to hold whole
+on one device.
 """
 
 from __future__ import annotations
@@ -32,18 +35,37 @@ def decoding_whole() -> bool:
     return _whole.get()
 
 
+# The DeepSpeed ZeRO-3 parameter offload (the engine's module hooks) of each model a trainer registered, by id.
+_zero3_offloads: dict[int, object] = {}
+
+
+def register_zero3(model, engine) -> bool:
+    """Records the DeepSpeed `engine` that partitions `model` (its module), so that `whole_for_decode` can gather it;
+    returns whether the engine holds ZeRO-3 module hooks."""
+    optimizer = getattr(engine, "optimizer", None)
+    offload = getattr(optimizer, "parameter_offload", None)
+    if offload is None or not hasattr(offload, "forward_hooks"):
+        return False
+    _zero3_offloads[id(model)] = offload
+    return True
+
+
 @contextlib.contextmanager
 def whole_for_decode(model):
-    """Within the context, `model`'s (unwrapped) weights are whole on this rank when it is sharded by FSDP2 and
-    `decode_per_layer` is not in force; `decoding_whole()` then says so."""
+    """Within the context, `model`'s (unwrapped) weights are whole on this rank when it is sharded (FSDP2, or ZeRO-3
+    with its engine registered) and `decode_per_layer` is not in force; `decoding_whole()` then says so."""
     if not _gather.get() or _whole.get():
         yield
         return
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    if not sharded:
-        yield
-        return
-    with _fsdp2_whole(sharded):
+    offload = _zero3_offloads.get(id(model))
+    if sharded:
+        with _fsdp2_whole(sharded):
+            yield
+    elif offload is not None:
+        with _zero3_whole(model, offload):
+            yield
+    else:
         yield
 
 
@@ -69,3 +91,19 @@ def _fsdp2_whole(modules):
             if group is not None:
                 group.post_forward_mesh_info = after
             module.reshard()
+
+
+@contextlib.contextmanager
+def _zero3_whole(model, offload):
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        for hook in (*offload.forward_hooks, *offload.backward_hooks):
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        token = _whole.set(True)
+        try:
+            yield
+        finally:
+            _whole.reset(token)
+            offload._register_deepspeed_module(offload.module)

@@ -33,6 +33,22 @@ def model_rewards(reward: RewardFn) -> list[ModelReward]:
     return [part for part in getattr(reward, "rewards", [reward]) if isinstance(part, ModelReward)]
 
 
+def set_attention(reward: RewardFn, attn_implementation: str) -> int:
+    """Sets `attn_implementation` ("sdpa", "eager", "flash_attention_2", ...) on the transformers models of every model
+    reward in `reward` (the outermost ones: a COMET model's encoder, say); returns how many it set."""
+    from transformers import PreTrainedModel
+
+    count = 0
+    for part in model_rewards(reward):
+        done: list = []
+        for module in part.model.modules():
+            if isinstance(module, PreTrainedModel) and not any(module in set(d.modules()) for d in done):
+                module.set_attn_implementation(attn_implementation)
+                done.append(module)
+        count += len(done)
+    return count
+
+
 def place_on(reward: RewardFn, device) -> None:
     """Moves every model reward in `reward` whose model sits on the CPU and that was given no device to `device` (a
     model the user put on an accelerator stays there)."""

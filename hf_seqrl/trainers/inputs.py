@@ -15,8 +15,19 @@ TOKENIZER_OUTPUTS = frozenset({"token_type_ids", "special_tokens_mask", "offset_
 
 def load_model(model, args):
     """Returns `model`, or the model that the Hub id or folder `model` names, loaded with the Auto class of its
-    family and `args.model_init_kwargs` (TRL's name; `trust_remote_code` stays off unless they set it)."""
+    family and `args.model_init_kwargs` (TRL's name; `trust_remote_code` stays off unless they set it).
+
+    A model passed built takes the `attn_implementation` of `model_init_kwargs`; their other keys need a model to
+    load, and a warning names them as not applied."""
     if not isinstance(model, str):
+        kwargs = dict(args.model_init_kwargs or {})
+        attention = kwargs.pop("attn_implementation", None)
+        if attention is not None and hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(attention)
+        if kwargs:
+            logger.warning("%s.model_init_kwargs %s apply when `model` is a Hub id or a folder; the model was passed "
+                           "built, so they are not applied (only attn_implementation is).", type(args).__name__,
+                           sorted(kwargs))
         return model
     from ..models import load_pretrained
 

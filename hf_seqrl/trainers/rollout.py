@@ -21,9 +21,10 @@ from .. import losses
 from ..configs import RolloutConfig
 from ..hub import reward_label
 from ..models.base import ScoreOptions, replayed_rng, rng_state
-from ..models.sharding import decode_per_layer
+from ..models.sharding import decode_per_layer, register_zero3
 from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
+from ..rewards.combine import set_attention
 from ..rewards.guards import LengthRatioReward
 from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
 from .adapters import add_reference_adapter, is_peft_model, reference_of
@@ -75,6 +76,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 f"{type(self.args).__name__}.reward_workers={workers} scores rewards in worker processes, but "
                 "reward_funcs holds a model reward, which runs batched on the trainer's device: set reward_workers=0.")
         place_on(local, self.args.device)
+        attention = (self.args.model_init_kwargs or {}).get("attn_implementation")
+        if attention is not None:  # the model rewards attend as the policy does
+            set_attention(local, attention)
         self.reward_label = reward_name(self.reward_fn)
         self.ref_model, self.reference_adapter = None, None
         if self.args.kl_coef > 0:
@@ -129,6 +133,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
         joined = batches[0] if len(batches) == 1 else self.family.join_prompts(unwrapped, batches)
         n = self.args.num_samples
         keys = self.rollout_keys.next(self.state.global_step, sum(sizes), n, joined["input_ids"].device)
+        if self.is_deepspeed_enabled:  # a ZeRO-3 engine's module hooks, for the gather-once decode
+            register_zero3(unwrapped, self.model_wrapped)
         with decode_per_layer(not self.args.ds3_gather_for_generation):
             rollout = self.family.sample(unwrapped, joined, self.rollout_config, n,
                                          with_greedy=self.rollout_plan().greedy, keys=keys)

@@ -32,10 +32,14 @@ def test_quick_speed_benchmark_runs_every_arm(tmp_path):
     assert set(rows) == {(task, arm) for task in ("translation", "summarization") for arm in arms}
     for (task, arm), row in rows.items():
         assert row["step_s"] > 0 and row["peak_mem_mib"] > 0, (task, arm)
+        assert row["peak_over_logits"] > 0, (task, arm)
         if arm != "xe":
             assert row["parts_s"]["decode"] > 0 and row["parts_s"]["forward_backward"] > 0, (task, arm)
+            assert row["syncs_per_token"] > 0, (task, arm)  # counted over a whole step, per decoded position
     header = next(line for line in result.stdout.splitlines() if line.startswith("shape"))
     assert "vs ref" in header and "decode vs" in header and "mem vs XE" in header
+    assert "mem/logits" in header and "syncs/tok" in header
+    assert data["command"].startswith("python benchmarks/speed.py --quick")
     seqrl_lines = [line.split() for line in result.stdout.splitlines() if " seqrl_" in line]
     assert len(seqrl_lines) == 4 and all(math.isfinite(float(value)) for line in seqrl_lines for value in line[-3:])
 

@@ -31,6 +31,7 @@ from counting import CollectiveCounter  # noqa: E402
 from helpers import byt5_tokenizer, skip_deepspeed_shm_build, tiny_model, whole_state_dict  # noqa: E402
 from hf_seqrl import losses
 from hf_seqrl.models.base import decoder_start_id, pad_id
+from hf_seqrl.models.sharding import register_zero3
 from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
 
 STEPS = 3
@@ -94,6 +95,7 @@ def main(out: str, sharding: str = "fsdp2") -> None:
     engine, optimizer = None, None
     if sharding == "zero3":
         engine = zero3_engine(sharded, lr=0.5)
+        assert register_zero3(sharded, engine)
     else:
         for block in [*sharded.encoder.block, *sharded.decoder.block]:
             fully_shard(block)

@@ -116,3 +116,23 @@ def test_empty_prompts_are_refused_with_their_rows(tmp_path, family):
     with pytest.raises(ValueError, match=rf"train_dataset rows \[1, 3\]: the '{column}' text is empty"):
         SCSTTrainer(model=model, args=args_for(tmp_path), reward_funcs="chrf", train_dataset=data,
                     processing_class=byt5_tokenizer())
+
+
+def test_attn_implementation_of_model_init_kwargs_reaches_the_policy_its_reference_and_model_rewards(tmp_path, caplog):
+    from helpers import tiny_classifier
+    from hf_seqrl.rewards import RewardModelReward
+
+    reward = RewardModelReward(tiny_classifier(), tokenizer=byt5_tokenizer())
+    model = tiny_model("t5", seed=0)
+    assert model.config._attn_implementation != "eager"
+    with caplog.at_level(logging.WARNING):
+        trainer = SCSTTrainer(model=model, args=args_for(tmp_path, kl_coef=0.1, model_init_kwargs={
+            "attn_implementation": "eager", "dtype": "bfloat16"}), train_dataset=pairs(),
+            processing_class=byt5_tokenizer(), reward_funcs=[reward, length])
+    assert trainer.model.config._attn_implementation == "eager"
+    assert trainer.ref_model.config._attn_implementation == "eager"
+    assert reward.model.config._attn_implementation == "eager"
+    # the other keys need a model to load: named, not applied
+    assert any("['dtype']" in r.getMessage() and "not applied" in r.getMessage() for r in caplog.records)
+    assert next(trainer.model.parameters()).dtype == torch.float32
+    trainer.train()
