@@ -10,6 +10,21 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(script: str, *args: str, timeout: int = 420):
+    """Returns `(completed process, seconds)` of `python benchmarks/SCRIPT ARGS` from the repository root, one thread,
+    the repository on the path."""
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    return result, time.perf_counter() - start
 SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
 # What every test trainer runs with unless it says otherwise: a few logged steps, nothing saved or reported.
 TRAIN_DEFAULTS = dict(per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1, report_to=[],

@@ -1,4 +1,6 @@
-"""Token log-probs, entropy and KL over the vocabulary: one pass over the logits, block by block on CPU.
+"""Token log-probs, entropy and KL over the vocabulary of a logits tensor one has: one pass over the logits, block by
+block on CPU (the diagnostics, and the losses' helpers). The scoring pass does not make a logits tensor: it reduces
+the decoder's hidden states chunk by chunk (`hf_seqrl.functional.lm_head`).
 
 Pure tensor kernels below `hf_seqrl.losses` (torch only). On CPU, forward and backward run over the logits in
 place, a block of rows at a time, so that a block stays in cache from one pass to the next.

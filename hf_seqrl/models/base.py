@@ -504,6 +504,34 @@ def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, go
         vocab_size=out["vocab_size"])
 
 
+def label_logprobs(forward, model, labels: torch.Tensor, rows: slice | None = None):
+    """Returns `(output, logprobs, logprob_sums, vocab_size)`: the output of `forward()` (a teacher-forced pass whose
+    `logits[:, t]` score `labels[:, t]`), the log-probs at temperature 1 of `labels` `(N', T)` (any value where -100)
+    at its rows `rows` (all by default), and their `sum_v log p(v)` (label smoothing's term), no bans: the
+    cross-entropy's terms, reduced chunk by chunk (`position_stats`) as the scoring pass does."""
+    out = {}
+
+    def reduce(positions: Positions, width: int):
+        grid = torch.arange(len(positions), device=labels.device).view(-1, width)
+        where = (grid if rows is None else grid[rows])[:, :labels.shape[1]].flatten()
+        stats = position_stats(positions.take(where), labels.flatten(), raw=True)
+        out["stats"], out["vocab_size"] = stats, positions.vocab_size
+        return stats.raw_logprobs[:1].sum()
+
+    with handing_hidden(model, lambda hidden, layer: reduce(
+            Positions(hidden.reshape(-1, hidden.shape[-1]), layer), hidden.shape[-2])) as known:
+        output = forward()
+    tie = 0.0
+    if not known:
+        logits = output.logits
+        reduce(Positions(logits=logits.reshape(-1, logits.shape[-1])), logits.shape[-2])
+    elif output.logits.requires_grad:
+        tie = output.logits.sum() * 0  # as in `score_targets`: the backward passes the output module's output
+    stats = out["stats"]
+    return (output, stats.raw_logprobs.view(labels.shape) + tie, stats.raw_logprob_sums.view(labels.shape),
+            out["vocab_size"])
+
+
 def target_positions(forward, model, sample_ids: torch.Tensor, num_samples: int, copy: bool) -> Positions:
     """Returns a frozen model's output-layer inputs at every position of `sample_ids` `(B*n, T)` (`B*n*T` of them,
     row-major): one teacher-forced pass (`forward(targets, group)`), for the KL of a later scoring pass; with `copy`,

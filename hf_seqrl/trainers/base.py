@@ -26,7 +26,7 @@ from ..data import (TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, chec
 from ..evaluation import write_run_settings
 from ..hub import Method, card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
-from ..models.base import disable_dropout
+from ..models.base import disable_dropout, label_logprobs
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
 from .inputs import (check_model_family, check_not_empty, check_token_ids, check_tokenizer, forward_arguments,
@@ -220,12 +220,12 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self.loss_is_scaled_for_ga = False
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
 
-    def _xe_from_logits(self, logits, labels):
-        """Returns the Trainer's cross-entropy (label smoothing included) of `logits` `(N, T, V)` aligned with
-        `labels` `(N, T)`: the mean over the positions that are not -100."""
-        if self.label_smoother is not None:
-            return self.label_smoother({"logits": logits}, labels)
-        return losses.cross_entropy(logits, labels)
+    def teacher_forced_cross_entropy(self, model, forward, labels, rows: slice | None = None):
+        """Returns `(output, loss)`: the output of `forward()` (a family's teacher-forced pass whose `logits[:, t]`
+        score `labels[:, t]`) and the Trainer's cross-entropy of `labels` `(N', T)` at its rows `rows`, reduced from
+        the output layer's inputs chunk by chunk (`models.base.label_logprobs`), label smoothing included."""
+        output, logprobs, sums, vocab = label_logprobs(forward, self.accelerator.unwrap_model(model), labels, rows)
+        return output, self.cross_entropy_of(logprobs, labels, logprobs, sums, vocab)
 
     def cross_entropy_of(self, logprobs, labels, raw_logprobs=None, raw_logprob_sums=None, vocab_size: int = 0):
         """Returns the Trainer's cross-entropy of `labels` `(N, T)` from a scoring pass's log-probs `(N, T)` of them:

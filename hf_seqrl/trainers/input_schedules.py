@@ -150,9 +150,10 @@ class InputScheduleTrainer(SeqRLBaseTrainer):
     def gold_target_loss(self, model, encoded, rows: DecoderRows):
         """Returns the Trainer's cross-entropy of `rows` (with grad, label smoothing included; the mean over the
         batch's trained tokens), each row reading its source's `encoded` part."""
-        out = self.family.target_forward(model, self.family.select(encoded, rows.source_index),
-                                         target_context(rows.input_ids))
-        return self._xe_from_logits(out.logits, rows.labels)
+        selected = self.family.select(encoded, rows.source_index)
+        _, loss = self.teacher_forced_cross_entropy(
+            model, lambda: self.family.target_forward(model, selected, target_context(rows.input_ids)), rows.labels)
+        return loss
 
 
 class PrefixCorruptionTrainer(InputScheduleTrainer):

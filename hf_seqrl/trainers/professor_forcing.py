@@ -147,14 +147,16 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
         labels, own_labels = right_pad(labels, length, -100), right_pad(own_labels, length, -100)
         targets = torch.stack([labels, own_labels], dim=1).flatten(0, 1)  # (2B, T): gold and own rows of a source
         encoded = self.family.encode(unwrapped, inputs)  # once per source, with grad
-        outputs = self.family.target_forward(model, encoded, targets, group=2, output_hidden_states=True)
+        # The gold rows' cross-entropy is reduced inside the forward, from the output layer's inputs.
+        outputs, xe_loss = self.teacher_forced_cross_entropy(
+            model, lambda: self.family.target_forward(model, encoded, targets, group=2, output_hidden_states=True),
+            labels, rows=slice(0, None, 2))
         if getattr(outputs, "hidden_states", None) is None:
             raise ValueError(f"model: {type(unwrapped).__name__} returned no decoder hidden states with "
                              "output_hidden_states=True; professor forcing needs them.")
         hidden = outputs.hidden_states
         gold_hidden, own_hidden = hidden[0::2], hidden[1::2]
         gold_mask, own_mask = labels != -100, own_labels != -100
-        xe_loss = self._xe_from_logits(outputs.logits[0::2], labels)
         d_loss, d_accuracy = self.discriminator_step(gold_hidden.detach(), gold_mask, own_hidden.detach(), own_mask)
         self.discriminator.requires_grad_(False)
         try:

@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import run_benchmark
 
 SCRIPTS = ("speed.py", "scoring_pass.py", "neural_rewards.py", "compaction.py", "vs_trl.py", "input_schedules.py",
            "gpu_check.py", "host_syncs.py")
 
 
-def env():
-    return dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_benchmark_takes_a_device(script):
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], cwd=REPO, env=env(),
-                            capture_output=True, text=True, timeout=120)
+    result, _ = run_benchmark(script, "--help", timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--device" in result.stdout
 
@@ -32,9 +23,8 @@ def test_every_benchmark_takes_a_device(script):
 @pytest.mark.slow
 def test_scoring_pass_benchmark_compares_chunked_and_whole_logits(tmp_path):
     output = tmp_path / "scoring_pass.json"
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scoring_pass.py"), "--rounds", "1", "--steps",
-                             "1", "--cases", "t5-small:1", "--device", "cpu", "--output", str(output)], cwd=REPO,
-                            env=env(), capture_output=True, text=True, timeout=300)
+    result, _ = run_benchmark("scoring_pass.py", "--rounds", "1", "--steps", "1", "--cases", "t5-small:1",
+                              "--device", "cpu", "--output", output, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(output.read_text())
     (row,) = data["rows"]

@@ -4,25 +4,16 @@ its markdown table; the values it reports hold together."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from helpers import REPO
+from helpers import run_benchmark
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_the_cpu_at_tiny_shapes(tmp_path):
     output = tmp_path / "gpu_check.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
-                             "--output", str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    seconds = time.perf_counter() - start
+    result, seconds = run_benchmark("gpu_check.py", "--device", "cpu", "--quick", "--output", output, timeout=120)
     print(f"gpu_check.py --device cpu --quick: {seconds:.0f} s")
     assert result.returncode == 0, result.stderr[-4000:]
     assert seconds < 120

@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import run_benchmark
 
 
 
 @pytest.mark.slow
 def test_quick_speed_benchmark_runs_every_arm(tmp_path):
     output = tmp_path / "speed.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "--quick", "--threads", "1",
-                             "--output", str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
-    print(f"speed.py --quick: {time.perf_counter() - start:.0f} s")
+    result, seconds = run_benchmark("speed.py", "--quick", "--threads", "1", "--output", output)
+    print(f"speed.py --quick: {seconds:.0f} s")
     assert result.returncode == 0, result.stderr[-4000:]
     data = json.loads(output.read_text())
     rows = {(row["task"], row["arm"]): row for row in data["results"]}
@@ -47,11 +38,8 @@ def test_quick_speed_benchmark_runs_every_arm(tmp_path):
 @pytest.mark.slow
 def test_quick_rollout_batching_benchmark_times_both_arms(tmp_path):
     output = tmp_path / "speed_rollout_batching.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "--rollout-batching", "--quick",
-                             "--threads", "1", "--rounds", "1", "--output", str(output)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=420)
+    result, _ = run_benchmark("speed.py", "--rollout-batching", "--quick", "--threads", "1", "--rounds", "1",
+                              "--output", output)
     assert result.returncode == 0, result.stderr[-4000:]
     data = json.loads(output.read_text())
     arms = data["arms"]

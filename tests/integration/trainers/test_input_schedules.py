@@ -26,18 +26,22 @@ def make_args(tmp_path, kind, **kwargs):
 
 
 @pytest.mark.parametrize("arch", ["t5", "bart", "marian"])
-def test_zero_rate_and_one_step_rollout_are_teacher_forcing(tmp_path, tokenizer, arch):
-    """σ = 0 (random replacement) and k = 1 give the loss and the gradient (one SGD step) of plain teacher forcing."""
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_zero_rate_and_one_step_rollout_are_teacher_forcing(tmp_path, tokenizer, arch, smoothing):
+    """σ = 0 (random replacement) and k = 1 give the loss and the gradient (one SGD step) of plain teacher forcing,
+    label smoothing included (the chunked cross-entropy against `LabelSmoother` over the logits)."""
     src, tgt = toy_pairs(8, seed=1)
     ds = toy_dataset(tokenizer, src, tgt)
     model = tiny_model(arch, seed=3)
-    plain = Seq2SeqTrainer(model=model, args=make_args(tmp_path, "plain"), train_dataset=ds,
-                           processing_class=tokenizer, data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    plain = Seq2SeqTrainer(model=model, args=make_args(tmp_path, "plain", label_smoothing_factor=smoothing),
+                           train_dataset=ds, processing_class=tokenizer,
+                           data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
     plain.train()
     expected_loss, expected = plain.state.log_history[0]["loss"], params(model)
     for kind, settings in (("pc", dict(corruption_rate=0.0)), ("ks", dict(rollout_steps=1))):
         model = tiny_model(arch, seed=3)
-        trainer = TRAINERS[kind](model=model, args=make_args(tmp_path, kind, **settings), train_dataset=ds,
+        trainer = TRAINERS[kind](model=model, args=make_args(tmp_path, kind, label_smoothing_factor=smoothing,
+                                                             **settings), train_dataset=ds,
                                  processing_class=tokenizer)
         trainer.train()
         assert trainer.state.log_history[0]["loss"] == pytest.approx(expected_loss, abs=1e-6), kind
