@@ -20,6 +20,7 @@ from .bans import token_ban_settings
 from .beam import beam_kwargs
 from .base import (DecodeSettings, ModelFamily, ScoreOptions, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id,
                    prepared_attention_mask, quiet_length_warnings, unwrap)
+from .sharding import whole_for_decode
 from .decoding import DecodeSteps, decode_rollout, decode_targets
 
 
@@ -283,8 +284,8 @@ class CausalFamily(ModelFamily):
 
     def beam_search(self, model, batch, num_beams, num_return, max_new_tokens, limits=None):
         prompt_ids, prompt_mask = self.prompts(model, batch)
-        kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=prompt_ids.shape[1])
-        with eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad(), whole_for_decode(unwrap(model)):
+            kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=prompt_ids.shape[1])
             return generate_completions(model, prompt_ids, prompt_mask, **kwargs)
 
     def continue_from(self, model, batch, prefix, generation_config):

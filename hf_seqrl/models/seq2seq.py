@@ -18,6 +18,7 @@ from .bans import TokenBans, token_ban_settings
 from .beam import beam_kwargs
 from .base import (DecodeSettings, ModelFamily, ScoreOptions, decoder_start_id, eval_mode, generated_targets, pad_id,
                    prepared_attention_mask, quiet_length_warnings, score_targets, shift_right, unwrap)
+from .sharding import whole_for_decode
 from .decoding import DecodeSteps, decode_loop, decode_rollout
 
 
@@ -257,8 +258,8 @@ class Seq2SeqFamily(ModelFamily):
                                   **generate_kwargs)
 
     def beam_search(self, model, batch, num_beams, num_return, max_new_tokens, limits=None):
-        kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=1)  # after the start token
-        with eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad(), whole_for_decode(unwrap(model)):
+            kwargs = beam_kwargs(model, num_beams, num_return, max_new_tokens, limits, offset=1)  # after the start
             return generated_targets(self.generate(model, batch, **kwargs), 1, model)
 
     def continue_from(self, model, batch, prefix, generation_config):

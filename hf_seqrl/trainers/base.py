@@ -8,6 +8,8 @@ checkpoint files. The losses live in the subclasses (`policy_gradient`, `mrt`, `
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import os
@@ -27,6 +29,7 @@ from ..evaluation import write_run_settings
 from ..hub import Method, card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
 from ..models.base import disable_dropout, label_logprobs
+from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
 from .inputs import (check_model_family, check_not_empty, check_token_ids, check_tokenizer, forward_arguments,
@@ -251,7 +254,29 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     # ---- evaluation ----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def decoding(self, unwrapped):
+        """Within the context, decodes of the (unwrapped) model gather a sharded model once
+        (`hf_seqrl.models.sharding`; per layer with `ds3_gather_for_generation=False`); yields whether the model is
+        then whole (its decodes need no collective)."""
+        if self.is_deepspeed_enabled:  # a ZeRO-3 engine's module hooks, for the gather-once decode
+            register_zero3(unwrapped, self.model_wrapped)
+        with decode_per_layer(not getattr(self.args, "ds3_gather_for_generation", True)):
+            with whole_for_decode(unwrapped):
+                yield decoding_whole()
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        generate = self.args.predict_with_generate and not prediction_loss_only
+        if not generate:
+            return self.gathered_prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+        with self.decoding(self.accelerator.unwrap_model(model)) as whole:
+            if whole:  # each rank generates on its own: no rank waits for another's rows
+                defaults = getattr(self, "_gen_kwargs", {}) if self.family.trainer_generates else self.generation_kwargs
+                gen_kwargs = {**(gen_kwargs or defaults), "synced_gpus": False}
+            return self.gathered_prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+
+    def gathered_prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """`prediction_step`, the model as `decoding` leaves it."""
         text = self.pop_text_columns(inputs)
         generate = self.args.predict_with_generate and not prediction_loss_only
         if not generate or self.family.trainer_generates:

@@ -109,7 +109,8 @@ class MRTTrainer(RolloutTrainer):
                 greedy = capped(rollout.greedy_ids, rollout.greedy_mask, 1)
         if "beam" in args.mrt_candidates:
             budget = decode_budget(self.rollout_config)
-            ids, mask = self.family.beam_search(unwrapped, inputs, args.mrt_beam_size, n, budget, limits)
+            with self.decoding(unwrapped):
+                ids, mask = self.family.beam_search(unwrapped, inputs, args.mrt_beam_size, n, budget, limits)
             parts.append((ids, mask, n))
             # `generate` forces the model's forced EOS at the budget, and EOS at each source's limit.
             cut = cut_at_limit(ids, mask, eos_ids(unwrapped), budget, unwrapped.generation_config.forced_eos_token_id)

@@ -21,7 +21,6 @@ from .. import losses
 from ..configs import RolloutConfig
 from ..hub import reward_label
 from ..models.base import ScoreOptions, replayed_rng, rng_state
-from ..models.sharding import decode_per_layer, register_zero3
 from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from ..rewards.combine import set_attention
@@ -133,9 +132,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         joined = batches[0] if len(batches) == 1 else self.family.join_prompts(unwrapped, batches)
         n = self.args.num_samples
         keys = self.rollout_keys.next(self.state.global_step, sum(sizes), n, joined["input_ids"].device)
-        if self.is_deepspeed_enabled:  # a ZeRO-3 engine's module hooks, for the gather-once decode
-            register_zero3(unwrapped, self.model_wrapped)
-        with decode_per_layer(not self.args.ds3_gather_for_generation):
+        with self.decoding(unwrapped):
             rollout = self.family.sample(unwrapped, joined, self.rollout_config, n,
                                          with_greedy=self.rollout_plan().greedy, keys=keys)
         return [rollout] if len(batches) == 1 else rollout.split(sizes)
