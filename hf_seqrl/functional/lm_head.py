@@ -119,30 +119,37 @@ def _banned_zero(x: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
     return x if banned is None else x.masked_fill(banned, 0.0)
 
 
-def _chunk_stats(z, ref_z, token_ids, temperature, banned, entropy, plain, raw):
-    """Returns the stats of one chunk from its float32 logits `z` `(C, V)` (and the reference's `ref_z`)."""
+# The stats a chunk yields, in this order (`PositionStats`' fields; raw gives the last two).
+STATS = ("logprobs", "entropy", "kl", "plain_logprobs", "raw_logprobs", "raw_logprob_sums")
+
+
+def _chunk_stats(z, ref_z, token_ids, temperature, banned, need):
+    """Returns the stats of one chunk (a list in `STATS` order, None where `need` says no) from its float32 logits `z`
+    `(C, V)` and the reference's `ref_z`."""
     gathered = token_ids.unsqueeze(-1)
-    zb = _banned(z, banned)
-    scaled = z if isinstance(temperature, float) and temperature == 1.0 else z / temperature
-    scaled_banned = zb if scaled is z else _banned(scaled, banned)
-    logprobs = scaled.gather(-1, gathered).squeeze(-1) - torch.logsumexp(scaled_banned, dim=-1)
-    out = [logprobs, None, None, None, None, None]
-    if entropy or ref_z is not None or plain:
+    out = [None] * len(STATS)
+    zb = _banned(z, banned) if need[0] or need[1] or need[2] or need[3] else None
+    if need[0]:
+        scaled = z if isinstance(temperature, float) and temperature == 1.0 else z / temperature
+        scaled_banned = zb if scaled is z else _banned(scaled, banned)
+        out[0] = scaled.gather(-1, gathered).squeeze(-1) - torch.logsumexp(scaled_banned, dim=-1)
+    if need[1] or need[2] or need[3]:
         logp = zb - torch.logsumexp(zb, dim=-1, keepdim=True)
-        p = logp.exp()
         # 0 (not finfo.min) at banned entries where a log multiplies p: a gradient times finfo.min would overflow
-        if entropy:
-            out[1] = -(p * _banned_zero(logp, banned)).sum(dim=-1)
-        if ref_z is not None:
+        if need[1]:
+            out[1] = -(logp.exp() * _banned_zero(logp, banned)).sum(dim=-1)
+        if need[2]:
             ref_zb = _banned(ref_z, banned)
             logq = ref_zb - torch.logsumexp(ref_zb, dim=-1, keepdim=True)
-            out[2] = (p * _banned_zero(logp - logq, banned)).sum(dim=-1)
-        if plain:
+            out[2] = (logp.exp() * _banned_zero(logp - logq, banned)).sum(dim=-1)
+        if need[3]:
             out[3] = logp.gather(-1, gathered).squeeze(-1)
-    if raw:
+    if need[4] or need[5]:
         lse = torch.logsumexp(z, dim=-1)
-        out[4] = z.gather(-1, gathered).squeeze(-1) - lse
-        out[5] = z.sum(dim=-1) - z.shape[-1] * lse
+        if need[4]:
+            out[4] = z.gather(-1, gathered).squeeze(-1) - lse
+        if need[5]:
+            out[5] = z.sum(dim=-1) - z.shape[-1] * lse
     return out
 
 
@@ -188,26 +195,25 @@ def position_stats(
     ref_layer = None if reference is None else reference.layer
     ref_source = None if reference is None else (reference.hidden if reference.logits is None else reference.logits)
 
-    def run(start, end, linear):
+    def run(start, end, linear, need):
         # `linear`: the chunk's `h W^T + b` (or its logits, without a layer)
         z = _wide(linear if layer is None else layer.activate(linear))
         ref_z = None
-        if reference is not None:
+        if need[2]:
             ref_hidden = ref_source[start:end]
             ref_z = _wide(ref_layer(ref_hidden) if ref_layer is not None else ref_hidden)
         mask = None if banned is None else (banned if banned_rows is None else banned[banned_rows[start:end]])
         t = temperature[start:end].unsqueeze(-1) if per_position else temperature
-        out = _chunk_stats(z, ref_z, ids[start:end], t, mask, entropy, plain, raw)
-        return tuple(x for x in out if x is not None)
+        return _chunk_stats(z, ref_z, ids[start:end], t, mask, need)
 
     weight, bias = (None, None) if layer is None else (layer.weight, layer.bias)
     step = chunk_rows(vocab)
     spans = [(start, min(start + step, count)) for start in range(0, max(count, 1), step)]
-    detached = (1,) if entropy and not entropy_grad else ()
-    values = iter(_Chunked.apply(run, spans, detached, source, weight, bias))
-    return PositionStats(
-        next(values), next(values) if entropy else None, next(values) if reference is not None else None,
-        next(values) if plain else None, next(values) if raw else None, next(values) if raw else None)
+    need = (True, entropy, reference is not None, plain, raw, raw)
+    wanted = tuple(i for i, n in enumerate(need) if n)
+    detached = (wanted.index(1),) if entropy and not entropy_grad else ()
+    values = dict(zip(wanted, _Chunked.apply(run, spans, wanted, detached, source, weight, bias)))
+    return PositionStats(*(values.get(i) for i in range(len(STATS))))
 
 
 def _linear(hidden, weight, bias):
@@ -215,20 +221,23 @@ def _linear(hidden, weight, bias):
 
 
 class _Chunked(torch.autograd.Function):
-    """`run(start, end, hidden W^T + bias)` over the chunks `spans` of the positions, its outputs concatenated (without
-    a `weight`, `source` holds the logits and `run` reads their slices).
+    """`run(start, end, hidden W^T + bias, need)` over the chunks `spans` of the positions: the stats at indices
+    `wanted` (of `STATS`), each concatenated over the chunks (without a `weight`, `source` holds the logits and `run`
+    reads their slices).
 
-    The forward keeps no graph. The backward makes each chunk's `h W^T + b` again, differentiates `run` with respect to
-    it and adds that chunk's share to the gradients of the hidden states, the weight and the bias in place, so that a
-    chunk's logits are all that exist at a time and each input gets one gradient (as DDP's hooks expect). The outputs
-    at the indices `detached` carry no gradient."""
+    The forward keeps no graph. The backward makes each chunk's `h W^T + b` again, differentiates the stats that
+    received a gradient (only those are made again) with respect to it, and adds that chunk's share to the gradients
+    of the hidden states, the weight and the bias in place, so that a chunk's logits are all that exist at a time and
+    each input gets one gradient (as DDP's hooks expect). The outputs at the positions `detached` carry no gradient."""
 
     @staticmethod
-    def forward(ctx, run, spans, detached, source, weight, bias):
+    def forward(ctx, run, spans, wanted, detached, source, weight, bias):
+        need = tuple(i in wanted for i in range(len(STATS)))
         with torch.no_grad():
-            parts = [run(start, end, _linear(source[start:end], weight, bias)) for start, end in spans]
+            parts = [[run(start, end, _linear(source[start:end], weight, bias), need)[i] for i in wanted]
+                     for start, end in spans]
         outputs = tuple(torch.cat(column) for column in zip(*parts))
-        ctx.run, ctx.spans, ctx.detached = run, spans, detached
+        ctx.run, ctx.spans, ctx.wanted, ctx.detached = run, spans, wanted, detached
         ctx.save_for_backward(source, weight, bias)
         ctx.mark_non_differentiable(*(outputs[i] for i in detached))
         ctx.set_materialize_grads(False)
@@ -237,21 +246,24 @@ class _Chunked(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         source, weight, bias = ctx.saved_tensors
-        need_source, need_weight, need_bias = ctx.needs_input_grad[3:]
+        need_source, need_weight, need_bias = ctx.needs_input_grad[4:]
         grad_source = torch.zeros_like(source) if need_source else None
         grad_weight = torch.zeros_like(weight) if need_weight and weight is not None else None
         grad_bias = torch.zeros_like(bias) if need_bias and bias is not None else None
+        graded = {stat: grad for position, (stat, grad) in enumerate(zip(ctx.wanted, grads))
+                  if grad is not None and position not in ctx.detached}
+        need = tuple(i in graded for i in range(len(STATS)))
+        if not graded:
+            return None, None, None, None, grad_source, grad_weight, grad_bias
         for start, end in ctx.spans:
             hidden = source[start:end]
             with torch.no_grad():
                 linear = _linear(hidden, weight, bias)
             with torch.enable_grad():
                 linear = linear.detach().requires_grad_()
-                pairs = [(out, grad[start:end]) for i, (out, grad) in enumerate(zip(ctx.run(start, end, linear), grads))
-                         if grad is not None and i not in ctx.detached]
-                if not pairs:
-                    continue
-                (grad_linear,) = torch.autograd.grad([o for o, _ in pairs], [linear], [g for _, g in pairs])
+                stats = ctx.run(start, end, linear, need)
+                (grad_linear,) = torch.autograd.grad([stats[i] for i in graded], [linear],
+                                                     [grad[start:end] for grad in graded.values()])
             if weight is None:
                 if grad_source is not None:
                     grad_source[start:end] = grad_linear
@@ -262,4 +274,4 @@ class _Chunked(torch.autograd.Function):
                 grad_weight.addmm_(grad_linear.T, hidden.to(weight.dtype))
             if grad_bias is not None:
                 grad_bias.add_(grad_linear.sum(dim=0).to(bias.dtype))
-        return None, None, None, grad_source, grad_weight, grad_bias
+        return None, None, None, None, grad_source, grad_weight, grad_bias
