@@ -1,11 +1,13 @@
-"""The scoring pass's reductions over the vocabulary, computed from the decoder's hidden states a chunk of positions
-at a time: the logits of a chunk are made by the output layer, reduced (token log-probs, entropy, KL, label
-smoothing's sum) and freed, and the backward makes them again. No tensor of every position's logits ever exists.
+"""The scoring pass's reductions over the vocabulary, computed from the decoder's hidden states a chunk of the
+vocabulary at a time: the logits of every position for a slice of the vocabulary are made by that slice of the output
+layer, folded into running log-sum-exps and sums, and freed; the backward makes them again and writes each slice's
+share of the gradients from closed forms. No tensor of every position's logits ever exists, and each pass reads the
+output matrix once (a chunk of positions would read it once per chunk).
 
 Pure tensor code below `hf_seqrl.losses` (torch only); the same code runs on every device. What a model's forward
 does after its output matrix (a bias, a soft cap, a scale) is held by `OutputLayer`; `hf_seqrl.models.heads` reads
 it from a model. `Positions` also holds precomputed logits (a model whose output layer is not known), in which case
-the chunks are slices of them.
+the chunks are column slices of them.
 
 Banned tokens are out of the distribution as in `hf_seqrl.functional.logprobs`: their logits are set to
 `finfo(float32).min` in a chunk's own copy, so their probability is exactly 0 and `0 * log 0` stays 0.
@@ -20,8 +22,11 @@ import torch
 import torch.nn.functional as F
 
 
-# A chunk holds about this many logits (16 MiB in float32): a handful of its size is the pass's peak over the model.
+# A chunk holds about this many logits (8 MiB in float32): a handful of its size is the pass's peak over the model.
 CHUNK_ELEMENTS = 1 << 21
+# At most this many positions go through a chunk at once (more are taken in turns), so that a chunk keeps at least
+# CHUNK_ELEMENTS / MAX_POSITIONS vocabulary columns.
+MAX_POSITIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -119,43 +124,226 @@ def _banned_zero(x: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
     return x if banned is None else x.masked_fill(banned, 0.0)
 
 
-# The stats a chunk yields, in this order (`PositionStats`' fields; raw gives the last two).
+# The stats of `position_stats`, in this order (`PositionStats`' fields).
 STATS = ("logprobs", "entropy", "kl", "plain_logprobs", "raw_logprobs", "raw_logprob_sums")
 
 
-def _chunk_stats(z, ref_z, token_ids, temperature, banned, need):
-    """Returns the stats of one chunk (a list in `STATS` order, None where `need` says no) from its float32 logits `z`
-    `(C, V)` and the reference's `ref_z`."""
-    gathered = token_ids.unsqueeze(-1)
-    out = [None] * len(STATS)
-    zb = _banned(z, banned) if need[0] or need[1] or need[2] or need[3] else None
-    if need[0]:
-        scaled = z if isinstance(temperature, float) and temperature == 1.0 else z / temperature
-        scaled_banned = zb if scaled is z else _banned(scaled, banned)
-        out[0] = scaled.gather(-1, gathered).squeeze(-1) - torch.logsumexp(scaled_banned, dim=-1)
-    if need[1] or need[2] or need[3]:
-        logp = zb - torch.logsumexp(zb, dim=-1, keepdim=True)
-        # 0 (not finfo.min) at banned entries where a log multiplies p: a gradient times finfo.min would overflow
-        if need[1]:
-            out[1] = -(logp.exp() * _banned_zero(logp, banned)).sum(dim=-1)
-        if need[2]:
-            ref_zb = _banned(ref_z, banned)
-            logq = ref_zb - torch.logsumexp(ref_zb, dim=-1, keepdim=True)
-            out[2] = (logp.exp() * _banned_zero(logp - logq, banned)).sum(dim=-1)
-        if need[3]:
-            out[3] = logp.gather(-1, gathered).squeeze(-1)
-    if need[4] or need[5]:
-        lse = torch.logsumexp(z, dim=-1)
-        if need[4]:
-            out[4] = z.gather(-1, gathered).squeeze(-1) - lse
-        if need[5]:
-            out[5] = z.sum(dim=-1) - z.shape[-1] * lse
-    return out
+class _LogSumExp:
+    """A running `logsumexp` over the columns of chunks `(P, C)`, chunk by chunk."""
+
+    def __init__(self, count: int, like: torch.Tensor):
+        self.max = like.new_full((count,), torch.finfo(like.dtype).min)
+        self.sum = like.new_zeros(count)
+
+    def add(self, z: torch.Tensor) -> None:
+        top = torch.maximum(self.max, z.max(dim=-1).values)
+        self.sum = self.sum * (self.max - top).exp() + (z - top.unsqueeze(-1)).exp().sum(dim=-1)
+        self.max = top
+
+    def value(self) -> torch.Tensor:
+        return self.max + self.sum.log()
 
 
-def chunk_rows(vocab_size: int) -> int:
-    """Returns how many positions one chunk holds at a vocabulary of `vocab_size`."""
-    return max(1, CHUNK_ELEMENTS // max(vocab_size, 1))
+class _Problem:
+    """What one `position_stats` call reads, sliced per block of positions and chunk of the vocabulary."""
+
+    def __init__(self, inputs, ids, temperature, banned, banned_rows, reference, need):
+        self.inputs, self.ids, self.temperature, self.reference, self.need = inputs, ids, temperature, reference, need
+        self.banned, self.banned_rows = banned, banned_rows
+        self.layer = inputs.layer
+        self.vocab = inputs.vocab_size
+        self.count = len(inputs)
+
+    def linear(self, rows: slice, cols: slice, source, weight, bias) -> torch.Tensor:
+        """Returns `h W^T + b` (the logits without a layer) of positions `rows`, vocabulary columns `cols`."""
+        if weight is None:
+            return source[rows, cols]
+        return F.linear(source[rows].to(weight.dtype), weight[cols], None if bias is None else bias[cols])
+
+    def activated(self, linear: torch.Tensor) -> torch.Tensor:
+        return _wide(linear if self.layer is None else self.layer.activate(linear))
+
+    def reference_logits(self, rows: slice, cols: slice) -> torch.Tensor:
+        ref = self.reference
+        if ref.layer is None:
+            return _wide(ref.logits[rows, cols])
+        layer = ref.layer
+        z = F.linear(ref.hidden[rows].to(layer.weight.dtype), layer.weight[cols],
+                     None if layer.bias is None else layer.bias[cols])
+        return _wide(layer.activate(z))
+
+    def mask(self, rows: slice, cols: slice) -> torch.Tensor | None:
+        if self.banned is None:
+            return None
+        if self.banned_rows is None:
+            return self.banned[cols]
+        return self.banned[:, cols][self.banned_rows[rows]]
+
+    def scale(self, rows: slice):
+        """Returns the temperature of positions `rows`: a float, or `(R, 1)`."""
+        t = self.temperature
+        return t if isinstance(t, float) else t[rows].unsqueeze(-1)
+
+    def token_columns(self, rows: slice, cols: slice):
+        """Returns `(inside (R,), column (R, 1))`: which of the positions' tokens fall in `cols`, and where."""
+        ids = self.ids[rows]
+        inside = (ids >= cols.start) & (ids < cols.stop)
+        return inside, (ids - cols.start).clamp(0, cols.stop - cols.start - 1).unsqueeze(-1)
+
+    def blocks(self):
+        step = min(max(self.count, 1), MAX_POSITIONS)
+        width = max(1, CHUNK_ELEMENTS // step)
+        for start in range(0, max(self.count, 1), step):
+            rows = slice(start, min(start + step, self.count))
+            yield rows, [slice(v, min(v + width, self.vocab)) for v in range(0, self.vocab, width)]
+
+
+def _forward(problem: _Problem, source, weight, bias) -> tuple[list, dict]:
+    """Returns the stats (a list in `STATS` order, None where not needed) and the per-position values the backward
+    reads (log-sum-exps, entropy, KL)."""
+    need = problem.need
+    parts, saved_parts = [], []
+    for rows, chunks in problem.blocks():
+        count = rows.stop - rows.start
+        probe = source.new_zeros(1, dtype=torch.promote_types(source.dtype, torch.float32))
+        t = problem.scale(rows)
+        plain_t = isinstance(t, float) and t == 1.0
+        lse1, lse_t, lse_raw, lse_ref = (_LogSumExp(count, probe) for _ in range(4))
+        token = probe.new_zeros(count)
+        total = probe.new_zeros(count)
+        for cols in chunks:  # pass 1: normalizers, the tokens' logits, the sum of the logits
+            z = problem.activated(problem.linear(rows, cols, source, weight, bias))
+            banned = problem.mask(rows, cols)
+            zb = _banned(z, banned)
+            lse1.add(zb)
+            if not plain_t:
+                lse_t.add(_banned(z / t, banned))
+            if need[4] or need[5]:
+                lse_raw.add(z)
+                total += z.sum(dim=-1)
+            if need[2]:
+                lse_ref.add(_banned(problem.reference_logits(rows, cols), banned))
+            inside, column = problem.token_columns(rows, cols)
+            token += torch.where(inside, z.gather(-1, column).squeeze(-1), 0.0)
+        lse1 = lse1.value()
+        lse_t = lse1 if plain_t else lse_t.value()
+        lse_raw = lse_raw.value() if need[4] or need[5] else None
+        lse_ref = lse_ref.value() if need[2] else None
+        p_z, p_ref = probe.new_zeros(count), probe.new_zeros(count)
+        if need[1] or need[2]:  # pass 2: expectations under p
+            for cols in chunks:
+                z = problem.activated(problem.linear(rows, cols, source, weight, bias))
+                banned = problem.mask(rows, cols)
+                p = (_banned(z, banned) - lse1.unsqueeze(-1)).exp()
+                p_z += (p * _banned_zero(z, banned)).sum(dim=-1)
+                if need[2]:
+                    p_ref += (p * _banned_zero(problem.reference_logits(rows, cols), banned)).sum(dim=-1)
+        scaled_token = token if plain_t else token / (t if isinstance(t, float) else t.squeeze(-1))
+        stats = [scaled_token - lse_t, lse1 - p_z if need[1] else None,
+                 p_z - lse1 - p_ref + lse_ref if need[2] else None, token - lse1 if need[3] else None,
+                 token - lse_raw if need[4] else None,
+                 total - problem.vocab * lse_raw if need[5] else None]
+        parts.append(stats)
+        saved_parts.append({"lse1": lse1, "lse_t": lse_t, "lse_raw": lse_raw, "lse_ref": lse_ref,
+                            "entropy": stats[1], "kl": stats[2]})
+    stats = [None if parts[0][i] is None else torch.cat([part[i] for part in parts]) for i in range(len(STATS))]
+    saved = {key: None if saved_parts[0][key] is None else torch.cat([part[key] for part in saved_parts])
+             for key in saved_parts[0]}
+    return stats, saved
+
+
+def _logits_gradient(problem: _Problem, rows: slice, cols: slice, z, grads: dict, saved: dict):
+    """Returns `d(sum_k g_k . stat_k) / dz` on the chunk `z` `(R, C)` of positions `rows`, columns `cols`, from the
+    closed forms (`p = softmax` over the allowed tokens, `p_T` at the temperature, `p_raw` with no bans):
+    log-prob `(onehot - p_T) / T`, plain log-prob `onehot - p`, entropy `-p (log p + H)`, KL
+    `p (log p - log q - KL)`, raw log-prob `onehot - p_raw`, raw sum `1 - V p_raw`."""
+    banned = problem.mask(rows, cols)
+    at = lambda key: saved[key][rows].unsqueeze(-1)  # noqa: E731
+    g = {k: v[rows].unsqueeze(-1) for k, v in grads.items()}
+    t = problem.scale(rows)
+    gradient = torch.zeros_like(z)
+    onehot = z.new_zeros(z.shape[0], 1)  # the coefficient of the token's own column
+    if "logprobs" in g:
+        p_t = (_banned(z / t, banned) - at("lse_t")).exp()
+        gradient -= g["logprobs"] * p_t / t
+        onehot = onehot + g["logprobs"] / t
+    if any(k in g for k in ("plain_logprobs", "entropy", "kl")):
+        logp = _banned(z, banned) - at("lse1")
+        p = logp.exp()
+        if "plain_logprobs" in g:
+            gradient -= g["plain_logprobs"] * p
+            onehot = onehot + g["plain_logprobs"]
+        if "entropy" in g:
+            gradient -= g["entropy"] * p * (_banned_zero(logp, banned) + at("entropy"))
+        if "kl" in g:
+            logq = _banned(problem.reference_logits(rows, cols), banned) - at("lse_ref")
+            gradient += g["kl"] * p * (_banned_zero(logp - logq, banned) - at("kl"))
+    if "raw_logprobs" in g or "raw_logprob_sums" in g:
+        p_raw = (z - at("lse_raw")).exp()
+        if "raw_logprobs" in g:
+            gradient -= g["raw_logprobs"] * p_raw
+            onehot = onehot + g["raw_logprobs"]
+        if "raw_logprob_sums" in g:
+            gradient += g["raw_logprob_sums"] * (1 - problem.vocab * p_raw)
+    inside, column = problem.token_columns(rows, cols)
+    gradient.scatter_add_(-1, column, torch.where(inside.unsqueeze(-1), onehot, 0.0))
+    return gradient
+
+
+class _VocabularyChunks(torch.autograd.Function):
+    """The stats at indices `wanted` (of `STATS`) of a `_Problem`, a chunk of the vocabulary at a time (see the module).
+
+    The forward keeps no graph, only per-position values (log-sum-exps, entropy, KL). The backward makes each chunk's
+    logits again, takes their gradient from the closed forms (`_logits_gradient`), carries it through what the forward
+    does after the output matrix (scale, soft cap), and writes the chunk's columns of the weight's and the bias's
+    gradients and adds its share of the hidden states' gradient: each input gets one gradient (as DDP's hooks expect).
+    The outputs at the positions `detached` carry no gradient."""
+
+    @staticmethod
+    def forward(ctx, problem, wanted, detached, source, weight, bias):
+        with torch.no_grad():
+            stats, saved = _forward(problem, source, weight, bias)
+        outputs = tuple(stats[i] for i in wanted)
+        ctx.problem, ctx.wanted, ctx.detached, ctx.saved = problem, wanted, detached, saved
+        ctx.save_for_backward(source, weight, bias)
+        ctx.mark_non_differentiable(*(outputs[i] for i in detached))
+        ctx.set_materialize_grads(False)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        source, weight, bias = ctx.saved_tensors
+        problem = ctx.problem
+        need_source, need_weight, need_bias = ctx.needs_input_grad[3:]
+        grad_source = torch.zeros_like(source) if need_source else None
+        grad_weight = torch.zeros_like(weight) if need_weight and weight is not None else None
+        grad_bias = torch.zeros_like(bias) if need_bias and bias is not None else None
+        graded = {STATS[stat]: grad for position, (stat, grad) in enumerate(zip(ctx.wanted, grads))
+                  if grad is not None and position not in ctx.detached}
+        if not graded or not any((need_source, need_weight, need_bias)):
+            return None, None, None, grad_source, grad_weight, grad_bias
+        for rows, chunks in problem.blocks():
+            hidden = source[rows]
+            for cols in chunks:
+                with torch.no_grad():
+                    linear = problem.linear(rows, cols, source, weight, bias)
+                with torch.enable_grad():
+                    linear = linear.detach().requires_grad_()
+                    z = problem.activated(linear)
+                    with torch.no_grad():
+                        gradient = _logits_gradient(problem, rows, cols, z, graded, ctx.saved)
+                    (grad_linear,) = torch.autograd.grad(z, linear, gradient)
+                if weight is None:
+                    if grad_source is not None:
+                        grad_source[rows, cols] = grad_linear.to(source.dtype)
+                    continue
+                if grad_source is not None:
+                    grad_source[rows] += (grad_linear @ weight[cols]).to(source.dtype)
+                if grad_weight is not None:
+                    grad_weight[cols] += grad_linear.T @ hidden.to(weight.dtype)
+                if grad_bias is not None:
+                    grad_bias[cols] += grad_linear.sum(dim=0).to(bias.dtype)
+        return None, None, None, grad_source, grad_weight, grad_bias
 
 
 def position_stats(
@@ -164,10 +352,10 @@ def position_stats(
     reference: Positions | None = None, entropy: bool = False, entropy_grad: bool = False, plain: bool = False,
     raw: bool = False,
 ) -> PositionStats:
-    """Returns the scoring pass's reductions at `P` positions, a chunk of positions at a time (see the module).
+    """Returns the scoring pass's reductions at `P` positions, a chunk of the vocabulary at a time (see the module).
 
-    Under autograd the backward makes each chunk's logits again: the graph holds the hidden states and the output
-    layer, never the logits.
+    Under autograd the backward makes each chunk's logits again: the graph holds the hidden states, the output layer
+    and a few numbers per position, never the logits.
 
     Args:
         inputs (`Positions` of `P` positions): the policy's hidden states and output layer (or logits).
@@ -192,86 +380,10 @@ def position_stats(
         elif banned_rows is None:
             raise ValueError("position_stats: a banned mask of shape (K, V) needs banned_rows (P,).")
     layer = inputs.layer
-    ref_layer = None if reference is None else reference.layer
-    ref_source = None if reference is None else (reference.hidden if reference.logits is None else reference.logits)
-
-    def run(start, end, linear, need):
-        # `linear`: the chunk's `h W^T + b` (or its logits, without a layer)
-        z = _wide(linear if layer is None else layer.activate(linear))
-        ref_z = None
-        if need[2]:
-            ref_hidden = ref_source[start:end]
-            ref_z = _wide(ref_layer(ref_hidden) if ref_layer is not None else ref_hidden)
-        mask = None if banned is None else (banned if banned_rows is None else banned[banned_rows[start:end]])
-        t = temperature[start:end].unsqueeze(-1) if per_position else temperature
-        return _chunk_stats(z, ref_z, ids[start:end], t, mask, need)
-
     weight, bias = (None, None) if layer is None else (layer.weight, layer.bias)
-    step = chunk_rows(vocab)
-    spans = [(start, min(start + step, count)) for start in range(0, max(count, 1), step)]
     need = (True, entropy, reference is not None, plain, raw, raw)
     wanted = tuple(i for i, n in enumerate(need) if n)
     detached = (wanted.index(1),) if entropy and not entropy_grad else ()
-    values = dict(zip(wanted, _Chunked.apply(run, spans, wanted, detached, source, weight, bias)))
+    problem = _Problem(inputs, ids, temperature, banned, banned_rows, reference, need)
+    values = dict(zip(wanted, _VocabularyChunks.apply(problem, wanted, detached, source, weight, bias)))
     return PositionStats(*(values.get(i) for i in range(len(STATS))))
-
-
-def _linear(hidden, weight, bias):
-    return hidden if weight is None else F.linear(hidden.to(weight.dtype), weight, bias)
-
-
-class _Chunked(torch.autograd.Function):
-    """`run(start, end, hidden W^T + bias, need)` over the chunks `spans` of the positions: the stats at indices
-    `wanted` (of `STATS`), each concatenated over the chunks (without a `weight`, `source` holds the logits and `run`
-    reads their slices).
-
-    The forward keeps no graph. The backward makes each chunk's `h W^T + b` again, differentiates the stats that
-    received a gradient (only those are made again) with respect to it, and adds that chunk's share to the gradients
-    of the hidden states, the weight and the bias in place, so that a chunk's logits are all that exist at a time and
-    each input gets one gradient (as DDP's hooks expect). The outputs at the positions `detached` carry no gradient."""
-
-    @staticmethod
-    def forward(ctx, run, spans, wanted, detached, source, weight, bias):
-        need = tuple(i in wanted for i in range(len(STATS)))
-        with torch.no_grad():
-            parts = [[run(start, end, _linear(source[start:end], weight, bias), need)[i] for i in wanted]
-                     for start, end in spans]
-        outputs = tuple(torch.cat(column) for column in zip(*parts))
-        ctx.run, ctx.spans, ctx.wanted, ctx.detached = run, spans, wanted, detached
-        ctx.save_for_backward(source, weight, bias)
-        ctx.mark_non_differentiable(*(outputs[i] for i in detached))
-        ctx.set_materialize_grads(False)
-        return outputs
-
-    @staticmethod
-    def backward(ctx, *grads):
-        source, weight, bias = ctx.saved_tensors
-        need_source, need_weight, need_bias = ctx.needs_input_grad[4:]
-        grad_source = torch.zeros_like(source) if need_source else None
-        grad_weight = torch.zeros_like(weight) if need_weight and weight is not None else None
-        grad_bias = torch.zeros_like(bias) if need_bias and bias is not None else None
-        graded = {stat: grad for position, (stat, grad) in enumerate(zip(ctx.wanted, grads))
-                  if grad is not None and position not in ctx.detached}
-        need = tuple(i in graded for i in range(len(STATS)))
-        if not graded:
-            return None, None, None, None, grad_source, grad_weight, grad_bias
-        for start, end in ctx.spans:
-            hidden = source[start:end]
-            with torch.no_grad():
-                linear = _linear(hidden, weight, bias)
-            with torch.enable_grad():
-                linear = linear.detach().requires_grad_()
-                stats = ctx.run(start, end, linear, need)
-                (grad_linear,) = torch.autograd.grad([stats[i] for i in graded], [linear],
-                                                     [grad[start:end] for grad in graded.values()])
-            if weight is None:
-                if grad_source is not None:
-                    grad_source[start:end] = grad_linear
-                continue
-            if grad_source is not None:
-                grad_source[start:end] = (grad_linear @ weight).to(source.dtype)
-            if grad_weight is not None:
-                grad_weight.addmm_(grad_linear.T, hidden.to(weight.dtype))
-            if grad_bias is not None:
-                grad_bias.add_(grad_linear.sum(dim=0).to(bias.dtype))
-        return None, None, None, None, grad_source, grad_weight, grad_bias
