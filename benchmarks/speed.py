@@ -161,8 +161,8 @@ def seqrl_trainer(model, tok, task, n, device):
     from hf_seqrl import SCSTTrainer, SeqRLConfig
 
     fields = dict(baseline="greedy") if n == 1 else dict(baseline="mean", num_samples=n)
-    args = SeqRLConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=1, max_new_tokens=TASKS[task]["tgt_len"],
-                       report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,
+    args = SeqRLConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=1,
+                       max_new_tokens=TASKS[task]["tgt_len"], report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,
                        use_cpu=not on_accelerator(device), dataloader_pin_memory=False, seed=0, **fields)
     placeholder = Dataset.from_dict({"input_ids": [[3, 1]], "references": ["w3"]})
     trainer = SCSTTrainer(model=model, args=args, train_dataset=placeholder, processing_class=tok,

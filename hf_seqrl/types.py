@@ -68,8 +68,8 @@ def _counted_width(mask: torch.Tensor) -> int:
 
 @dataclass
 class ScoredRollout:
-    """Output of the teacher-forced pass over a rollout: what the losses read, reduced over the vocabulary chunk by
-    chunk (`hf_seqrl.functional.lm_head`; no tensor of every position's logits is kept).
+    """Output of the teacher-forced pass over a rollout: what the losses read, reduced over the vocabulary slice by
+    slice (`hf_seqrl.functional.lm_head`; no tensor of every position's logits is kept).
 
     Attributes:
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token (with grad), under the

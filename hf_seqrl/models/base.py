@@ -445,8 +445,8 @@ def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, go
                   temperature: float = 1.0, bans: TokenBans | None = None,
                   options: ScoreOptions = ScoreOptions()) -> ScoredRollout:
     """Returns the scoring pass over the `n` samples of every source and, with `gold`, its gold row: one forward
-    over all of them, the output layer's inputs reduced a chunk of positions at a time (`position_stats`, inside the
-    forward) into the samples' log-probs (at `temperature`), entropy (and KL, ...: `options`) and the gold tokens'
+    over all of them, the output layer's inputs reduced a slice of the vocabulary at a time (`position_stats`, inside
+    the forward) into the samples' log-probs (at `temperature`), entropy (and KL, ...: `options`) and the gold tokens'
     log-probs (at temperature 1), all under `bans` (banned tokens out of the softmax).
 
     Args:

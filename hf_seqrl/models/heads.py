@@ -1,5 +1,5 @@
 """A model's output layer, read from its architecture, and a forward that hands the layer's input to the scoring pass
-instead of computing every position's logits (`hf_seqrl.functional.lm_head` reduces them chunk by chunk).
+instead of computing every position's logits (`hf_seqrl.functional.lm_head` reduces the vocabulary slice by slice).
 
 Inside `handing_hidden(model, receive)`, the model's output module does not multiply: it calls `receive(hidden,
 layer)` with its input `(..., d)` and the `OutputLayer` (what the architecture's forward does after it included),
