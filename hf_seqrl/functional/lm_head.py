@@ -229,18 +229,20 @@ def _forward(problem: _Problem, source, weight, bias) -> tuple[list, dict]:
         lse_t = lse1 if plain_t else lse_t.value()
         lse_raw = lse_raw.value() if need[4] or need[5] else None
         lse_ref = lse_ref.value() if need[2] else None
-        p_z, p_ref = probe.new_zeros(count), probe.new_zeros(count)
+        p_z, kl = probe.new_zeros(count), probe.new_zeros(count)
         if need[1] or need[2]:  # pass 2: expectations under p
             for cols in chunks:
                 z = problem.activated(problem.linear(rows, cols, source, weight, bias))
                 banned = problem.mask(rows, cols)
-                p = (_banned(z, banned) - lse1.unsqueeze(-1)).exp()
+                logp = _banned(z, banned) - lse1.unsqueeze(-1)
+                p = logp.exp()
                 p_z += (p * _banned_zero(z, banned)).sum(dim=-1)
-                if need[2]:
-                    p_ref += (p * _banned_zero(problem.reference_logits(rows, cols), banned)).sum(dim=-1)
+                if need[2]:  # sum p (log p - log q) term by term: exactly 0 where the reference is the policy
+                    logq = problem.reference_logits(rows, cols) - lse_ref.unsqueeze(-1)
+                    kl += (p * _banned_zero(logp - logq, banned)).sum(dim=-1)
         scaled_token = token if plain_t else token / (t if isinstance(t, float) else t.squeeze(-1))
         stats = [scaled_token - lse_t, lse1 - p_z if need[1] else None,
-                 p_z - lse1 - p_ref + lse_ref if need[2] else None, token - lse1 if need[3] else None,
+                 kl if need[2] else None, token - lse1 if need[3] else None,
                  token - lse_raw if need[4] else None,
                  total - problem.vocab * lse_raw if need[5] else None]
         parts.append(stats)
