@@ -1,5 +1,5 @@
 """Times the RL step's scoring pass, and its peak memory, with the vocabulary reductions made from the decoder's
-hidden states a chunk of positions at a time (hf-seqrl's pass) against the same math over the forward's whole
+hidden states a slice of the vocabulary at a time (hf-seqrl's pass) against the same math over the forward's whole
 logits tensor (the path of a model whose output layer hf-seqrl does not know).
 
 The pass is what the rewarded trainers run after a rollout: one teacher-forced forward over the samples and the gold

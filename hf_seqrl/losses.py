@@ -93,6 +93,22 @@ def mean_over_counted(per_sequence: torch.Tensor, token_mask: torch.Tensor) -> t
     return total / counted.sum().clamp(min=1)
 
 
+def token_advantages(advantages: torch.Tensor, token_logprobs: torch.Tensor) -> torch.Tensor:
+    """Returns the advantages as a `(N, T)` tensor of constants in the dtype of `token_logprobs` `(N, T)`: a
+    per-sample `(N,)` advantage repeated over the sample's tokens, a per-token `(N, T)` one as it is.
+
+    Raises:
+        ValueError: `advantages` is neither `(N,)` nor `(N, T)`.
+    """
+    adv = advantages.detach().to(token_logprobs.dtype)
+    if adv.dim() == 1 and adv.shape[0] == token_logprobs.shape[0]:
+        return adv.unsqueeze(-1).expand_as(token_logprobs)
+    if adv.shape == token_logprobs.shape:
+        return adv
+    raise ValueError(f"advantages has shape {tuple(advantages.shape)}: give one per sample {tuple(token_logprobs.shape[:1])} "
+                     f"or one per token {tuple(token_logprobs.shape)}.")
+
+
 def policy_gradient_loss(
     token_logprobs: torch.Tensor,
     token_mask: torch.Tensor,
@@ -105,17 +121,20 @@ def policy_gradient_loss(
 
     Its gradient is the score-function estimate of `-grad E[reward]` when `A_i = r_i - b_i` with a baseline
     `b_i` that does not depend on `y_i`. With `loss_normalization="token"` it is
-    `-sum_it m_it A_i log p(y_it | ...) / sum_it m_it` instead: long samples weigh more.
+    `-sum_it m_it A_i log p(y_it | ...) / sum_it m_it` instead: long samples weigh more. Per-token advantages
+    `A_it` (token-level rewards, a teacher's log-ratios) take the place of `A_i` at each token:
+    `-mean_i sum_t m_it A_it log p(y_it | ...)`; with `A_it = A_i` that is the per-sample loss.
 
     Args:
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token, with grad.
         token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
-        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
+        advantages (`torch.Tensor` of shape `(B*n,)` or `(B*n, T)`): advantage of each sample, or of each token
+            (treated as a constant).
         length_normalize (`bool`): use the mean instead of the sum of token log-probs.
         loss_normalization (`str`): `"sequence"` or `"token"` (see `reduce_token_losses`).
     """
-    if loss_normalization != "sequence":
-        adv = advantages.detach().to(token_logprobs.dtype).unsqueeze(-1)
+    if loss_normalization != "sequence" or advantages.dim() == 2:
+        adv = token_advantages(advantages, token_logprobs)
         return reduce_token_losses(-adv * token_logprobs, token_mask, length_normalize, loss_normalization)
     seq_logprobs = sequence_logprobs(token_logprobs, token_mask, length_normalize)
     return -mean_over_counted(advantages.detach().to(seq_logprobs.dtype) * seq_logprobs, token_mask)
@@ -184,12 +203,18 @@ def clipped_policy_objective(
     ratios' share of the counted ones is `clip_fraction` (`clipped_surrogate`; `delta` caps the ratio of negative
     advantages).
 
+    Per-token advantages `A_it` replace `A_i` at each token. At the sequence level they take GSPO-token's ratio
+    `s_it = sg[s_i] p_theta(y_it) / sg[p_theta(y_it)]` (equal to `s_i` in value, its gradient that of `log p(y_it)`
+    scaled by `s_i`): `l_i = -mean_t min(s_it A_it, clip(s_it) A_it)`, which is GSPO's loss when `A_it = A_i`; a
+    sequence counts as clipped when any of its tokens is.
+
     Args:
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each sampled token under the current
             model, with grad.
         old_token_logprobs (`torch.Tensor` of shape `(B*n, T)`): the same when the rollout was taken (no grad).
         token_mask (`torch.Tensor` of shape `(B*n, T)`): true up to and including the EOS of each sample.
-        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample (treated as a constant).
+        advantages (`torch.Tensor` of shape `(B*n,)` or `(B*n, T)`): advantage of each sample, or of each token
+            (treated as a constant).
         epsilon (`float`): lower clipping range, `> 0`.
         epsilon_high (`float`, *optional*): upper clipping range; `None` takes `epsilon`.
         length_normalize (`bool`), loss_normalization (`str`): as in `policy_gradient_loss` (token level only: the
@@ -208,12 +233,21 @@ def clipped_policy_objective(
             raise ValueError("importance_sampling_level='sequence' gives one ratio per sequence, a mean over its "
                              "tokens: use loss_normalization='sequence' and length_normalize=False.")
         ratio = masked_mean(log_ratio, mask).exp()  # (B*n,)
-        surrogate, clipped = clipped_surrogate(ratio, advantages, epsilon, epsilon_high, delta)
-        loss = mean_over_counted(-surrogate, mask)
         counted = mask.any(dim=-1)
+        if advantages.dim() == 2:  # GSPO-token: s_it = sg[s_i] p_theta(y_it) / sg[p_theta(y_it)], equal in value to s_i
+            token_ratio = ratio.detach().unsqueeze(-1) * (token_logprobs - token_logprobs.detach()).exp()
+            surrogate, token_clipped = clipped_surrogate(token_ratio, token_advantages(advantages, token_logprobs),
+                                                         epsilon, epsilon_high, delta)
+            loss = mean_over_counted(-masked_mean(surrogate, mask), mask)
+            with torch.no_grad():
+                clipped = (token_clipped & mask).any(dim=-1)
+        else:
+            surrogate, clipped = clipped_surrogate(ratio, advantages, epsilon, epsilon_high, delta)
+            loss = mean_over_counted(-surrogate, mask)
     else:
         ratio = log_ratio.exp()
-        surrogate, clipped = clipped_surrogate(ratio, advantages.unsqueeze(-1), epsilon, epsilon_high, delta)
+        surrogate, clipped = clipped_surrogate(ratio, token_advantages(advantages, token_logprobs), epsilon,
+                                               epsilon_high, delta)
         loss = reduce_token_losses(-surrogate, mask, length_normalize, loss_normalization)
         counted = mask
     with torch.no_grad():
@@ -222,11 +256,6 @@ def clipped_policy_objective(
             kept = ratio.new_ones(1)
         return ClippedPolicyLoss(loss, clipped[counted].float().mean() if counted.any() else ratio.new_zeros(()),
                                  kept.mean(), kept.min(), kept.max())
-
-
-def clipped_policy_loss(*args, **kwargs) -> torch.Tensor:
-    """Returns the clipped surrogate loss of `clipped_policy_objective`, a scalar (with its arguments)."""
-    return clipped_policy_objective(*args, **kwargs).loss
 
 
 def first_occurrence_mask(token_ids: torch.Tensor, num_candidates: int) -> torch.Tensor:
@@ -413,11 +442,15 @@ def mixer_loss(
         token_logprobs (`torch.Tensor` of shape `(B*n, T)`): log-prob of each token of prefix + continuation.
         prefix_mask (`torch.Tensor` of shape `(B*n, T)`): the gold prefix positions.
         continuation_mask (`torch.Tensor` of shape `(B*n, T)`): the sampled positions, up to and including EOS.
-        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each row (a constant).
+        advantages (`torch.Tensor` of shape `(B*n,)` or `(B*n, T)`): advantage of each row, or of each token (a
+            constant; `-Σ_{t>=P_i} A_it log p(ŷ_t)` then).
         prefix_logprobs (`torch.Tensor` of shape `(B*n, T)`, *optional*): log-probs for the cross-entropy part when
             they differ from `token_logprobs` (taken at temperature 1 while samples were drawn at another).
     """
     prefix_logprobs = token_logprobs if prefix_logprobs is None else prefix_logprobs
     xe = -masked_sum(prefix_logprobs, prefix_mask)
-    pg = -advantages.detach().to(token_logprobs.dtype) * masked_sum(token_logprobs, continuation_mask)
+    if advantages.dim() == 2:
+        pg = -masked_sum(token_advantages(advantages, token_logprobs) * token_logprobs, continuation_mask)
+    else:
+        pg = -advantages.detach().to(token_logprobs.dtype) * masked_sum(token_logprobs, continuation_mask)
     return (xe + pg).mean()

@@ -57,7 +57,7 @@ def test_a_row_without_counted_tokens_is_out_of_the_loss_and_its_mean():
     assert losses.policy_gradient_loss(token_logprobs, mask, adv).item() == pytest.approx(2.5)
     # ratio 1: the surrogate is A per counted token: -(1 * 1 token + 2 * 2 tokens) / 2 rows = -2.5
     old = token_logprobs.clone()
-    assert losses.clipped_policy_loss(token_logprobs, old, mask, adv, 0.2).item() == pytest.approx(-2.5)
+    assert losses.clipped_policy_objective(token_logprobs, old, mask, adv, 0.2).loss.item() == pytest.approx(-2.5)
     assert losses.mean_over_counted(torch.tensor([1.0, 2.0]), torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0
 
 
@@ -296,19 +296,19 @@ def test_clipped_policy_loss_by_hand():
     #   row 0: min(3, 2.4) = 2.4 (clipped), 2.0, min(1.0, 1.6) = 1.0 (below the band but A > 0: not clipped)
     #   row 1: min(-0.5, -0.8) = -0.8 (clipped), -1.1, min(-1.5, -1.2) = -1.5 (above but A < 0: not clipped)
     # sequence sums 5.4 and -3.4; loss = -mean(5.4, -3.4) = -1.0
-    loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2)
+    loss = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2).loss
     assert loss.item() == pytest.approx(-1.0, abs=1e-6)
     loss.backward()
     # d(-rho A / 2)/dlp = -rho A / 2 where not clipped, 0 where clipped
     torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -1.0, -0.5], [0.0, 0.55, 0.75]]))
     # token normalization: -(5.4 - 3.4) / 6 = -1/3, gradients / 6
     lp.grad = None
-    loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2, loss_normalization="token")
+    loss = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2, loss_normalization="token").loss
     assert loss.item() == pytest.approx(-1 / 3, abs=1e-6)
     loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -2.0, -1.0], [0.0, 1.1, 1.5]]) / 6)
     # length_normalize: row means 1.8 and -3.4/3; loss = -mean(1.8, -1.1333) = -0.3333
-    assert losses.clipped_policy_loss(lp, old, mask, adv, 0.2, length_normalize=True).item() == pytest.approx(
+    assert losses.clipped_policy_objective(lp, old, mask, adv, 0.2, length_normalize=True).loss.item() == pytest.approx(
         -(1.8 - 3.4 / 3) / 2, abs=1e-6)
     # 2 of the 6 tokens are clipped; mean ratio (1.5 + 1 + 0.5 + 0.5 + 1.1 + 1.5) / 6
     _, clip_fraction, ratio_mean, _, _ = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2)
@@ -319,7 +319,7 @@ def test_clipped_policy_loss_by_hand():
 def test_clipped_policy_loss_epsilon_high_and_masking():
     lp, old, mask, adv = clipping_example()
     # epsilon_high 0.6: band [0.8, 1.6]; row 0's 1.5 is now inside: row 0 sums 3 + 2 + 1 = 6, loss -mean(6, -3.4)
-    loss = losses.clipped_policy_loss(lp, old, mask, adv, epsilon=0.2, epsilon_high=0.6)
+    loss = losses.clipped_policy_objective(lp, old, mask, adv, epsilon=0.2, epsilon_high=0.6).loss
     assert loss.item() == pytest.approx(-1.3, abs=1e-6)
     assert losses.clipped_policy_objective(lp, old, mask, adv, 0.2, 0.6).clip_fraction.item() == pytest.approx(1 / 6)
     # a masked position neither counts nor overflows, whatever log-prob it holds (exp(100) is inf in float32)
@@ -328,7 +328,7 @@ def test_clipped_policy_loss_epsilon_high_and_masking():
     masked = mask.clone()
     masked[1, 2] = False
     # row 1 without its last token sums -0.8 - 1.1 = -1.9: loss -mean(5.4, -1.9) = -1.75
-    loss = losses.clipped_policy_loss(far.requires_grad_(True), old, masked, adv, epsilon=0.2)
+    loss = losses.clipped_policy_objective(far.requires_grad_(True), old, masked, adv, epsilon=0.2).loss
     assert loss.item() == pytest.approx(-1.75, abs=1e-6)
     assert torch.isfinite(torch.autograd.grad(loss, far)[0]).all()
 
@@ -342,7 +342,7 @@ def test_clipped_loss_at_the_rollout_has_the_policy_gradient(length_normalize, n
     mask = torch.rand(4, 5, generator=gen) > 0.3
     adv = torch.randn(4, generator=gen)
     pg = losses.policy_gradient_loss(lp, mask, adv, length_normalize, normalization)
-    clipped = losses.clipped_policy_loss(lp, lp.detach(), mask, adv, 0.2, None, length_normalize, normalization)
+    clipped = losses.clipped_policy_objective(lp, lp.detach(), mask, adv, 0.2, None, length_normalize, normalization).loss
     torch.testing.assert_close(torch.autograd.grad(clipped, lp)[0], torch.autograd.grad(pg, lp)[0])
 
 

@@ -95,7 +95,7 @@ def test_one_iteration_is_the_plain_policy_gradient(tmp_path, monkeypatch):
                               processing_class=tok)
         assert trainer.reuse is None and not isinstance(trainer._get_train_sampler(), RepeatBlockSampler)
         if name == "mu1":
-            monkeypatch.setattr(base.losses, "clipped_policy_loss", None)  # never called with num_iterations=1
+            monkeypatch.setattr(base.losses, "clipped_policy_objective", None)  # never called with num_iterations=1
         trainer.train()
         logs = [h for h in trainer.state.log_history if "rl/pg_loss" in h]
         assert len(logs) == 2 and not any("rl/clip_fraction" in h for h in logs)
