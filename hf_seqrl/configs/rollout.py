@@ -8,11 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..functional.advantages import AGGREGATIONS, BASELINES, SCALINGS as SCALE_REWARDS, AdvantageSettings
 from .base import FreeRunningConfig, check_at_least, check_choice
-
-BASELINES = ("greedy", "mean", "moving_average", "none")
-SCALE_REWARDS = ("none", "group", "batch")
-AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -211,6 +208,12 @@ class BaselineConfig(RolloutConfig):
                 f"{name}.multi_objective_aggregation='normalize_then_sum' divides each reward's advantages by their "
                 f"std over a source's samples: it needs num_samples >= 2 (got {self.num_samples}) and a per-source "
                 f"baseline ('greedy', 'mean' or 'none'; got {self.baseline!r}).")
+
+    def advantage_settings(self, baseline: str) -> AdvantageSettings:
+        """Returns what `hf_seqrl.functional.advantages.sample_advantages` reads of this config, with `baseline` (the
+        trainer's when the config leaves it to the trainer)."""
+        return AdvantageSettings(baseline, self.center_advantages, self.scale_rewards,
+                                 self.multi_objective_aggregation, self.mask_truncated_completions)
 
 
 @dataclass

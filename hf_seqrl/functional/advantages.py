@@ -7,6 +7,8 @@ baseline, mean or scale. `hf_seqrl.losses` re-exports every function.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
 
@@ -148,3 +150,101 @@ def moving_average(previous: float | None, batch_mean: float, decay: float) -> f
     if previous is None:
         return float(batch_mean)
     return decay * float(previous) + (1.0 - decay) * float(batch_mean)
+
+
+BASELINES = ("greedy", "mean", "moving_average", "none")
+SCALINGS = ("none", "group", "batch")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+class AdvantageSettings(NamedTuple):
+    """How rewards become advantages (the fields of `BaselineConfig`, read by `sample_advantages`)."""
+
+    baseline: str = "none"  # one of BASELINES
+    center: bool = False  # `center_advantages`
+    scale: str = "none"  # `scale_rewards`: one of SCALINGS
+    aggregation: str = "sum_then_normalize"  # `multi_objective_aggregation`: one of AGGREGATIONS
+    mask_truncated: bool = False  # `mask_truncated_completions`
+
+
+class Advantages(NamedTuple):
+    """What `sample_advantages` returns: shapes `(B*n,)`."""
+
+    advantages: torch.Tensor  # 0 where not kept
+    baselines: torch.Tensor  # the baseline each sample's reward was measured against
+    kept: torch.Tensor  # bool: false for the samples left out of the loss
+
+
+def sample_advantages(rewards: torch.Tensor, left_out: torch.Tensor, num_samples: int, settings: AdvantageSettings, *,
+                      truncated: torch.Tensor | None = None, greedy: torch.Tensor | None = None,
+                      greedy_left_out: torch.Tensor | None = None, parts: torch.Tensor | None = None,
+                      greedy_parts: torch.Tensor | None = None, weights: torch.Tensor | None = None,
+                      moving_average: float | None = None,
+                      add_up: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Advantages:
+    """Returns the advantages of a micro-batch's samples from their rewards, in the order every rewarded trainer
+    applies: leave out the samples with no usable reward (and, with `mask_truncated`, those cut at the length limit,
+    and with the greedy baseline those whose source's greedy reward is missing); subtract the baseline
+    (`settings.baseline`: the greedy decode's reward, the leave-one-out mean, the moving average, or none), or with
+    `aggregation="normalize_then_sum"` each reward's own baseline, normalized over the source's samples, weighted
+    and summed (`normalized_sum`); center over the kept samples; divide by the std of the source's (`"group"`) or the
+    batch's (`"batch"`) kept advantages.
+
+    Args:
+        rewards (`torch.Tensor` of shape `(B*n,)`): each sample's (combined) reward, any value where left out.
+        left_out (`torch.BoolTensor` of shape `(B*n,)`): samples with no usable reward.
+        num_samples (`int`): `n`, the samples of a source contiguous.
+        settings (`AdvantageSettings`).
+        truncated (`torch.BoolTensor` of shape `(B*n,)`, *optional*): samples cut at the length limit.
+        greedy, greedy_left_out (`(B,)`, *optional*): the greedy decodes' rewards (the greedy baseline).
+        parts (`torch.Tensor` of shape `(K, B*n)`, *optional*): each reward's values (NaN where it gives none), with
+            `weights` `(K,)` and, for the greedy baseline, `greedy_parts` `(K, B)`: `normalize_then_sum` only.
+        moving_average (`float`, *optional*): the moving-average baseline so far (None: this batch's kept mean).
+        add_up (*optional*): sums a `moments` tensor over processes for `scale="batch"` (default: this process).
+    """
+    n, bad = num_samples, left_out
+    if settings.mask_truncated and truncated is not None:  # an unfinished output's reward judges what it did not write
+        bad = bad | truncated
+    if settings.baseline == "greedy":
+        baselines = greedy.repeat_interleave(n)
+        bad = bad | greedy_left_out.repeat_interleave(n)
+    elif settings.baseline == "mean":
+        baselines = leave_one_out_baseline(rewards, n, ~bad)
+    elif settings.baseline == "moving_average":
+        good = rewards[~bad]
+        current = moving_average if moving_average is not None else (good.mean().item() if good.numel() else 0.0)
+        baselines = torch.full_like(rewards, current)
+    else:
+        baselines = torch.zeros_like(rewards)
+    if settings.aggregation == "normalize_then_sum":
+        adv = _normalized_parts(parts, weights, n, bad, settings.baseline, greedy_parts)
+    else:
+        adv = advantages(rewards, baselines).masked_fill(bad, 0.0)
+    if settings.center:
+        adv = center_advantages(adv, ~bad)
+    if settings.scale == "group":
+        adv = scale_advantages(adv, group_std(adv, n, ~bad))
+    elif settings.scale == "batch":
+        totals = moments(adv, ~bad)
+        adv = scale_advantages(adv, std_from_moments(totals if add_up is None else add_up(totals)))
+    return Advantages(adv, baselines, ~bad)
+
+
+def _normalized_parts(parts: torch.Tensor, weights: torch.Tensor, num_samples: int, bad: torch.Tensor, baseline: str,
+                      greedy_parts: torch.Tensor | None) -> torch.Tensor:
+    """The advantages of `normalize_then_sum`: each reward's values minus that reward's own baseline (greedy,
+    leave-one-out mean or none), then `normalized_sum`."""
+    part_advantages, present = [], []
+    for k, values in enumerate(parts):
+        keep = torch.isfinite(values) & ~bad
+        values = values.nan_to_num(0.0)
+        if baseline == "greedy":
+            base = greedy_parts[k].repeat_interleave(num_samples)
+            keep &= torch.isfinite(base)
+            base = base.nan_to_num(0.0)
+        elif baseline == "mean":
+            base = leave_one_out_baseline(values, num_samples, keep)
+        else:
+            base = torch.zeros_like(values)
+        part_advantages.append(advantages(values, base))
+        present.append(keep)
+    return normalized_sum(torch.stack(part_advantages), weights.to(parts.dtype), num_samples, torch.stack(present))

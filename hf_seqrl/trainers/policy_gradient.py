@@ -17,6 +17,7 @@ from contextlib import nullcontext
 import torch
 
 from .. import losses
+from ..functional import advantages as functional_advantages
 from ..configs import BaselineConfig, SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import replayed_rng
@@ -116,91 +117,52 @@ class BaselineTrainer(RolloutTrainer):
 
     def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
         """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
-        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). A sample left out
-        (no reward applies, a dropped non-finite one, or its source's greedy reward is missing) gets no advantage
-        and no row in the loss, and counts in no other sample's baseline or scale."""
+        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). The advantages are
+        `hf_seqrl.functional.advantages.sample_advantages`: a sample left out (no reward applies, a dropped non-finite
+        one, or its source's greedy reward is missing) gets no advantage and no row in the loss, and counts in no
+        other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
+        processes."""
         args, n = self.args, rollout.num_samples
         samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
-        sample_rewards, bad = samples.rewards, samples.left_out
-        if args.mask_truncated_completions:  # an unfinished output's reward judges what it did not write
-            bad = bad | rollout.sample_cut
         greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
-        baseline_rewards, bad = self.baseline_rewards(sample_rewards, bad, n, greedy)
-        if args.multi_objective_aggregation == "normalize_then_sum":
-            adv = self.normalized_advantages(samples, bad, n, greedy)
-        else:
-            adv = losses.advantages(sample_rewards, baseline_rewards).masked_fill(bad, 0.0)
-        if args.center_advantages:
-            adv = losses.center_advantages(adv, ~bad)
-        if args.scale_rewards == "group":
-            adv = losses.scale_advantages(adv, losses.group_std(adv, n, ~bad))
-        elif args.scale_rewards == "batch":
-            adv = losses.scale_advantages(adv, self.batch_std(adv, ~bad))
-        metrics = self.sample_metrics(samples, bad, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
-        kept = ~bad
+        settings = args.advantage_settings(self.baseline)
+        parts = greedy_parts = weights = None
+        if settings.aggregation == "normalize_then_sum":
+            parts, weights = self.part_tensors(samples)
+            greedy_parts = None if greedy is None else self.part_tensors(greedy)[0]
+        result = functional_advantages.sample_advantages(
+            samples.rewards, samples.left_out, n, settings, truncated=rollout.sample_cut,
+            greedy=None if greedy is None else greedy.rewards, greedy_left_out=None if greedy is None else greedy.left_out,
+            parts=parts, greedy_parts=greedy_parts, weights=weights, moving_average=self.baseline_ema,
+            add_up=self.add_up_over_processes)
+        adv, baselines, kept = result
+        if self.baseline == "moving_average" and kept.any():
+            self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
+                                                      args.baseline_ema_decay)
+        metrics = self.sample_metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
         if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
             metrics.update({
-                "rl/baseline_reward": baseline_rewards[kept].mean().item(),
+                "rl/baseline_reward": baselines[kept].mean().item(),
                 "rl/advantage_abs": adv[kept].abs().mean().item(),
                 "rl/advantage_mean": adv[kept].mean().item(),
                 "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
             })
         if self.completions is not None:
-            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped,
-                                    baseline_rewards, adv, rollout.greedy_ids)
+            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
+                                    rollout.greedy_ids)
         return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept)
 
-    def batch_std(self, adv, keep):
-        """Returns the standard deviation of the kept advantages `(B*n,)` of this micro-batch on every process
-        together (their moments added up over processes; NaN with fewer than 2)."""
-        totals = losses.moments(adv, keep)
-        if self.accelerator.num_processes > 1:
-            totals = self.accelerator.reduce(totals, reduction="sum")
-        return losses.std_from_moments(totals)
+    def add_up_over_processes(self, totals: torch.Tensor) -> torch.Tensor:
+        """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
+        return self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
 
-    def baseline_rewards(self, sample_rewards, bad, num_samples: int, greedy: RewardValues | None = None):
-        """Returns `(baseline (B*n,), left-out mask (B*n,))` for the configured baseline: the samples left out are out
-        of their siblings' leave-one-out means, and a source whose greedy reward (`greedy`, the rewards of the greedy
-        decodes) is missing leaves its samples out."""
-        n = num_samples
-        if self.baseline == "greedy":
-            return greedy.rewards.repeat_interleave(n), bad | greedy.left_out.repeat_interleave(n)
-        if self.baseline == "mean":
-            return losses.leave_one_out_baseline(sample_rewards, n, ~bad), bad
-        if self.baseline == "moving_average":
-            good = sample_rewards[~bad]
-            if not good.numel():  # no reward in this batch: nothing to average in, and no advantage to give
-                return torch.full_like(sample_rewards, self.baseline_ema or 0.0), bad
-            batch_mean = good.mean().item()
-            current = self.baseline_ema if self.baseline_ema is not None else batch_mean
-            self.baseline_ema = losses.moving_average(self.baseline_ema, batch_mean, self.args.baseline_ema_decay)
-            return torch.full_like(sample_rewards, current), bad
-        return torch.zeros_like(sample_rewards), bad
-
-    def normalized_advantages(self, samples: RewardValues, bad, num_samples: int,
-                              greedy: RewardValues | None = None) -> torch.Tensor:
-        """Returns the advantages of `multi_objective_aggregation="normalize_then_sum"`: each reward's values minus the
-        configured baseline of that reward alone, normalized over the source's samples, weighted and summed
-        (`losses.normalized_sum`). A single reward is normalized alike: its advantages over their std, times its
-        weight."""
-        weights = part_weights(self.local_reward_fn, samples.parts)
-        greedy_parts = None if greedy is None else greedy.part_rewards()
-        part_advantages, present = [], []
-        for name, values in samples.part_rewards().items():
-            keep = torch.isfinite(values) & ~bad
-            values = values.nan_to_num(0.0)
-            if greedy_parts is not None:
-                base = greedy_parts[name].repeat_interleave(num_samples)
-                keep &= torch.isfinite(base)
-                base = base.nan_to_num(0.0)
-            elif self.baseline == "mean":
-                base = losses.leave_one_out_baseline(values, num_samples, keep)
-            else:
-                base = torch.zeros_like(values)
-            part_advantages.append(losses.advantages(values, base))
-            present.append(keep)
-        weight = torch.tensor([weights[name] for name in samples.parts], dtype=torch.float32, device=bad.device)
-        return losses.normalized_sum(torch.stack(part_advantages), weight, num_samples, torch.stack(present))
+    def part_tensors(self, values: RewardValues) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns each reward's values `(K, N)` (NaN where it gives none) and the rewards' weights `(K,)`."""
+        weights = part_weights(self.local_reward_fn, values.parts)
+        part_rewards = values.part_rewards()
+        stacked = torch.stack([part_rewards[name] for name in values.parts])
+        return stacked, torch.tensor([weights[name] for name in values.parts], dtype=torch.float32,
+                                     device=stacked.device)
 
     def extra_state(self) -> dict:
         return {**super().extra_state(), "baseline_ema": self.baseline_ema, "baseline": self.baseline}
