@@ -62,6 +62,10 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     task (`str`, *optional*, defaults to `None`):
         `"translation"` or `"summarization"`: what the model card says the model does (its Hub `pipeline_tag`).
         `hf-seqrl train --task` sets it.
+    remove_unused_columns (`bool`, *optional*, defaults to `False`):
+        `False` (TRL's default for its RL trainers): every dataset column the model does not take reaches the rewards
+        as a keyword argument. `True` drops those columns before training, as `Seq2SeqTrainer` does, keeping only
+        the model's inputs, the labels and the `references` / `sources` texts.
 
     > Text datasets (a dataset without `input_ids` is tokenized when the trainer is built)
 
@@ -85,6 +89,9 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         "help": "Set the model's dropout to 0 (default: True for MRT, False for the others)."})
     model_init_kwargs: dict | str | None = field(default=None, metadata={
         "help": "from_pretrained keyword arguments (JSON) when the model is given as a Hub id or folder."})
+    remove_unused_columns: bool = field(default=False, metadata={
+        "help": "Drop the dataset columns the model does not take (references / sources kept); False passes them "
+                "to the rewards."})
     task: str | None = field(default=None, metadata={"help": "translation | summarization: what the model card "
                                                              "says the model does."})
     source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})

@@ -369,7 +369,7 @@ def position_stats(
         entropy (`bool`): compute `entropy`; with `entropy_grad` it carries grad, else it is detached.
         plain (`bool`): compute `plain_logprobs`. raw (`bool`): compute `raw_logprobs` and `raw_logprob_sums`.
     """
-    count, vocab = len(inputs), inputs.vocab_size
+    count = len(inputs)
     ids = token_ids.reshape(count).clamp(min=0)
     per_position = isinstance(temperature, torch.Tensor)
     source = inputs.hidden if inputs.logits is None else inputs.logits

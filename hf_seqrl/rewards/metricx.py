@@ -19,7 +19,6 @@ such a checkpoint and reads the score from its own head.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from .convention import best_per_owner

@@ -191,8 +191,15 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self._bind(callback)
 
     def _remove_unused_columns(self, dataset, description=None):
-        # The collator keeps the columns the model does not take out of its inputs and hands them to the rewards.
-        return dataset
+        """Returns `dataset` as it is (the collator keeps the columns the model does not take out of its inputs and
+        hands them to the rewards), or with `remove_unused_columns=True` without those columns, the model's inputs,
+        labels and `references` / `sources` kept."""
+        names = getattr(dataset, "column_names", None)
+        if not self.args.remove_unused_columns or not names:
+            return dataset
+        keep = forward_arguments(self.model, self.label_names) | set(TEXT_COLUMNS)
+        unused = [name for name in names if name not in keep]
+        return dataset.remove_columns(unused) if unused else dataset
 
     def _get_collator_with_removed_columns(self, data_collator, description=None):
         return data_collator

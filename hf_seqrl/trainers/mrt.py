@@ -121,7 +121,7 @@ class MRTTrainer(RolloutTrainer):
 
     def rl_loss(self, model, inputs, text: BatchText):
         """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
-        args, n = self.args, self.args.num_samples
+        args = self.args
         unwrapped = self.accelerator.unwrap_model(model)
         labels = inputs.get("labels")
         if args.mrt_include_reference and labels is None:

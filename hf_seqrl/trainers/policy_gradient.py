@@ -1,7 +1,7 @@
 """The policy-gradient trainers: `BaselineTrainer` (rewards → baseline → advantages, shared with MIXER),
 `SeqRLTrainer` (the policy gradient, clipped on reused rollouts), `SCSTTrainer` and `ReinforceTrainer`.
 
-One RL step follows the diagram of DESIGN.md: rollout → rewards → baseline → advantages (`BaselineTrainer`) →
+One RL step follows the diagram of docs/architecture.md: rollout → rewards → baseline → advantages (`BaselineTrainer`) →
 log-probs → policy-gradient loss mixed with cross-entropy (+ KL, − entropy; `RolloutTrainer.finish_loss`). The
 baseline decides the algorithm's name (`BASELINE_METHODS`): a policy gradient with the greedy baseline is SCST, with
 the leave-one-out mean REINFORCE with leave-one-out baseline. The math lives in `hf_seqrl.losses`, decoding and
@@ -179,6 +179,7 @@ class SeqRLTrainer(BaselineTrainer):
     algorithm = "Sequence-level RL"
     algorithm_id = "policy_gradient"
     config_class = SeqRLConfig
+    model_families = ("seq2seq", "causal")
 
     def __init__(self, model=None, args: SeqRLConfig | None = None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_funcs=None, **kwargs):
@@ -265,7 +266,6 @@ class SCSTTrainer(SeqRLTrainer):
     default_baseline = "greedy"
     algorithm = "SCST"
     algorithm_id = "scst"
-    model_families = ("seq2seq", "causal")
 
 
 class ReinforceTrainer(SeqRLTrainer):
@@ -279,4 +279,3 @@ class ReinforceTrainer(SeqRLTrainer):
     default_baseline = "moving_average"
     algorithm = "REINFORCE"
     algorithm_id = "reinforce"
-    model_families = ("seq2seq", "causal")

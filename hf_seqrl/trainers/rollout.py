@@ -8,8 +8,6 @@ rolls out (`rollout_plan`) and writes its loss (`rl_loss`); the math lives in `h
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
 import os
 from typing import NamedTuple
@@ -20,16 +18,17 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .. import losses
 from ..configs import RolloutConfig
 from ..hub import reward_label
-from ..models.base import ScoreOptions, replayed_rng, rng_state
+from ..models.base import ScoreOptions, rng_state
 from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
                        model_rewards, place_on, reward_name)
 from ..rewards.combine import set_attention
 from ..rewards.guards import LengthRatioReward
 from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
-from .adapters import add_reference_adapter, is_peft_model, reference_of
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
+from .frozen import FrozenModel
 from .generation import RolloutKeys, RolloutsAhead, model_inputs
+from .inputs import load_model
 
 
 # What `rl/length_ratio` measures: a sample's words over its closest reference's (its source's without one).
@@ -52,18 +51,44 @@ class RolloutTrainer(SeqRLBaseTrainer):
     # (with C's dropout kept it gained nothing on Multi30k dev); the policy gradients keep dropout (BaselineTrainer).
     default_disable_dropout = True
 
+    # False for a trainer whose loss needs no reward (it then takes `reward_funcs=None`).
+    needs_rewards = True
+
     def __init__(self, model=None, args: RolloutConfig | None = None, data_collator=None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, reward_funcs=None, **kwargs):
-        if reward_funcs is None:
+                 eval_dataset=None, processing_class=None, reward_funcs=None, teacher_model=None, **kwargs):
+        if reward_funcs is None and self.needs_rewards:
             raise ValueError(
                 f"{type(self).__name__} needs reward_funcs=: a built-in name ('bleu', 'chrf', 'rouge1', 'rouge2', "
                 "'rougeL', 'rougeLsum'), a 'module:function' path, a callable f(predictions, references, sources, "
                 "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
         # Checked before the (slow) Trainer set-up, so that a typo fails at once.
-        check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, RolloutConfig) else None)
+        if reward_funcs is not None:
+            check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, RolloutConfig) else None)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = reward_funcs
+        self.reward_fn = self.local_reward_fn = None
+        self.reward_label = "none"
+        if reward_funcs is not None:
+            self.build_rewards(reward_funcs)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        # Models scored on the policy's tokens without training (`hf_seqrl.trainers.frozen`), by name.
+        self.frozen_models: dict[str, FrozenModel] = {}
+        if self.args.kl_coef > 0:
+            self.frozen_models["reference"] = FrozenModel.reference_of(
+                unwrapped, self.args.device, lambda: self.accelerator.unwrap_model(self.model))
+        if teacher_model is not None:
+            self.frozen_models["teacher"] = FrozenModel.teacher(load_model(teacher_model, self.args), self.args.device,
+                                                                unwrapped)
+        self._rollout_config = None
+        self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
+        self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
+        self.rollouts_ahead = RolloutsAhead()
+        self.completions = CompletionLog() if self.args.log_completions else None
+
+    def build_rewards(self, reward_funcs) -> None:
+        """Builds the reward of `reward_funcs` (in worker processes with `reward_workers >= 2`), its model rewards
+        placed on this process's device and attending as the policy does."""
         workers = self.args.reward_workers
         self.reward_fn = (PooledReward(reward_funcs, self.args.reward_weights, workers) if workers >= 2
                           else build_reward(reward_funcs, self.args.reward_weights))
@@ -79,24 +104,19 @@ class RolloutTrainer(SeqRLBaseTrainer):
         if attention is not None:  # the model rewards attend as the policy does
             set_attention(local, attention)
         self.reward_label = reward_name(self.reward_fn)
-        self.ref_model, self.reference_adapter = None, None
-        if self.args.kl_coef > 0:
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            if is_peft_model(unwrapped):  # the same network with its adapter off (or a frozen copy): no second copy
-                self.reference_adapter = add_reference_adapter(unwrapped)
-            else:
-                self.ref_model = copy.deepcopy(unwrapped).to(self.args.device).requires_grad_(False)
-        self._rollout_config = None
-        self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
-        self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
-        self.rollouts_ahead = RolloutsAhead()
-        self.completions = CompletionLog() if self.args.log_completions else None
+
+    @property
+    def ref_model(self):
+        """The KL reference when it is a model of its own (TRL's name), None when it is the policy with its adapter
+        off or there is none."""
+        reference = self.frozen_models.get("reference")
+        return None if reference is None else reference.model
 
     # ---- how a step rolls out ---------------------------------------------------------------------
 
     def card_reward(self) -> str:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
-        return reward_label(self.reward_funcs, self.args.reward_weights)
+        return "none" if self.reward_funcs is None else reward_label(self.reward_funcs, self.args.reward_weights)
 
     def rollout_plan(self) -> RolloutPlan | None:
         """Returns how the current training step (after the warm-up) rolls out, or None when it decodes nothing:
@@ -196,11 +216,15 @@ class RolloutTrainer(SeqRLBaseTrainer):
     def reference_positions(self, inputs, token_ids, group: int):
         """Returns the KL reference's output-layer inputs at the positions of `token_ids` (frozen), from a pass in the
         policy's mode (train or eval) that makes the draws the next policy pass makes."""
-        # The frozen copy was never prepared by Accelerate, so its forward is not autocast as the policy's is.
-        with self.reference() as reference, torch.no_grad(), self.accelerator.autocast(), \
-                replayed_rng(self._policy_rng, self.args.device):
-            reference.train(self.model.training)
+        with self.frozen_models["reference"].running(self.accelerator, self.model.training, self._policy_rng,
+                                                     self.args.device) as reference:
             return self.family.reference_positions(reference, inputs, token_ids, group)
+
+    def score_frozen(self, name: str, inputs, token_ids, group: int, temperature: float = 1.0) -> ScoredRollout:
+        """Returns the scoring pass of `token_ids` `(B*n, T)` under the frozen model `name` (`frozen_models`; no
+        grad): its log-probs of the policy's tokens at `temperature` and its entropy, per token."""
+        with self.frozen_models[name].running(self.accelerator, self.model.training) as model:
+            return self.family.score(model, inputs, token_ids, group, None, temperature)
 
     def gold_cross_entropy(self, scored: ScoredRollout, labels):
         """Returns the cross-entropy of the gold `labels` from the scoring pass `scored`, or None without labels."""
@@ -216,6 +240,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
         records `metrics` with the entropy, KL and cross-entropy added."""
         loss = losses.mix_losses(rl_loss, xe_loss, self.args.rl_weight)
         loss = self.add_regularizers(loss, scored, token_mask, metrics)
+        if "teacher" in self.frozen_models:
+            metrics.update(self.teacher_metrics(inputs, scored, token_ids, group, token_mask))
         if xe_loss is not None:
             metrics["rl/xe_loss"] = xe_loss.item()
         self._record("train", metrics)
@@ -238,15 +264,19 @@ class RolloutTrainer(SeqRLBaseTrainer):
             metrics["rl/entropy"] = entropy.item()
         return loss
 
-    @contextlib.contextmanager
-    def reference(self):
-        """Within the context, yields the KL reference model: the frozen copy, or the policy itself with its adapter
-        off (or its frozen reference adapter active)."""
-        if self.ref_model is not None:
-            yield self.ref_model
-            return
-        with reference_of(self.accelerator.unwrap_model(self.model), self.reference_adapter) as reference:
-            yield reference
+    def teacher_metrics(self, inputs, scored: ScoredRollout, token_ids, group: int, token_mask) -> dict[str, float]:
+        """Returns what the frozen `teacher` says of the samples `token_ids` over the counted tokens `token_mask`:
+        `rl/teacher_logprob`, its mean log-prob of the policy's tokens, and at temperature 1 `rl/teacher_kl`, the
+        sampled estimate of `KL(policy || teacher)` per token (the mean of `log p - log q` at the sampled tokens)."""
+        if not bool(token_mask.any()):
+            return {}
+        teacher = self.score_frozen("teacher", inputs, token_ids, group).token_logprobs
+        mask = token_mask.flatten()
+        metrics = {"rl/teacher_logprob": losses.masked_mean(teacher.flatten(), mask, 0).item()}
+        if self.args.temperature == 1.0:
+            gap = scored.token_logprobs.detach() - teacher
+            metrics["rl/teacher_kl"] = losses.masked_mean(gap.flatten(), mask, 0).item()
+        return metrics
 
     # ---- rewards --------------------------------------------------------------------------------
 
@@ -375,7 +405,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
         if text.references is None and inputs.get("labels") is not None:
             text = text._replace(references=self.decode_labels(inputs["labels"]))
-        if text.references is not None:
+        if text.references is not None and self.reward_fn is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
             scored = self.reward_values(ids, text)
             # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.

@@ -1,5 +1,6 @@
 """benchmarks/vs_trl.py's equivalence check: on identical samples, hf-seqrl's leave-one-out step and TRL's RLOOTrainer
-have the same advantages and the same gradient. Runs when TRL is importable (the `bench` extra), skips otherwise."""
+have the same advantages and the same gradient. TRL comes with the `dev` extra, so `.ci/run` runs it (slow tier); it
+skips where TRL is not installed."""
 
 import os
 import sys
@@ -10,6 +11,7 @@ from helpers import REPO
 
 pytest.importorskip("trl")
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+pytestmark = pytest.mark.slow
 
 
 def test_leave_one_out_gradient_equals_trl_rloo_on_identical_samples():

@@ -143,3 +143,88 @@ def test_link_parser_and_word_filter(tmp_path):
         assert PROCESS_WORDS.search(text), text
     for text in ("equivalent", "talent", "lentil", "sessional", "tissue", "see issues/12"):
         assert not PROCESS_WORDS.search(text), text
+
+
+RESULTS_FILE = re.compile(r"benchmarks/results/[\w.\-]+\.(?:json|md)|(?<![\w/])results/[\w.\-]+\.(?:json|md)")
+DOC_FILES = ["README.md", "benchmarks/README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+
+
+def cited_results() -> dict[str, list[str]]:
+    """Returns each results file the docs name (`benchmarks/results/...`), with the docs that name it."""
+    cited: dict[str, list[str]] = {}
+    for name in DOC_FILES:
+        for match in RESULTS_FILE.findall((ROOT / name).read_text(encoding="utf-8")):
+            path = match if match.startswith("benchmarks/") else f"benchmarks/{match}"
+            cited.setdefault(path, []).append(name)
+    return cited
+
+
+def test_every_results_file_the_docs_cite_exists_and_records_its_command():
+    import json
+
+    cited = cited_results()
+    assert len(cited) > 20
+    problems = []
+    for path, docs in sorted(cited.items()):
+        if path.endswith("gpu_check.json") or path.endswith("gpu_check.md"):
+            continue  # written by a GPU run only
+        if not (ROOT / path).is_file():
+            problems.append(f"{path} (cited in {docs[0]}) does not exist")
+        elif path.endswith(".json"):
+            data = json.loads((ROOT / path).read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not str(data.get("command", "")).startswith("python benchmarks/"):
+                problems.append(f"{path} records no command")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_results_file_records_its_command_and_quality_accepts_its_settings():
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from quality_lib.settings import Settings
+
+    problems = []
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        command = data.get("command", "") if isinstance(data, dict) else ""
+        if not command.startswith("python benchmarks/"):
+            problems.append(f"{path.name}: no command")
+            continue
+        for part in command.split(" && "):
+            words = part.split()
+            if words[1] not in ("benchmarks/quality.py", "benchmarks/exposure.py", "benchmarks/neural_rewards.py"):
+                continue
+            if "--set" in words:
+                for item in words[words.index("--set") + 1:]:
+                    if item.startswith("--"):
+                        break
+                    if item.partition("=")[0] not in Settings.__dataclass_fields__:
+                        problems.append(f"{path.name}: --set {item} is no setting of quality.py")
+    assert not problems, "\n".join(problems)
+
+
+# A path in prose: a folder of this repository, then a file name with an extension.
+REPO_PATH = re.compile(r"(?<![\w./-])((?:hf_seqrl|tests|benchmarks|docs|recipes|model_cards)/[\w./-]*\.(?:py|md|json|yaml|cfg))")
+
+
+def test_every_file_path_named_in_docstrings_docs_and_setup_cfg_exists():
+    import ast
+
+    texts = [(name, (ROOT / name).read_text(encoding="utf-8")) for name in [*DOC_FILES, "setup.cfg"]]
+    for path in sorted((ROOT / "hf_seqrl").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    texts.append((path.relative_to(ROOT).as_posix(), doc))
+    missing = set()
+    for name, text in texts:
+        for target in REPO_PATH.findall(text):
+            target = target.rstrip(".")
+            if "*" in target or "<" in target or "gpu_check." in target:  # gpu_check's files: a GPU run writes them
+                continue
+            if not (ROOT / target).exists() and not (ROOT / name).parent.joinpath(target).exists():
+                missing.add(f"{name}: {target}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(sorted(missing))

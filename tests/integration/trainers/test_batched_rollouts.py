@@ -12,15 +12,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from helpers import byt5_tokenizer, make_config, prompt_completion_dataset, tiny_causal_model, tiny_model, toy_dataset, toy_pairs
+from helpers import byt5_tokenizer, make_config, overlap_reward, prompt_completion_dataset, tiny_causal_model, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import MRTConfig, MRTTrainer, SCSTTrainer, SeqRLConfig
 from hf_seqrl.configs import MixerConfig
-
-
-def overlap_reward(predictions, references, sources=None, **columns):
-    """Row-dependent rewards for an untrained model's outputs."""
-    return [max(len(set(p) & set(r)) / max(len(set(p) | set(r)), 1) + len(p) / 20 for r in refs)
-            for p, refs in zip(predictions, references)]
 
 
 class GradientRecorder(TrainerCallback):

@@ -5,18 +5,12 @@ import pytest
 import torch
 
 import hf_seqrl.trainers.base as base
-from helpers import byt5_tokenizer, make_config, params, tiny_model, toy_dataset, toy_pairs
+from helpers import byt5_tokenizer, make_config, overlap_reward, params, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import ReinforceTrainer, SCSTTrainer, SeqRLConfig
 from hf_seqrl.trainers.reuse import RepeatBlockSampler, RolloutReuse
 from hf_seqrl.types import RolloutBatch
 
 config = partial(make_config, SeqRLConfig)  # config(tmp_path, **overrides)
-
-
-def overlap_reward(predictions, references, sources=None, **columns):
-    """Non-zero, row-dependent rewards even for an untrained model's outputs (chrF would give 0 everywhere)."""
-    return [max(len(set(p) & set(r)) / max(len(set(p) | set(r)), 1) + len(p) / 20 for r in refs)
-            for p, refs in zip(predictions, references)]
 
 
 def equal_length_dataset(tok, n=8):

@@ -10,18 +10,12 @@ from functools import partial
 import pytest
 import torch
 
-from helpers import byt5_tokenizer, make_config, tiny_model, toy_dataset, toy_pairs
+from helpers import byt5_tokenizer, make_config, overlap_reward, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.models.base import disable_dropout, replayed_rng, rng_state
 from hf_seqrl.models.tiny import build_tiny_model
 
 config = partial(make_config, SeqRLConfig, learning_rate=0.0, num_samples=2)  # config(tmp_path, **overrides)
-
-
-def overlap_reward(predictions, references, sources=None, **columns):
-    """Non-zero, row-dependent rewards for an untrained model's outputs."""
-    return [max(len(set(p) & set(r)) / max(len(set(p) | set(r)), 1) + len(p) / 20 for r in refs)
-            for p, refs in zip(predictions, references)]
 
 
 def dropout_model(arch: str, p: float = 0.3):

@@ -10,7 +10,8 @@ from datasets import Dataset
 from helpers import byt5_tokenizer, make_config, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       PrefixCorruptionConfig, PrefixCorruptionTrainer, ProfessorForcingConfig, ProfessorForcingTrainer,
-                      ReinforceTrainer, ScheduledSamplingConfig, ScheduledSamplingTrainer, SCSTTrainer, SeqRLConfig)
+                      ReinforceTrainer, ScheduledSamplingConfig, ScheduledSamplingTrainer, SCSTTrainer, SeqRLConfig,
+                      SeqRLTrainer)
 
 peft = pytest.importorskip("peft")
 config = partial(make_config, SeqRLConfig, max_steps=2, num_samples=2)  # config(tmp_path, **overrides)
@@ -68,11 +69,20 @@ def test_text_columns_reach_the_rewards_and_lengths_apply(tmp_path, arch):
     assert SEEN_COLUMNS and all(set(seen) == {"domain"} for seen in SEEN_COLUMNS)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_causal_models_train_on_prompt_completion_text(tmp_path, arch):
+def test_remove_unused_columns_drops_the_columns_the_model_does_not_take_as_seq2seqtrainer_does(tmp_path):
+    tokenizer = byt5_tokenizer()
+    SEEN_COLUMNS.clear()
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, remove_unused_columns=True),
+                          reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=pairs())
+    trainer.train()
+    assert SEEN_COLUMNS and all(seen == {} for seen in SEEN_COLUMNS)  # "domain" is gone; the references stay
+
+
+@pytest.mark.parametrize("arch,trainer_class", [("llama", SCSTTrainer), ("qwen2", SeqRLTrainer)])
+def test_causal_models_train_on_prompt_completion_text(tmp_path, arch, trainer_class):
     tokenizer = byt5_tokenizer()
     data = pairs(source="prompt", target="completion")
-    trainer = SCSTTrainer(model=tiny_causal_model(arch), args=config(tmp_path, max_completion_length=4),
+    trainer = trainer_class(model=tiny_causal_model(arch), args=config(tmp_path, max_completion_length=4),
                           reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=data)
     row = trainer.train_dataset[0]
     prompt_length = sum(label == -100 for label in row["labels"])
@@ -119,7 +129,7 @@ def test_lora_trains_only_the_adapter_and_the_reference_shares_the_base_weights(
     trainer = SCSTTrainer(model=model, args=config(tmp_path, kl_coef=0.5, learning_rate=5e-2, max_steps=3),
                           reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=data,
                           peft_config=lora(family))
-    assert trainer.ref_model is None and trainer.reference_adapter is None  # no second copy of the weights
+    assert trainer.ref_model is None and trainer.frozen_models["reference"].adapter is None  # no second copy of the weights
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/kl" in h]
     assert logs[0]["rl/kl"] == 0.0 and logs[-1]["rl/kl"] > 0.0  # the adapter starts as the identity, then moves
@@ -139,7 +149,7 @@ def test_a_trained_adapter_is_its_own_frozen_reference_and_saves_as_an_adapter(t
                 p.normal_(0, 0.5)  # an adapter trained before
     trainer = SCSTTrainer(model=model, args=config(tmp_path, kl_coef=0.5, learning_rate=5e-2),
                           reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=pairs())
-    assert trainer.reference_adapter == "reference"
+    assert trainer.frozen_models["reference"].adapter == "reference"
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/kl" in h]
     assert logs[0]["rl/kl"] == 0.0 and logs[-1]["rl/kl"] > 0.0

@@ -1,0 +1,86 @@
+"""Frozen models scored on the policy's tokens: the KL reference (a frozen copy of the policy, or the policy's own
+network with its adapter off), and any other model that reads the policy's tokens (a teacher).
+
+Each pass runs under `torch.no_grad()` and the policy's autocast (the models never went through `accelerator.prepare`).
+A teacher runs in eval mode. The KL reference follows the policy's mode instead and replays the random draws of the
+policy's next scoring pass: with dropout on, both passes thin the same units, so the KL measures the weights'
+difference only (0 at the first step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+
+from ..models.base import replayed_rng
+from .adapters import add_reference_adapter, is_peft_model, reference_of
+
+
+def vocabulary_size(model) -> int | None:
+    """Returns the number of rows of `model`'s output layer (its logits' width), None when it has none."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return None if weight is None else int(weight.shape[0])
+
+
+class FrozenModel:
+    """A model the trainer scores without training it.
+
+    Args:
+        name (`str`): what logs and errors call it (`"reference"`, `"teacher"`).
+        model (*optional*): the model itself; None for the policy's own network (an adapter's base).
+        policy (*optional*): a callable returning the unwrapped policy, for `model=None`.
+        adapter (`str`, *optional*): with `model=None`, the policy's frozen adapter that gives this model (None: the
+            adapter off).
+        follow_policy (`bool`): run in the policy's mode, replaying its random draws (the KL reference); else eval mode.
+    """
+
+    def __init__(self, name: str, model=None, policy=None, adapter: str | None = None, follow_policy: bool = False):
+        self.name, self.model, self.policy, self.adapter, self.follow_policy = name, model, policy, adapter, follow_policy
+
+    @classmethod
+    def reference_of(cls, policy_model, device, policy) -> FrozenModel:
+        """Returns the KL reference of `policy_model` (unwrapped): its network with the adapter off (or a frozen copy
+        of the adapter it came with), never a second copy of the base weights; a frozen copy of a model without an
+        adapter, on `device`."""
+        if is_peft_model(policy_model):
+            return cls("reference", policy=policy, adapter=add_reference_adapter(policy_model), follow_policy=True)
+        return cls("reference", copy.deepcopy(policy_model).to(device).requires_grad_(False), follow_policy=True)
+
+    @classmethod
+    def teacher(cls, model, device, policy_model, name: str = "teacher") -> FrozenModel:
+        """Returns `model` frozen in eval mode on `device`, after checking it reads the policy's tokens (its output
+        layer as wide as `policy_model`'s)."""
+        width, policy_width = vocabulary_size(model), vocabulary_size(policy_model)
+        if width is not None and policy_width is not None and width != policy_width:
+            raise ValueError(
+                f"{name}_model has an output layer of {width} tokens and the policy one of {policy_width}: a {name} "
+                "scores the policy's tokens, so it needs the policy's tokenizer (the same vocabulary). Pass a model "
+                "trained with that tokenizer.")
+        return cls(name, model.to(device).requires_grad_(False).eval())
+
+    @contextlib.contextmanager
+    def active(self):
+        """Within the context, yields the model to run (the policy with its adapter switched for `model=None`)."""
+        if self.model is not None:
+            yield self.model
+            return
+        with reference_of(self.policy(), self.adapter) as model:
+            yield model
+
+    @contextlib.contextmanager
+    def running(self, accelerator, training: bool, rng_state=None, device=None):
+        """Within the context, yields the model ready for a pass: no grad, the policy's autocast, in the policy's
+        mode (`training`) with `rng_state` replayed when it follows the policy, else in eval mode."""
+        replay = replayed_rng(rng_state, device) if self.follow_policy and rng_state is not None \
+            else contextlib.nullcontext()
+        with self.active() as model, torch.no_grad(), accelerator.autocast(), replay:
+            mode = model.training
+            model.train(training if self.follow_policy else False)
+            try:
+                yield model
+            finally:
+                if self.model is not None:
+                    model.train(mode)
