@@ -3,8 +3,8 @@
 `RolloutKeys` gives every sample row a key: the trainer's seed, the process, the optimizer step and the row's place
 among the sources that process decodes in that step. A row's draws are a function of its key alone
 (`functional.sampling.keyed_uniforms`), so decoding several micro-batches at once (`steps_per_generation > 1`)
-samples exactly what decoding them one by one samples. `RolloutsAhead` holds the rollouts so decoded until the
-micro-batch each belongs to trains.
+samples exactly what decoding them one by one samples. `RolloutSource` numbers the micro-batches of each optimizer
+step and holds the rollouts so decoded under their slots until their micro-batches train.
 """
 
 from __future__ import annotations
@@ -34,27 +34,31 @@ class RolloutKeys:
         return row_keys(stream, first * num_samples, sources * num_samples, device)
 
 
-class RolloutsAhead:
-    """The rollouts decoded before their micro-batches train, in the order the micro-batches come."""
+class RolloutSource:
+    """Where each micro-batch's rollout comes from, by key: the optimizer step and the micro-batch's slot (its place
+    among the micro-batches of that step, in the order they reach the loss). A rollout decoded ahead with the other
+    micro-batches of its step (`steps_per_generation > 1`) waits under its slot; `take` hands it out, or None when
+    the micro-batch decodes its own."""
 
     def __init__(self):
-        self._pending: list[tuple[torch.Tensor, Rollout]] = []
+        self._step, self._next = None, 0
+        self._ahead_step, self._ahead = None, {}
 
-    def reset(self, entries: list[tuple[torch.Tensor, Rollout]]) -> None:
-        """Replaces what is pending by `(input_ids, rollout)` of the micro-batches to come, in order."""
-        self._pending = list(entries)
+    def next_slot(self, global_step: int) -> int:
+        """Returns the slot of the next micro-batch of optimizer step `global_step` (0 for its first)."""
+        if global_step != self._step:
+            self._step, self._next = global_step, 0
+        slot, self._next = self._next, self._next + 1
+        return slot
 
-    def take(self, input_ids: torch.Tensor) -> Rollout | None:
-        """Returns the rollout decoded ahead for the micro-batch `input_ids`, or None when none is pending."""
-        if not self._pending:
-            return None
-        expected, rollout = self._pending.pop(0)
-        if not torch.equal(expected, input_ids):
-            self._pending.clear()
-            raise RuntimeError(
-                "The micro-batch to train is not the one its rollout was decoded for: with steps_per_generation > 1 "
-                "the micro-batches of an optimizer step must reach the loss in the order the Trainer fetched them.")
-        return rollout
+    def hold(self, global_step: int, rollouts: list[Rollout]) -> None:
+        """Keeps `rollouts`, those of the micro-batches of optimizer step `global_step` in slot order (none: that
+        step decodes each micro-batch's rollout when it trains)."""
+        self._ahead_step, self._ahead = global_step, dict(enumerate(rollouts))
+
+    def take(self, global_step: int, slot: int) -> Rollout | None:
+        """Returns the rollout decoded ahead for slot `slot` of optimizer step `global_step`, or None."""
+        return self._ahead.pop(slot, None) if global_step == self._ahead_step else None
 
 
 def model_inputs(batch: dict, device) -> dict:

@@ -206,9 +206,8 @@ class SeqRLTrainer(BaselineTrainer):
         """Returns the policy-gradient loss of a batch (clipped on reused rollouts) and records the `rl/*` metrics."""
         args, n = self.args, self.args.num_samples
         unwrapped = self.accelerator.unwrap_model(model)
-        step, batch, slot = self.state.global_step, None, None
-        if self.reuse is not None:
-            batch, slot = self.reuse.take(step, inputs["input_ids"])
+        step, slot = self.state.global_step, self.slot
+        batch = self.reuse.take(step, slot) if self.reuse is not None else None
         if batch is None:
             batch = self.roll_out(unwrapped, inputs, text)
         labels = inputs.get("labels") if args.rl_weight < 1 else None
@@ -219,7 +218,7 @@ class SeqRLTrainer(BaselineTrainer):
         if self.reuse is not None and batch.old_token_logprobs is None:
             # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
             batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), self._policy_rng
-            self.reuse.keep(step, slot, inputs["input_ids"], batch)
+            self.reuse.keep(step, slot, batch)
         mask, adv, metrics = batch.loss_mask, batch.advantages, dict(batch.metrics)
         if self.reuse is None and args.importance_sampling_level == "token":
             pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,

@@ -65,7 +65,8 @@ class RepeatBlockSampler(Sampler):
 class RolloutReuse:
     """The rollouts of the current cycle, one per micro-batch slot of an optimizer step.
 
-    Call `take` once per micro-batch; after a miss, roll out, then call `keep` with the result.
+    Call `take` once per micro-batch, with its slot (`generation.RolloutSource`); after a miss, roll out, then call
+    `keep` with the result.
     """
 
     FILE = "rollout_buffer_rank{rank}.pt"
@@ -73,7 +74,6 @@ class RolloutReuse:
     def __init__(self, num_iterations: int):
         self.num_iterations = num_iterations
         self.slots: dict[int, dict] = {}
-        self._step, self._micro = None, 0
 
     @staticmethod
     def check_dataset(train_dataset, num_iterations: int) -> None:
@@ -90,21 +90,14 @@ class RolloutReuse:
         seed = args.data_seed if args.data_seed is not None else args.seed
         return RepeatBlockSampler(len(dataset), block, self.num_iterations, seed, global_step)
 
-    def take(self, global_step: int, input_ids: torch.Tensor) -> tuple[RolloutBatch | None, int]:
-        """Returns `(rollout or None, slot)` for the next micro-batch of optimizer step `global_step`."""
-        if global_step != self._step:
-            self._step, self._micro = global_step, 0
-        slot, self._micro = self._micro, self._micro + 1
+    def take(self, global_step: int, slot: int) -> RolloutBatch | None:
+        """Returns the rollout kept for slot `slot` of optimizer step `global_step` (its cycle's), or None. The
+        trainer's `RepeatBlockSampler` gives each slot of a cycle's steps the same rows."""
         last_use = global_step % self.num_iterations == self.num_iterations - 1
         entry = self.slots.pop(slot, None) if last_use else self.slots.get(slot)  # free it after its last step
         if entry is None or entry["cycle"] != global_step // self.num_iterations:
-            return None, slot
-        if not torch.equal(entry["input_ids"], input_ids):
-            raise RuntimeError(
-                f"The micro-batch of step {global_step}, slot {slot} is not the one its rollout was taken on: with "
-                "num_iterations > 1 the train sampler must repeat each optimizer step's rows (the trainer's own "
-                "RepeatBlockSampler does; a custom sampler or an IterableDataset does not).")
-        return entry["batch"], slot
+            return None
+        return entry["batch"]
 
     def holds(self, global_step: int) -> bool:
         """Returns whether the rollouts of optimizer step `global_step` are kept from an earlier step of its cycle
@@ -112,10 +105,10 @@ class RolloutReuse:
         entry = self.slots.get(0)
         return entry is not None and entry["cycle"] == global_step // self.num_iterations
 
-    def keep(self, global_step: int, slot: int, input_ids: torch.Tensor, batch: RolloutBatch) -> None:
+    def keep(self, global_step: int, slot: int, batch: RolloutBatch) -> None:
         """Keeps the rollout of `slot` for the rest of its cycle (nothing to keep after the cycle's last step)."""
         if global_step % self.num_iterations != self.num_iterations - 1:
-            self.slots[slot] = {"cycle": global_step // self.num_iterations, "input_ids": input_ids, "batch": batch}
+            self.slots[slot] = {"cycle": global_step // self.num_iterations, "batch": batch}
 
     # ---- checkpoints: one file per process, since each process keeps the rollouts of its own micro-batches ----
 
@@ -125,7 +118,7 @@ class RolloutReuse:
             if os.path.exists(path):
                 os.remove(path)
             return
-        state = {slot: {"cycle": e["cycle"], "input_ids": e["input_ids"].cpu(),
+        state = {slot: {"cycle": e["cycle"],
                         "batch": {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in vars(e["batch"]).items()}}
                  for slot, e in self.slots.items()}
         os.makedirs(folder, exist_ok=True)
@@ -134,11 +127,11 @@ class RolloutReuse:
 
     def load(self, folder: str, rank: int, device) -> None:
         path = os.path.join(folder, self.FILE.format(rank=rank))
-        self.slots, self._step, self._micro = {}, None, 0
+        self.slots = {}
         if not os.path.isfile(path):
             return
         for slot, e in torch.load(path, map_location=device, weights_only=True).items():
             batch = RolloutBatch(**e["batch"])
             if batch.rng_state is not None:  # RNG states are CPU byte tensors, whatever the device
                 batch.rng_state = tuple(None if state is None else state.cpu() for state in batch.rng_state)
-            self.slots[int(slot)] = {"cycle": e["cycle"], "input_ids": e["input_ids"], "batch": batch}
+            self.slots[int(slot)] = {"cycle": e["cycle"], "batch": batch}

@@ -27,7 +27,7 @@ from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
 from .frozen import FrozenModel
-from .generation import RolloutKeys, RolloutsAhead, model_inputs
+from .generation import RolloutKeys, RolloutSource, model_inputs
 from .inputs import load_model
 
 
@@ -83,7 +83,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self._rollout_config = None
         self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
         self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
-        self.rollouts_ahead = RolloutsAhead()
+        self.rollout_source = RolloutSource()
+        self.slot = 0  # the slot of the micro-batch in training (`RolloutSource`)
         self.completions = CompletionLog() if self.args.log_completions else None
 
     def build_rewards(self, reward_funcs) -> None:
@@ -140,9 +141,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return self._rollout_config
 
     def take_rollout(self, unwrapped, inputs) -> Rollout:
-        """Returns the rollout of a micro-batch: the one decoded ahead with other micro-batches of its optimizer step
-        (`steps_per_generation > 1`), else one decoded now."""
-        rollout = self.rollouts_ahead.take(inputs["input_ids"])
+        """Returns the rollout of the micro-batch in training (`slot`): the one decoded ahead with the other
+        micro-batches of its optimizer step (`steps_per_generation > 1`), else one decoded now."""
+        rollout = self.rollout_source.take(self.state.global_step, self.slot)
         return rollout if rollout is not None else self.decode_rollouts(unwrapped, [inputs])[0]
 
     def decode_rollouts(self, unwrapped, batches: list[dict]) -> list[Rollout]:
@@ -168,10 +169,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
             unwrapped = self.accelerator.unwrap_model(self.model)
             inputs = [model_inputs(batch, self.args.device) for batch in batches]
             for start in range(0, len(inputs), steps):
-                group = inputs[start:start + steps]
-                ahead += [(batch["input_ids"], rollout)
-                          for batch, rollout in zip(group, self.decode_rollouts(unwrapped, group))]
-        self.rollouts_ahead.reset(ahead)
+                ahead += self.decode_rollouts(unwrapped, inputs[start:start + steps])
+        self.rollout_source.hold(self.state.global_step, ahead)
         return batches, num_items_in_batch
 
     # ---- the loss -------------------------------------------------------------------------------
@@ -190,6 +189,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 "'references'.")
         if text.references is None:
             text = text._replace(references=self.decode_labels(inputs.get("labels")))
+        self.slot = self.rollout_source.next_slot(self.state.global_step)
         return self.rl_loss(model, inputs, text)
 
     def rl_loss(self, model, inputs, text: BatchText):

@@ -52,29 +52,37 @@ def test_repeat_block_sampler_repeats_each_step_and_drops_the_incomplete_block()
 
 def test_rollout_reuse_serves_a_cycle_and_survives_a_checkpoint(tmp_path):
     reuse = RolloutReuse(num_iterations=3)  # cycles: steps 0-2, 3-5, ...
-    ids = [torch.tensor([[1, 2]]), torch.tensor([[3, 4]])]  # two accumulation slots
 
     def batch(tag):
         return RolloutBatch(torch.tensor([[tag]]), torch.ones(1, 1, dtype=torch.bool), torch.tensor([float(tag)]),
                             {"rl/reward": float(tag)}, torch.tensor([[-float(tag)]]))
 
-    for slot in (0, 1):  # step 0: nothing kept yet
-        got, s = reuse.take(0, ids[slot])
-        assert got is None and s == slot
-        reuse.keep(0, s, ids[slot], batch(10 + slot))
-    assert reuse.take(1, ids[0])[0].advantages.item() == 10.0  # step 1 reuses both slots
-    assert reuse.take(1, ids[1])[0].advantages.item() == 11.0
+    for slot in (0, 1):  # step 0, two accumulation slots: nothing kept yet
+        assert reuse.take(0, slot) is None
+        reuse.keep(0, slot, batch(10 + slot))
+    assert reuse.take(1, 0).advantages.item() == 10.0  # step 1 reuses both slots
+    assert reuse.take(1, 1).advantages.item() == 11.0
     reuse.save(str(tmp_path), rank=0)  # a checkpoint after step 1, inside the cycle
     restored = RolloutReuse(num_iterations=3)
     restored.load(str(tmp_path), rank=0, device="cpu")
-    got, _ = restored.take(2, ids[0])
+    got = restored.take(2, 0)
     assert got.metrics == {"rl/reward": 10.0} and got.old_token_logprobs.item() == -10.0
-    with pytest.raises(RuntimeError, match="not the one its rollout was taken on"):
-        restored.take(2, torch.tensor([[9, 9]]))
+    assert restored.take(2, 1).advantages.item() == 11.0
     # step 2 is the cycle's last: its rollouts are freed, and step 3 starts a new cycle
-    assert restored.slots == {} and restored.take(3, ids[0])[0] is None
+    assert restored.slots == {} and restored.take(3, 0) is None
     restored.save(str(tmp_path), rank=0)  # nothing kept: no file
     assert not (tmp_path / "rollout_buffer_rank0.pt").exists()
+
+
+def test_rollout_source_numbers_the_micro_batches_of_each_step_and_hands_out_what_was_decoded_ahead():
+    from hf_seqrl.trainers.generation import RolloutSource
+
+    source = RolloutSource()
+    assert [source.next_slot(4) for _ in range(3)] == [0, 1, 2]
+    assert source.next_slot(5) == 0  # a new optimizer step starts again at slot 0
+    source.hold(6, ["a", "b"])
+    assert source.take(5, 0) is None  # held for another step
+    assert source.take(6, 1) == "b" and source.take(6, 1) is None and source.take(6, 0) == "a"
 
 
 # ---- in the trainer ----------------------------------------------------------------------------------------------
