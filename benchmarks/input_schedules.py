@@ -104,11 +104,11 @@ def main():
     repeats = options.repeats or (3 if options.quick else 5)
     results = [row for shape in shapes
                for row in run_shape(shape, options.batch, options.target_length, repeats, options.device)]
-    meta = {"device": options.device, "threads": options.threads, "torch": torch.__version__, "repeats": repeats,
-            "command": " ".join(["python", "benchmarks/input_schedules.py", *sys.argv[1:]])}
+    command = " ".join(["python", "benchmarks/input_schedules.py", *sys.argv[1:]])
+    meta = {"device": options.device, "threads": options.threads, "torch": torch.__version__, "repeats": repeats}
     os.makedirs(os.path.dirname(options.output), exist_ok=True)
     with open(options.output, "w") as f:
-        json.dump({"settings": meta, "results": results}, f, indent=1)
+        json.dump({"command": command, "settings": meta, "results": results}, f, indent=1)
     print(f"batch {options.batch}, target length {options.target_length}, {options.device}, "
           f"{options.threads} thread(s), median of {repeats}")
     print("| shape | arm | step s | vs teacher forcing | rows |\n|---|---|---|---|---|")
