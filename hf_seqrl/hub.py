@@ -268,7 +268,7 @@ def render_model_card(
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
-    `method` is the algorithm that ran (`trainer.run_method()`, or `TrainerClass.method_for(baseline)`).
+    `method` is the algorithm that ran (`trainer.method`; a policy gradient's `trainers.policy_gradient.policy_gradient_method(baseline)`).
     `algorithm_detail` is appended to its name; `license` (an SPDX id such as `"apache-2.0"`) goes into the metadata
     when known. `task` (`"translation"`, `"summarization"` or None) is what the card says the model does: None claims
     no task. `model_class` is the transformers Auto class that loads the model (`"AutoModelForCausalLM"` for a

@@ -249,7 +249,7 @@ def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_
     `family` (an `hf_seqrl.models` family, default seq2seq) says how the pairs are tokenized: source → target for
     encoder-decoders, prompt + completion rows for decoder-only models.
     """
-    family = family or FAMILIES["seq2seq"]
+    family = family or FAMILIES["seq2seq"]()
     from datasets import load_dataset
 
     s, data_args = script_args, training_args

@@ -71,12 +71,13 @@ def write_card(output_dir: str, results: dict, settings: DemoSettings) -> str:
     """Writes the model card of the saved SCST model (from `model_cards/`) and returns its path."""
     from ..hub import write_model_card
     from ..trainers import SCSTTrainer
+    from ..trainers.policy_gradient import policy_gradient_method
 
     arms = results["arms"]
     metrics = {f"test_{metric}_{arm}": arms[arm][metric] for arm in ARMS for metric in ("bleu", "chrf")}
     rewards = arms["scst"].get("train_rewards") or []
     return write_model_card(
-        output_dir, model_name="hf-seqrl-demo-scst", method=SCSTTrainer.method_for(settings.baseline),
+        output_dir, model_name="hf-seqrl-demo-scst", method=policy_gradient_method(settings.baseline or SCSTTrainer.default_baseline),
         task="translation",
         datasets=[f"generated three-dialect toy translation (hf-seqrl demo, seed {results['seed']})"],
         reward="bleu",

@@ -10,24 +10,26 @@ SUPPORTED = ("encoder-decoder models (AutoModelForSeq2SeqLM: T5, BART, Marian, m
              "EncoderDecoderModel)", "decoder-only models (AutoModelForCausalLM: Llama, Qwen2, Mistral, GPT-2, ...)")
 
 
-FAMILIES = {"seq2seq": Seq2SeqFamily(), "causal": CausalFamily()}
+FAMILIES = {"seq2seq": Seq2SeqFamily, "causal": CausalFamily}  # one new instance per caller: a trainer's own
+
+
 
 
 def family_for_config(config) -> ModelFamily:
     """Returns the family of a model config: seq2seq when `config.is_encoder_decoder`, else causal."""
-    return FAMILIES["seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal"]
+    return FAMILIES["seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal"]()
 
 
 def family_for(model) -> ModelFamily:
-    """Returns the family of `model`, or raises an error naming the supported models."""
+    """Returns a new instance of the family of `model` (each trainer its own), or raises an error naming the supported models."""
     if model is None:
         raise ValueError("Pass `model=`: one of " + "; ".join(SUPPORTED) + ".")
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False):
-        return FAMILIES["seq2seq"]
+        return FAMILIES["seq2seq"]()
     can_generate = getattr(model, "can_generate", None)
     if callable(can_generate) and can_generate() and model.get_output_embeddings() is not None:
-        return FAMILIES["causal"]
+        return FAMILIES["causal"]()
     raise ValueError(
         f"{type(model).__name__} is neither an encoder-decoder model (config.is_encoder_decoder) nor a causal "
         "language model that generates text (a model with an LM head). hf-seqrl trains " + " and ".join(SUPPORTED)

@@ -98,29 +98,19 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     Checks the model and data, keeps the `references` / `sources` text columns through collation, runs the
     teacher-forced warm-up (`args.warmup_xe_steps`) with the plain `Seq2SeqTrainer` loss, records metrics and
     logs their means averaged over processes, saves the trainer's own state with checkpoints, and writes a
-    model card on save. Subclasses implement `sequence_loss` and set `config_class`, `algorithm`, `algorithm_id` and
-    `method` (the card metadata, as TRL's `_name` / `_paper`).
+    model card on save. Subclasses implement `sequence_loss` and set `config_class` and the trainer's identity:
+    `algorithm_id`, its name for machines (`hf-seqrl train --algorithm`, results files), and `method`, what logs and
+    cards say of it for people (`hub.Method`: name, tag, papers; a property where the settings decide it).
     """
 
     config_class: type = Seq2SeqTrainingArguments
-    algorithm = "Cross-entropy"  # the trainer's label in logs
-    algorithm_id = "cross_entropy"  # its name in `hf-seqrl train --algorithm`
+    algorithm_id = "cross_entropy"
     method = Method("Cross-entropy", "cross-entropy", "maximum likelihood with teacher forcing")
     # The `hf_seqrl.models` families a trainer takes: a trainer opts in to decoder-only models once every pass of its
     # loss goes through `self.family`.
     model_families: tuple[str, ...] = ("seq2seq",)
     # What `disable_dropout=None` means for this trainer (`SeqRLBaseConfig.disable_dropout`).
     default_disable_dropout = False
-
-    @classmethod
-    def method_for(cls, baseline: str | None = None) -> Method:
-        """Returns what a card says of this trainer's algorithm run with `baseline` (ignored without a policy
-        gradient)."""
-        return cls.method
-
-    def run_method(self) -> Method:
-        """Returns what a card says of the algorithm this trainer runs (its settings decide the name)."""
-        return self.method_for(None)
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, peft_config=None, **kwargs):
@@ -375,7 +365,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         return dict(
             info,
             model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
-            method=self.run_method(),
+            method=self.method,
             task=task or args.task,
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
             reward=self.card_reward(),
@@ -427,11 +417,6 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def load_extra_files(self, folder: str) -> None:
         """Restores `save_extra_files` from a checkpoint folder."""
 
-    @property
-    def algorithm_name(self) -> str:
-        """Returns the name of the algorithm that runs: its loss and baseline (leave-one-out is not SCST)."""
-        return self.run_method().name
-
     def save_process_state(self, folder: str) -> None:
         """Saves what each process keeps apart from the others (called on every process, before the state file)."""
 
@@ -442,7 +427,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         """`Trainer.train`; `resume_from_checkpoint=True` picks the newest *complete* checkpoint."""
         logger.setLevel(self.args.get_process_log_level())  # hf-seqrl's messages follow `log_level` as transformers' do
         if self.is_world_process_zero():
-            logger.info(f"{type(self).__name__}: {self.algorithm_name}, reward {self.reward_label}")
+            logger.info(f"{type(self).__name__}: {self.method.name}, reward {self.reward_label}")
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:

@@ -167,21 +167,20 @@ class PrefixCorruptionTrainer(InputScheduleTrainer):
     """
 
     config_class = PrefixCorruptionConfig
-    algorithm = "Prefix corruption"
     algorithm_id = "prefix_corruption"
-    method = Method("Prefix corruption", "prefix-corruption", "teacher forcing on decoder inputs whose tokens are "
+    prefix_corruption = Method("Prefix corruption", "prefix-corruption", "teacher forcing on decoder inputs whose tokens are "
                     "replaced, with a probability, by random tokens or the model's own predictions")
     noise_level_method = Method("Noise-level forcing", "noise-level-forcing", "teacher forcing on decoder inputs "
                                 "corrupted at an independent noise level per token", (CHEN_2024,))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.args.per_token_levels:
-            self.algorithm = "Noise-level forcing"
         self._vocabulary: torch.Tensor | None = None
 
-    def run_method(self) -> Method:
-        return self.noise_level_method if self.args.per_token_levels else self.method
+    @property
+    def method(self) -> Method:
+        """Noise-level forcing with `per_token_levels`, else prefix corruption."""
+        return self.noise_level_method if self.args.per_token_levels else self.prefix_corruption
 
     def corruption_rate(self) -> float:
         """Returns σ at the current step (or epoch), counted from the end of the warm-up."""
@@ -230,7 +229,6 @@ class KStepRolloutTrainer(InputScheduleTrainer):
     """
 
     config_class = KStepRolloutConfig
-    algorithm = "k-step rollout"
     algorithm_id = "kstep_rollout"
     method = Method("k-step rollout", "k-step-rollout", "cross-entropy of the gold tokens after the model ran on its "
                     "own outputs for up to k steps from gold anchors")

@@ -53,7 +53,6 @@ class MixerTrainer(BaselineTrainer):
 
     config_class = MixerConfig
     default_baseline = "moving_average"
-    algorithm = "MIXER"
     algorithm_id = "mixer"
     method = Method("MIXER", "mixer", "cross-entropy on the first tokens of each target and REINFORCE on the sampled "
                     "rest, the sampled part growing over training", (RANZATO_2016,))

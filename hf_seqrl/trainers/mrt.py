@@ -69,7 +69,6 @@ class MRTTrainer(RolloutTrainer):
     """
 
     config_class = MRTConfig
-    algorithm = "MRT"
     algorithm_id = "mrt"
     method = Method("Minimum risk training", "mrt", "the expected cost 1 - reward under the model's alpha-sharpened "
                     "distribution over each source's candidate set", (SHEN_2016,))

@@ -75,6 +75,15 @@ BASELINE_METHODS = {
 }
 
 
+def policy_gradient_method(baseline: str) -> Method:
+    """Returns what logs and cards say of a policy gradient with `baseline`: with the greedy baseline it is SCST,
+    with the leave-one-out mean REINFORCE with leave-one-out baseline, whichever trainer class runs it."""
+    method = BASELINE_METHODS.get(baseline) or Method(
+        f"REINFORCE with a {baseline} baseline", "reinforce", f"policy gradient with the `{baseline}` baseline",
+        (WILLIAMS_1992,))
+    return dataclasses.replace(method, baseline=baseline)
+
+
 class BaselineTrainer(RolloutTrainer):
     """A rewarded trainer whose samples are weighed by advantages over a baseline; `args` a `BaselineConfig`.
     Subclasses set `default_baseline` and implement `rl_loss` on `rollout_batch`."""
@@ -84,23 +93,6 @@ class BaselineTrainer(RolloutTrainer):
     # The checkpoint's dropout stays on (as TRL's default): SCST with it gained 1.06 dev BLEU on Multi30k and was level
     # on SciTLDR (docs/math.md, "Dropout and the estimator").
     default_disable_dropout = False
-    method = None  # named by the baseline that runs (`BASELINE_METHODS`) unless a subclass names its own
-
-    @classmethod
-    def method_for(cls, baseline: str | None = None) -> Method:
-        """Returns the policy gradient that `baseline` (default: the trainer's) makes of this trainer: the SCST trainer
-        with the leave-one-out baseline is REINFORCE with leave-one-out baseline, and any policy gradient with the
-        greedy baseline is SCST. A subclass with a `method` of its own (MIXER) is named by it."""
-        if cls.method is not None:
-            return cls.method
-        baseline = baseline if baseline not in (None, "", "None") else cls.default_baseline
-        method = BASELINE_METHODS.get(baseline) or Method(
-            f"REINFORCE with a {baseline} baseline", "reinforce", f"policy gradient with the `{baseline}` baseline",
-            (WILLIAMS_1992,))
-        return dataclasses.replace(method, baseline=baseline)
-
-    def run_method(self) -> Method:
-        return self.method_for(self.baseline)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -176,10 +168,14 @@ class SeqRLTrainer(BaselineTrainer):
     """Base of the policy-gradient trainers; same constructor as `Seq2SeqTrainer` plus `reward_funcs`, `args` a
     `SeqRLConfig`."""
 
-    algorithm = "Sequence-level RL"
     algorithm_id = "policy_gradient"
     config_class = SeqRLConfig
     model_families = ("seq2seq", "causal")
+
+    @property
+    def method(self) -> Method:
+        """The policy gradient the baseline makes of this trainer (`policy_gradient_method`)."""
+        return policy_gradient_method(self.baseline)
 
     def __init__(self, model=None, args: SeqRLConfig | None = None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_funcs=None, **kwargs):
@@ -263,7 +259,6 @@ class SCSTTrainer(SeqRLTrainer):
     """
 
     default_baseline = "greedy"
-    algorithm = "SCST"
     algorithm_id = "scst"
 
 
@@ -276,5 +271,4 @@ class ReinforceTrainer(SeqRLTrainer):
     """
 
     default_baseline = "moving_average"
-    algorithm = "REINFORCE"
     algorithm_id = "reinforce"

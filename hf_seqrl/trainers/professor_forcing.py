@@ -103,7 +103,6 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
     """
 
     config_class = ProfessorForcingConfig
-    algorithm = "Professor forcing"
     algorithm_id = "professor_forcing"
     method = Method("Professor forcing", "professor-forcing", "cross-entropy plus an adversarial loss that makes the "
                     "decoder's free-running hidden states look teacher-forced to a discriminator", (LAMB_2016,))

@@ -70,7 +70,6 @@ class ScheduledSamplingTrainer(InputScheduleTrainer):
     """
 
     config_class = ScheduledSamplingConfig
-    algorithm = "Scheduled sampling"
     algorithm_id = "scheduled_sampling"
     method = Method("Scheduled sampling", "scheduled-sampling", "cross-entropy on decoder inputs that mix gold tokens "
                     "with the model's own predictions, the gold share following a schedule",

@@ -27,7 +27,9 @@ from helpers import byt5_tokenizer, REPO, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.hub import project_url, render_model_card
 from hf_seqrl.trainers import (KStepRolloutTrainer, MixerTrainer, MRTTrainer, PrefixCorruptionTrainer,
-                               ProfessorForcingTrainer, ReinforceTrainer, ScheduledSamplingTrainer, SeqRLBaseTrainer)
+                               ProfessorForcingTrainer, ReinforceTrainer, ScheduledSamplingTrainer, SeqRLBaseTrainer,
+                               SeqRLTrainer)
+from hf_seqrl.trainers.policy_gradient import policy_gradient_method
 
 # Each trainer's label, and the trainer (or method) that carries its card metadata.
 TRAINERS = {"SCST": SCSTTrainer, "REINFORCE": ReinforceTrainer, "Scheduled sampling": ScheduledSamplingTrainer,
@@ -39,7 +41,13 @@ def method_of(algorithm, baseline=None):
     """Returns the card `Method` of the trainer labelled `algorithm` run with `baseline`."""
     if algorithm == "Noise-level forcing":  # the prefix-corruption trainer with per-token levels
         return PrefixCorruptionTrainer.noise_level_method
-    return TRAINERS[algorithm].method_for(baseline)
+    if algorithm == "Prefix corruption":
+        return PrefixCorruptionTrainer.prefix_corruption
+    trainer = TRAINERS[algorithm]
+    if issubclass(trainer, SeqRLTrainer):
+        return policy_gradient_method(trainer.default_baseline if baseline in (None, "None") else baseline)
+    return trainer.method
+
 
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"  # looks like a real token to any secret scanner
 
@@ -343,9 +351,9 @@ def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
 
     script = (
         "import hf_seqrl.hub as hub\n"
-        "from hf_seqrl.trainers import SCSTTrainer\n"
+        "from hf_seqrl.trainers.policy_gradient import policy_gradient_method\n"
         "print(hub.__file__)\n"
-        "print(hub.render_model_card(model_name='m', method=SCSTTrainer.method_for('mean'), reward='chrf_reward',\n"
+        "print(hub.render_model_card(model_name='m', method=policy_gradient_method('mean'), reward='chrf_reward',\n"
         "      settings={'num_samples': 4}, metrics={'eval_chrf': 40.0}, curve=[('rl/reward', 0.1, 0.3)]))\n"
     )
     # PYTHONPATH names only the installed copy, and the working directory is outside the checkout

@@ -171,7 +171,7 @@ def test_trains_and_logs_its_metrics(tmp_path, tokenizer, arch, variant):
     trainer = TRAINERS[kind](model=model, args=make_args(tmp_path, kind, max_steps=2, learning_rate=0.05, **settings),
                              train_dataset=toy_dataset(tokenizer, src, tgt), processing_class=tokenizer)
     trainer.train()
-    assert trainer.algorithm == ALGORITHMS[variant]
+    assert trainer.method.name == ALGORITHMS[variant]
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2 and all(h["rl/phase"] == 1.0 and torch.isfinite(torch.tensor(h["loss"])) for h in logs)
     assert any(not torch.equal(before[k], v) for k, v in params(model).items())

@@ -150,7 +150,7 @@ def test_trains_from_gold_prefixes_and_logs(tmp_path, tokenizer, arch, baseline)
                 assert rollout.greedy_ids[row, :length].tolist() == labels[row, :length].tolist()
     after = params(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert trainer.algorithm_name == "MIXER"
+    assert trainer.method.name == "MIXER"
 
 
 @pytest.mark.parametrize("field,value,message", [

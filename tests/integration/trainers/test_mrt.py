@@ -63,7 +63,7 @@ def test_mrt_trains_a_tiny_t5_and_logs_its_metrics(tmp_path, tokenizer):
                   kl_coef=0.05, entropy_coef=0.01, warmup_xe_steps=1)
     trainer = MRTTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=copy_dataset(tokenizer),
                          processing_class=tokenizer)
-    assert trainer.algorithm == "MRT" and trainer.run_method().baseline is None
+    assert trainer.method.name == "Minimum risk training" and trainer.method.baseline is None
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["rl/phase"] for h in logs] == [0.0, 1.0, 1.0]

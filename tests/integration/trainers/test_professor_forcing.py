@@ -62,7 +62,7 @@ def test_trains_and_logs(tmp_path, tokenizer, arch):
     after, d_after = state(model), state(trainer.discriminator)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert any(not torch.equal(d_before[k], d_after[k]) for k in d_before)
-    assert trainer.algorithm_name == "Professor forcing"
+    assert trainer.method.name == "Professor forcing"
 
 
 def test_adversarial_term_reaches_the_model(tmp_path, tokenizer):

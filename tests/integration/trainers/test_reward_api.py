@@ -255,7 +255,7 @@ def test_logs_name_the_algorithm_that_ran(tmp_path, tokenizer):
     src, tgt = toy_pairs(4, seed=1, alphabet="abcd", lengths=(2, 5))
     trainer = SCSTTrainer(model=tiny_model("t5"), args=args(tmp_path, baseline="mean", num_samples=2, log_level="info"),
                           reward_funcs="chrf", train_dataset=toy_dataset(tokenizer, src, tgt), processing_class=tokenizer)
-    assert trainer.algorithm_name == "REINFORCE with leave-one-out baseline"
+    assert trainer.method.name == "REINFORCE with leave-one-out baseline"
     records, handler = [], Keep()
     logging.getLogger("hf_seqrl").addHandler(handler)
     try:

@@ -91,7 +91,7 @@ def test_baselines(tmp_path, tokenizer, trainer_cls, baseline, expected):
     args = config(tmp_path, max_steps=3, baseline=baseline, num_samples=2)
     trainer = trainer_cls(model=model, args=args, reward_funcs="chrf", train_dataset=copy_dataset(tokenizer), processing_class=tokenizer)
     assert trainer.baseline == expected and trainer.ref_model is None
-    assert trainer.algorithm_name == {"moving_average": "REINFORCE with a moving-average baseline",
+    assert trainer.method.name == {"moving_average": "REINFORCE with a moving-average baseline",
                                       "greedy": "SCST", "none": "REINFORCE without baseline"}[expected]
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/reward" in h]
