@@ -55,12 +55,26 @@ def sequence_logprobs(
 LOSS_NORMALIZATIONS = ("sequence", "token")
 
 
-def check_loss_normalization(loss_normalization: str, length_normalize: bool) -> None:
-    """Raises a ValueError unless `loss_normalization` is known and, with `"token"`, `length_normalize` is off."""
+def check_loss_normalization(loss_normalization: str, length_normalize: bool, importance_sampling_level: str = "token",
+                             owner: str = "") -> None:
+    """Raises a ValueError unless the normalization settings go together: `loss_normalization` is known, `"token"`
+    goes without `length_normalize`, and the sequence-level ratio with `"sequence"` and no `length_normalize`. The
+    messages name the fields as `owner.field` (a config's class name) when `owner` is given."""
+    field = f"{owner}." if owner else ""
     if loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(f"loss_normalization={loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+        raise ValueError(f"{field}loss_normalization={loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"{field}importance_sampling_level={importance_sampling_level!r} is not one of "
+                         f"{IMPORTANCE_SAMPLING_LEVELS}.")
     if loss_normalization == "token" and length_normalize:
-        raise ValueError("loss_normalization='token' already divides by the token count: set length_normalize=False.")
+        raise ValueError(
+            f"{field}loss_normalization='token' already divides by the token count: set length_normalize=False, or "
+            "loss_normalization='sequence' for per-sequence means.")
+    if importance_sampling_level == "sequence" and (loss_normalization != "sequence" or length_normalize):
+        raise ValueError(
+            f"{field}importance_sampling_level='sequence' gives each sample one ratio, already a mean over its "
+            "tokens, and averages the clipped terms over samples: set loss_normalization='sequence' and "
+            "length_normalize=False (a token-level sum would weigh samples by their length).")
 
 
 def reduce_token_losses(
@@ -222,16 +236,11 @@ def clipped_policy_objective(
         importance_sampling_level (`str`): `"token"` or `"sequence"`.
         delta (`float`, *optional*): see `clipped_surrogate`.
     """
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level={importance_sampling_level!r} is not one of "
-                         f"{IMPORTANCE_SAMPLING_LEVELS}.")
+    check_loss_normalization(loss_normalization, length_normalize, importance_sampling_level)
     mask = token_mask.bool()
     # Masked positions (padding after EOS) may hold any log-prob; zero them so that exp never overflows there.
     log_ratio = (token_logprobs - old_token_logprobs.detach()).masked_fill(~mask, 0.0)
     if importance_sampling_level == "sequence":
-        if loss_normalization != "sequence" or length_normalize:
-            raise ValueError("importance_sampling_level='sequence' gives one ratio per sequence, a mean over its "
-                             "tokens: use loss_normalization='sequence' and length_normalize=False.")
         ratio = masked_mean(log_ratio, mask).exp()  # (B*n,)
         counted = mask.any(dim=-1)
         if advantages.dim() == 2:  # GSPO-token: s_it = sg[s_i] p_theta(y_it) / sg[p_theta(y_it)], equal in value to s_i

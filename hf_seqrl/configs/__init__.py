@@ -1,5 +1,5 @@
 """Training arguments of the trainers, one module by family: `base` (what every trainer shares), `rollout` (what
-every rewarded trainer shares, and the baselines and whole-sequence rollouts two of them share), `algorithms`
+every rewarded trainer shares, and the baselines the policy gradients share), `algorithms`
 (`SeqRLConfig`, `MRTConfig`, `MixerConfig`), `inputs` (the input-schedule and professor-forcing configs).
 
 Every dataclass extends `transformers.Seq2SeqTrainingArguments`, so every standard field (logging, `report_to`,
@@ -11,8 +11,7 @@ with messages that name the field and the fix.
 from .algorithms import MixerConfig, MRTConfig, SeqRLConfig
 from .base import SeqRLBaseConfig
 from .inputs import KStepRolloutConfig, PrefixCorruptionConfig, ProfessorForcingConfig, ScheduledSamplingConfig
-from .rollout import BaselineConfig, RolloutConfig, SequenceRolloutConfig
+from .rollout import BaselineConfig, RolloutConfig
 
 __all__ = ["BaselineConfig", "KStepRolloutConfig", "MRTConfig", "MixerConfig", "PrefixCorruptionConfig",
-           "ProfessorForcingConfig", "RolloutConfig", "ScheduledSamplingConfig", "SeqRLBaseConfig", "SeqRLConfig",
-           "SequenceRolloutConfig"]
+           "ProfessorForcingConfig", "RolloutConfig", "ScheduledSamplingConfig", "SeqRLBaseConfig", "SeqRLConfig"]

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_NORMALIZATIONS
+from ..losses import check_loss_normalization
 from .base import check_at_least, check_choice
-from .rollout import BaselineConfig, SequenceRolloutConfig
+from .rollout import BaselineConfig, RolloutConfig
 
 MRT_CANDIDATES = ("sample", "beam", "sample+beam")
 
 
 @dataclass
-class SeqRLConfig(BaselineConfig, SequenceRolloutConfig):
+class SeqRLConfig(BaselineConfig):
     r"""
-    Arguments of [`ReinforceTrainer`] and [`SCSTTrainer`]: [`BaselineConfig`] and [`SequenceRolloutConfig`] (on top of
-    [`RolloutConfig`]), plus how the policy gradient adds up and reuses rollouts.
+    Arguments of [`ReinforceTrainer`] and [`SCSTTrainer`]: [`BaselineConfig`] (on top of [`RolloutConfig`]), plus how
+    the policy gradient adds up and reuses rollouts.
 
     loss_normalization (`str`, *optional*, defaults to `"sequence"`):
         How per-token terms of the policy gradient add up to the loss. `"sequence"`: mean over sequences of each
@@ -58,11 +58,8 @@ class SeqRLConfig(BaselineConfig, SequenceRolloutConfig):
     def __post_init__(self):
         super().__post_init__()
         name = type(self).__name__
-        check_choice(self, "loss_normalization", LOSS_NORMALIZATIONS)
-        if self.loss_normalization == "token" and self.length_normalize:
-            raise ValueError(
-                f"{name}.loss_normalization='token' already divides by the token count: set "
-                "length_normalize=False, or loss_normalization='sequence' for per-sequence means.")
+        check_loss_normalization(self.loss_normalization, self.length_normalize, self.importance_sampling_level,
+                                 owner=name)
         if self.num_iterations < 1:
             raise ValueError(
                 f"{name}.num_iterations must be >= 1 (optimizer steps per rollout), got {self.num_iterations}.")
@@ -70,13 +67,6 @@ class SeqRLConfig(BaselineConfig, SequenceRolloutConfig):
             raise ValueError(f"{name}.epsilon must be > 0 (the clipping range), got {self.epsilon}.")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ValueError(f"{name}.epsilon_high must be > 0 or None (= epsilon), got {self.epsilon_high}.")
-        check_choice(self, "importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
-        if self.importance_sampling_level == "sequence" and (self.loss_normalization != "sequence"
-                                                             or self.length_normalize):
-            raise ValueError(
-                f"{name}.importance_sampling_level='sequence' gives each sample one ratio, already a mean over its "
-                "tokens, and averages the clipped terms over samples: set loss_normalization='sequence' and "
-                "length_normalize=False (a token-level sum would weigh samples by their length).")
         high = self.epsilon if self.epsilon_high is None else self.epsilon_high
         if self.delta is not None and not self.delta > 1 + high:
             raise ValueError(f"{name}.delta={self.delta} must exceed 1 + epsilon_high = {1 + high} (the band's top), "
@@ -84,9 +74,9 @@ class SeqRLConfig(BaselineConfig, SequenceRolloutConfig):
 
 
 @dataclass
-class MRTConfig(SequenceRolloutConfig):
+class MRTConfig(RolloutConfig):
     r"""
-    Arguments of [`MRTTrainer`] (minimum risk training), on top of [`SequenceRolloutConfig`].
+    Arguments of [`MRTTrainer`] (minimum risk training), on top of [`RolloutConfig`].
 
     The candidate set `S` of a source is its `num_samples` samples, plus its greedy decode and its reference when
     asked, each distinct token sequence counted once. The loss is the risk `sum_{y in S} Q(y) (1 - r(y))`,
@@ -165,7 +155,9 @@ class MixerConfig(BaselineConfig):
     from the same prefix). Δ starts at `mixer_delta` and grows by `mixer_delta` every `mixer_increment_steps`
     optimizer steps after the warm-up, until whole sequences are sampled (then the loss is REINFORCE's). Per row the
     loss is `-Σ_{t<T-Δ} log p(y*_t) - A · Σ_{t>=T-Δ} log p(ŷ_t)` (sums over tokens), averaged over rows, and mixed
-    with the whole target's cross-entropy by `rl_weight`. Each micro-batch decodes its own continuations, once.
+    with the whole target's cross-entropy by `rl_weight`. Each micro-batch decodes its own continuations, once: the
+    fields of whole-sequence rollouts (`steps_per_generation`, `generation_batch_size`, `length_normalize`) are
+    refused.
 
     mixer_delta (`int`, *optional*, defaults to `2`):
         Δ at the start, and its increment.
@@ -182,3 +174,11 @@ class MixerConfig(BaselineConfig):
             raise ValueError(f"MixerConfig.mixer_delta must be >= 1 (tokens sampled from the end), got "
                              f"{self.mixer_delta}.")
         check_at_least(self, "mixer_increment_steps", 1)
+        for name, default in (("steps_per_generation", None), ("generation_batch_size", None),
+                              ("length_normalize", False)):
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"MixerConfig.{name}={getattr(self, name)!r}: MIXER continues each micro-batch's own gold "
+                    "prefixes, decoded when the micro-batch trains, and sums the continuation's log-probs; decoding "
+                    f"ahead and length normalization do not apply. Leave {name} at {default!r} (SeqRLConfig and "
+                    "MRTConfig take it).")

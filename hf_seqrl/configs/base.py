@@ -1,5 +1,5 @@
-"""The fields every trainer shares (`SeqRLBaseConfig`) and those of every trainer that decodes on its own
-(`FreeRunningConfig`), with the checks the configs share."""
+"""The fields every trainer shares (`SeqRLBaseConfig`), the length limit of every trainer that decodes on its own
+(`max_new_tokens_field`), and the checks the configs share."""
 
 from __future__ import annotations
 
@@ -121,19 +121,13 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
                              f"got {self.model_init_kwargs!r}.")
 
 
-@dataclass
-class FreeRunningConfig(SeqRLBaseConfig):
-    r"""
-    The length limit of a trainer that decodes its own outputs during training, on top of [`SeqRLBaseConfig`].
+# The length limit of a trainer that decodes its own outputs during training (the rewarded trainers, professor
+# forcing): one declaration and one check for the configs that hold it.
+def max_new_tokens_field():
+    """Returns the dataclass field `max_new_tokens` of a config whose trainer decodes during training."""
+    return field(default=None, metadata={"help": "Length limit of the sequences the model writes during training."})
 
-    max_new_tokens (`int`, *optional*, defaults to `None`):
-        Length limit of the sequences the model writes during training; `None` takes `generation_max_length`, then
-        the model's default.
-    """
 
-    max_new_tokens: int | None = field(default=None, metadata={"help": "Length limit of the sequences the model "
-                                                                       "writes during training."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_at_least(self, "max_new_tokens", 1, none_ok=True)
+def check_max_new_tokens(config) -> None:
+    """Raises a ValueError naming `config`'s class unless its `max_new_tokens` is None or >= 1."""
+    check_at_least(config, "max_new_tokens", 1, none_ok=True)

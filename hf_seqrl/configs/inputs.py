@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schedules import SCHEDULES
-from .base import FreeRunningConfig, SeqRLBaseConfig, check_choice
+from .base import SeqRLBaseConfig, check_choice, check_max_new_tokens, max_new_tokens_field
 
 SAMPLING = ("argmax", "sample")
 SCHEDULE_UNITS = ("step", "epoch")
@@ -32,9 +32,9 @@ class OwnTokensConfig(SeqRLBaseConfig):
 
 
 @dataclass
-class ScheduleConfig(SeqRLBaseConfig):
+class ScheduleConfig(OwnTokensConfig):
     r"""
-    The schedule of a trainer's mixing rate over training, on top of [`SeqRLBaseConfig`]; each trainer says what its
+    The schedule of a trainer's mixing rate over training, on top of [`OwnTokensConfig`]; each trainer says what its
     rate is.
 
     schedule (`str`, *optional*, defaults to `"linear"`):
@@ -62,7 +62,7 @@ class ScheduleConfig(SeqRLBaseConfig):
 
 
 @dataclass
-class ScheduledSamplingConfig(ScheduleConfig, OwnTokensConfig):
+class ScheduledSamplingConfig(ScheduleConfig):
     r"""
     Arguments of [`ScheduledSamplingTrainer`]: [`ScheduleConfig`] (how the teacher-forcing ratio ε, the probability
     of feeding the gold token, decays) and [`OwnTokensConfig`] (how pass 1 picks the model's token), plus:
@@ -80,7 +80,7 @@ class ScheduledSamplingConfig(ScheduleConfig, OwnTokensConfig):
 
 
 @dataclass
-class PrefixCorruptionConfig(ScheduleConfig, OwnTokensConfig):
+class PrefixCorruptionConfig(ScheduleConfig):
     r"""
     Arguments of [`PrefixCorruptionTrainer`] (prefix corruption and noise-level forcing): [`ScheduleConfig`] and
     [`OwnTokensConfig`] (with `replacement="model"`, how the model's token is picked), plus the fields below.
@@ -146,11 +146,14 @@ class KStepRolloutConfig(OwnTokensConfig):
 
 
 @dataclass
-class ProfessorForcingConfig(FreeRunningConfig, OwnTokensConfig):
+class ProfessorForcingConfig(OwnTokensConfig):
     r"""
-    Arguments of [`ProfessorForcingTrainer`]: [`FreeRunningConfig`] (the free-running outputs' length limit) and
-    [`OwnTokensConfig`] (how the model writes them), plus:
+    Arguments of [`ProfessorForcingTrainer`]: [`OwnTokensConfig`] (how the model writes its free-running outputs),
+    plus:
 
+    max_new_tokens (`int`, *optional*, defaults to `None`):
+        Length limit of the sequences the model writes during training; `None` takes `generation_max_length`, then
+        the model's default.
     adversarial_weight (`float`, *optional*, defaults to `1.0`):
         The model's loss is `cross-entropy + adversarial_weight * adversarial loss` (Lamb et al., 2016).
     discriminator (`str`, *optional*, defaults to `"gru"`):
@@ -162,6 +165,7 @@ class ProfessorForcingConfig(FreeRunningConfig, OwnTokensConfig):
         Learning rate of the discriminator's own Adam optimizer (one update per training batch).
     """
 
+    max_new_tokens: int | None = max_new_tokens_field()
     adversarial_weight: float = field(default=1.0, metadata={"help": "Weight of the adversarial loss."})
     discriminator: str = field(default="gru", metadata={"help": "gru | transformer"})
     discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator."})
@@ -169,6 +173,7 @@ class ProfessorForcingConfig(FreeRunningConfig, OwnTokensConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        check_max_new_tokens(self)
         if self.adversarial_weight < 0:
             raise ValueError(f"ProfessorForcingConfig.adversarial_weight must be >= 0, got {self.adversarial_weight}.")
         check_choice(self, "discriminator", ("gru", "transformer"))

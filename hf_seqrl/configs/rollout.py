@@ -1,7 +1,6 @@
-"""What the rewarded trainers share: `RolloutConfig` (rewards, sampling, mixing, entropy, KL, sample logs) for all of
-them, `BaselineConfig` (baselines and advantages) for the policy gradients (`SeqRLConfig`, `MixerConfig`) and
-`SequenceRolloutConfig` (whole sequences drawn from the source alone: decoded ahead, scored by sum or mean) for
-`SeqRLConfig` and `MRTConfig`."""
+"""What the rewarded trainers share, one linear chain: `RolloutConfig` (rewards, sampling, decoding ahead, mixing,
+entropy, KL, sample logs) for all of them, then `BaselineConfig` (baselines and advantages) for the policy gradients
+(`SeqRLConfig`, `MixerConfig`)."""
 
 from __future__ import annotations
 
@@ -9,13 +8,13 @@ import math
 from dataclasses import dataclass, field
 
 from ..functional.advantages import AGGREGATIONS, BASELINES, SCALINGS as SCALE_REWARDS, AdvantageSettings
-from .base import FreeRunningConfig, check_at_least, check_choice
+from .base import SeqRLBaseConfig, check_at_least, check_choice, check_max_new_tokens, max_new_tokens_field
 
 
 @dataclass
-class RolloutConfig(FreeRunningConfig):
+class RolloutConfig(SeqRLBaseConfig):
     r"""
-    What every rewarded trainer (SCST, REINFORCE, MRT, MIXER) shares, on top of [`FreeRunningConfig`]. Every field is
+    What every rewarded trainer (SCST, REINFORCE, MRT, MIXER) shares, on top of [`SeqRLBaseConfig`]. Every field is
     plain data (JSON, pickle); the rewards themselves are a trainer argument, `reward_funcs`.
 
     > Reward
@@ -73,6 +72,25 @@ class RolloutConfig(FreeRunningConfig):
     num_completions_to_print (`int`, *optional*, defaults to `None`):
         Rows of that table printed on the console (TRL's name); `None` prints every row, `0` none (the file and the
         integrations still get every row).
+
+    > Length and decoding ahead
+
+    max_new_tokens (`int`, *optional*, defaults to `None`):
+        Length limit of the sequences the model writes during training; `None` takes `generation_max_length`, then
+        the model's default.
+    steps_per_generation (`int`, *optional*, defaults to `None`):
+        Micro-batches whose rollouts one decode serves (TRL's name). With gradient accumulation, the sources of
+        `steps_per_generation` consecutive micro-batches of an optimizer step are decoded together before the first
+        of them trains, which reads the weights once per token for all of them; each micro-batch then scores and
+        trains on its own samples as before. Must divide `gradient_accumulation_steps`. `None` (or 1): every
+        micro-batch decodes on its own (TRL's default is `gradient_accumulation_steps`). Either way each sample row
+        draws from its own key (seed, process, optimizer step, row), so the samples and gradients do not depend on
+        this setting.
+    generation_batch_size (`int`, *optional*, defaults to `None`):
+        The same in sources over all processes: `per_device_train_batch_size` × processes × `steps_per_generation`
+        (TRL's name; TRL counts completions, hf-seqrl sources). Set either; `generation_steps` is what they mean.
+    length_normalize (`bool`, *optional*, defaults to `False`):
+        Score a sequence by the mean instead of the sum of its token log-probs (in the policy gradient; in MRT's `Q`).
     """
 
     reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights of the reward_funcs."})
@@ -93,6 +111,12 @@ class RolloutConfig(FreeRunningConfig):
                                                                     "log (output_dir/completions/step-N.jsonl)."})
     num_completions_to_print: int | None = field(default=None, metadata={"help": "Sample rows printed at each log "
                                                                                   "(None: all)."})
+    max_new_tokens: int | None = max_new_tokens_field()
+    steps_per_generation: int | None = field(default=None, metadata={"help": "Micro-batches decoded together (must "
+                                                                              "divide gradient_accumulation_steps)."})
+    generation_batch_size: int | None = field(default=None, metadata={"help": "Sources decoded together over all "
+                                                                               "processes (or steps_per_generation)."})
+    length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,6 +141,8 @@ class RolloutConfig(FreeRunningConfig):
         if self.entropy_coef < 0 or self.kl_coef < 0:
             raise ValueError(f"{name}.entropy_coef and kl_coef must be >= 0.")
         check_choice(self, "nonfinite_rewards", ("error", "drop"))
+        check_max_new_tokens(self)
+        self._generation_steps = self.resolve_generation_steps()
         if self.num_completions_to_print is not None and (isinstance(self.num_completions_to_print, bool) or
                                                           int(self.num_completions_to_print) < 0):
             raise ValueError(
@@ -129,9 +155,36 @@ class RolloutConfig(FreeRunningConfig):
 
     @property
     def generation_steps(self) -> int:
-        """Returns the micro-batches one rollout decode serves: 1 unless the config decodes ahead
-        (`SequenceRolloutConfig`)."""
-        return 1
+        """Returns the micro-batches one rollout decode serves: `steps_per_generation`, or what
+        `generation_batch_size` means on this run's processes, else 1 (the fields keep what the user set)."""
+        return self._generation_steps
+
+    def resolve_generation_steps(self) -> int:
+        """Returns `generation_steps` from `steps_per_generation` or `generation_batch_size`, checking that they agree
+        with each other and with the batch and accumulation sizes."""
+        name = type(self).__name__
+        if self.steps_per_generation is None and self.generation_batch_size is None:
+            return 1
+        per_step = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size is not None:
+            if self.generation_batch_size < 1 or self.generation_batch_size % per_step:
+                raise ValueError(
+                    f"{name}.generation_batch_size={self.generation_batch_size} must be a multiple of "
+                    f"per_device_train_batch_size x processes = {per_step}: set it to {per_step} x the micro-batches "
+                    "one decode serves, or set steps_per_generation instead.")
+            derived = self.generation_batch_size // per_step
+            if self.steps_per_generation not in (None, derived):
+                raise ValueError(
+                    f"{name}.generation_batch_size={self.generation_batch_size} means steps_per_generation={derived} "
+                    f"(with {per_step} sources per micro-batch over all processes), but steps_per_generation="
+                    f"{self.steps_per_generation}: set only one of the two.")
+        steps = self.steps_per_generation if self.generation_batch_size is None else derived
+        if steps < 1 or self.gradient_accumulation_steps % steps:
+            raise ValueError(
+                f"{name}.steps_per_generation={steps} must divide gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}: one decode serves micro-batches of one optimizer step (for "
+                "rollouts that serve several optimizer steps, use num_iterations).")
+        return steps
 
 
 @dataclass
@@ -202,12 +255,7 @@ class BaselineConfig(RolloutConfig):
         if not 0.0 <= self.baseline_ema_decay < 1.0:
             raise ValueError(f"{name}.baseline_ema_decay must be in [0, 1), got {self.baseline_ema_decay}.")
         check_choice(self, "multi_objective_aggregation", AGGREGATIONS)
-        if self.multi_objective_aggregation == "normalize_then_sum" and (
-                self.num_samples < 2 or self.baseline == "moving_average"):
-            raise ValueError(
-                f"{name}.multi_objective_aggregation='normalize_then_sum' divides each reward's advantages by their "
-                f"std over a source's samples: it needs num_samples >= 2 (got {self.num_samples}) and a per-source "
-                f"baseline ('greedy', 'mean' or 'none'; got {self.baseline!r}).")
+        check_aggregation(self, self.baseline)
 
     def advantage_settings(self, baseline: str) -> AdvantageSettings:
         """Returns what `hf_seqrl.functional.advantages.sample_advantages` reads of this config, with `baseline` (the
@@ -216,66 +264,14 @@ class BaselineConfig(RolloutConfig):
                                  self.multi_objective_aggregation, self.mask_truncated_completions)
 
 
-@dataclass
-class SequenceRolloutConfig(RolloutConfig):
-    r"""
-    Whole sequences drawn from the source alone (SCST, REINFORCE, MRT): decoded ahead for several micro-batches,
-    scored by the sum or the mean of their token log-probs; on top of [`RolloutConfig`].
-
-    steps_per_generation (`int`, *optional*, defaults to `None`):
-        Micro-batches whose rollouts one decode serves (TRL's name). With gradient accumulation, the sources of
-        `steps_per_generation` consecutive micro-batches of an optimizer step are decoded together before the first
-        of them trains, which reads the weights once per token for all of them; each micro-batch then scores and
-        trains on its own samples as before. Must divide `gradient_accumulation_steps`. `None` (or 1): every
-        micro-batch decodes on its own (TRL's default is `gradient_accumulation_steps`). Either way each sample row
-        draws from its own key (seed, process, optimizer step, row), so the samples and gradients do not depend on
-        this setting.
-    generation_batch_size (`int`, *optional*, defaults to `None`):
-        The same in sources over all processes: `per_device_train_batch_size` × processes × `steps_per_generation`
-        (TRL's name; TRL counts completions, hf-seqrl sources). Set either; `generation_steps` is what they mean.
-    length_normalize (`bool`, *optional*, defaults to `False`):
-        Score a sequence by the mean instead of the sum of its token log-probs (in the policy gradient; in MRT's `Q`).
-    """
-
-    steps_per_generation: int | None = field(default=None, metadata={"help": "Micro-batches decoded together (must "
-                                                                              "divide gradient_accumulation_steps)."})
-    generation_batch_size: int | None = field(default=None, metadata={"help": "Sources decoded together over all "
-                                                                               "processes (or steps_per_generation)."})
-    length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        self._generation_steps = self.resolve_generation_steps()
-
-    @property
-    def generation_steps(self) -> int:
-        """Returns the micro-batches one rollout decode serves: `steps_per_generation`, or what
-        `generation_batch_size` means on this run's processes, else 1 (the fields keep what the user set)."""
-        return self._generation_steps
-
-    def resolve_generation_steps(self) -> int:
-        """Returns `generation_steps` from `steps_per_generation` or `generation_batch_size`, checking that they agree
-        with each other and with the batch and accumulation sizes."""
-        name = type(self).__name__
-        if self.steps_per_generation is None and self.generation_batch_size is None:
-            return 1
-        per_step = self.per_device_train_batch_size * self.world_size
-        if self.generation_batch_size is not None:
-            if self.generation_batch_size < 1 or self.generation_batch_size % per_step:
-                raise ValueError(
-                    f"{name}.generation_batch_size={self.generation_batch_size} must be a multiple of "
-                    f"per_device_train_batch_size x processes = {per_step}: set it to {per_step} x the micro-batches "
-                    "one decode serves, or set steps_per_generation instead.")
-            derived = self.generation_batch_size // per_step
-            if self.steps_per_generation not in (None, derived):
-                raise ValueError(
-                    f"{name}.generation_batch_size={self.generation_batch_size} means steps_per_generation={derived} "
-                    f"(with {per_step} sources per micro-batch over all processes), but steps_per_generation="
-                    f"{self.steps_per_generation}: set only one of the two.")
-        steps = self.steps_per_generation if self.generation_batch_size is None else derived
-        if steps < 1 or self.gradient_accumulation_steps % steps:
-            raise ValueError(
-                f"{name}.steps_per_generation={steps} must divide gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps}: one decode serves micro-batches of one optimizer step (for "
-                "rollouts that serve several optimizer steps, use num_iterations).")
-        return steps
+def check_aggregation(config: BaselineConfig, baseline: str | None) -> None:
+    """Raises a ValueError naming `config`'s class unless its `multi_objective_aggregation` applies with `baseline`
+    (the config's, or the trainer's default when the config leaves it to the trainer): `"normalize_then_sum"` needs
+    `num_samples >= 2` and a per-source baseline."""
+    if config.multi_objective_aggregation == "normalize_then_sum" and (
+            config.num_samples < 2 or baseline == "moving_average"):
+        whose = "" if config.baseline is not None or baseline is None else " (the trainer's default: set baseline=)"
+        raise ValueError(
+            f"{type(config).__name__}.multi_objective_aggregation='normalize_then_sum' divides each reward's "
+            f"advantages by their std over a source's samples: it needs num_samples >= 2 (got {config.num_samples}) "
+            f"and a per-source baseline ('greedy', 'mean' or 'none'), and the baseline is {baseline!r}{whose}.")

@@ -87,8 +87,9 @@ def is_comet_checkpoint(name: Any) -> bool:
         os.path.isfile(os.path.join(path, "checkpoints", "model.ckpt"))
 
 
-def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None:
-    """Raises a clear error if `spec` (what `reward_funcs` takes) or `weights` is invalid.
+def check_reward_spec(spec: Any, weights: Sequence[float] | None = None, weights_field: str = "reward_weights") -> None:
+    """Raises a clear error if `spec` (what `reward_funcs` takes) or `weights` is invalid; `weights_field` is what the
+    messages call the weights (a trainer passes its config's `"SeqRLConfig.reward_weights"`, `"MRTConfig..."`).
 
     Built-in names are checked without importing the metric libraries.
     """
@@ -123,11 +124,11 @@ def check_reward_spec(spec: Any, weights: Sequence[float] | None = None) -> None
     if weights is not None:
         if len(weights) != len(items):
             raise ValueError(
-                f"SeqRLConfig.reward_weights has {len(weights)} values for {len(items)} reward_funcs: give one weight "
+                f"{weights_field} has {len(weights)} values for {len(items)} reward_funcs: give one weight "
                 "per reward, or None for equal weights."
             )
         if any(not math.isfinite(float(w)) for w in weights):
-            raise ValueError("SeqRLConfig.reward_weights must be finite numbers.")
+            raise ValueError(f"{weights_field} must be finite numbers.")
 
 
 def reward_name(reward: Any) -> str:
@@ -406,11 +407,12 @@ def best_per_owner(values: Sequence[float], owners: Sequence[int], count: int) -
     return best
 
 
-def check_finite(values: Sequence[float | None], name: str) -> None:
-    """Raises a clear error if any reward value is NaN or inf (`None`, a reward that does not apply, is fine)."""
+def check_finite(values: Sequence[float | None], name: str, config: str = "the trainer's config") -> None:
+    """Raises a clear error if any reward value is NaN or inf (`None`, a reward that does not apply, is fine);
+    `config` names the config class whose `nonfinite_rewards` the message suggests."""
     bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
     if bad:
         raise ValueError(
             f"reward {name!r} returned non-finite values (NaN or inf) at sample indices {bad[:10]}: fix the reward, "
-            "or set SeqRLConfig.nonfinite_rewards='drop' to give those samples zero advantage."
+            f"or set {config}.nonfinite_rewards='drop' to leave those samples out of the loss."
         )

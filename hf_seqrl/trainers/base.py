@@ -111,6 +111,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     model_families: tuple[str, ...] = ("seq2seq",)
     # What `disable_dropout=None` means for this trainer (`SeqRLBaseConfig.disable_dropout`).
     default_disable_dropout = False
+    reward_label = "none (cross-entropy)"  # a rewarded trainer names its reward
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, peft_config=None, **kwargs):
@@ -163,7 +164,6 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         data_collator.tokenizer_outputs |= tokenizer_outputs(processing_class) - data_collator.model_input_names
         self._model_input_names = set(data_collator.model_input_names)
         self.family = family
-        self.reward_label = "none (cross-entropy)"  # a rewarded trainer names its reward
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.generation_kwargs: dict = {}  # what the running `evaluate` / `predict` generates with
         # What shaped the text before this trainer saw it (a pipeline's source prefix or prompt template), saved with

@@ -20,8 +20,7 @@ from ..hub import Method, Paper
 from ..models.base import decode_budget, pad_id, right_pad
 from ..schedules import mixer_delta
 from ..types import BatchText, Rollout
-from .policy_gradient import BaselineTrainer
-from .rollout import RolloutPlan
+from .rollout import RolloutPlan, RolloutTrainer
 
 RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",
                      title="Sequence Level Training with Recurrent Neural Networks", citation="""\
@@ -43,7 +42,7 @@ def prefix_lengths(labels: torch.Tensor, delta: int) -> torch.Tensor:
     return ((labels != -100).sum(dim=1) - delta).clamp(min=0)
 
 
-class MixerTrainer(BaselineTrainer):
+class MixerTrainer(RolloutTrainer):
     """MIXER (Ranzato et al., 2016): cross-entropy on the first `T - Δ` gold tokens of each target and REINFORCE on
     the model's continuation of that prefix, rewarded as a whole sequence; Δ grows by `mixer_delta` every
     `mixer_increment_steps` optimizer steps. Any baseline of `BaselineConfig` (default: moving average); with Δ at
@@ -53,6 +52,7 @@ class MixerTrainer(BaselineTrainer):
 
     config_class = MixerConfig
     default_baseline = "moving_average"
+    default_disable_dropout = False  # the policy gradient's choice (`SeqRLTrainer`)
     algorithm_id = "mixer"
     method = Method("MIXER", "mixer", "cross-entropy on the first tokens of each target and REINFORCE on the sampled "
                     "rest, the sampled part growing over training", (RANZATO_2016,))

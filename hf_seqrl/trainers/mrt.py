@@ -156,7 +156,7 @@ class MRTTrainer(RolloutTrainer):
             xe_loss = self.gold_cross_entropy(scored, xe_labels)
         samples = candidates.select(is_drawn)
         drawn_mask = token_mask[is_drawn]
-        metrics = self.sample_metrics(samples, samples.left_out, drawn_mask, drawn_cut,
+        metrics = self.rewards.metrics(samples, samples.left_out, drawn_mask, drawn_cut,
                                       per_candidate.select(is_drawn.tolist()))
         if self.completions is not None:  # the drawn candidates' rows; no baseline or advantage in MRT
             self.record_completions(inputs, text, samples, drawn_cut, unwrapped, greedy_ids=greedy_ids)

@@ -1,7 +1,8 @@
-"""The policy-gradient trainers: `BaselineTrainer` (rewards → baseline → advantages, shared with MIXER),
-`SeqRLTrainer` (the policy gradient, clipped on reused rollouts), `SCSTTrainer` and `ReinforceTrainer`.
+"""The policy-gradient trainers: `SeqRLTrainer` (the policy gradient, clipped on reused rollouts), `SCSTTrainer` and
+`ReinforceTrainer`.
 
-One RL step follows the diagram of docs/architecture.md: rollout → rewards → baseline → advantages (`BaselineTrainer`) →
+One RL step follows the diagram of docs/architecture.md: rollout → rewards → baseline → advantages
+(`RolloutTrainer.rollout_batch`) →
 log-probs → policy-gradient loss mixed with cross-entropy (+ KL, − entropy; `RolloutTrainer.finish_loss`). The
 baseline decides the algorithm's name (`BASELINE_METHODS`): a policy gradient with the greedy baseline is SCST, with
 the leave-one-out mean REINFORCE with leave-one-out baseline. The math lives in `hf_seqrl.losses`, decoding and
@@ -14,15 +15,12 @@ from __future__ import annotations
 import dataclasses
 from contextlib import nullcontext
 
-import torch
 
 from .. import losses
-from ..functional import advantages as functional_advantages
-from ..configs import BaselineConfig, SeqRLConfig
+from ..configs import SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import replayed_rng
-from ..rewards import part_weights
-from ..types import BatchText, RewardValues, Rollout, RolloutBatch, repeat_rows
+from ..types import BatchText, RolloutBatch
 from .reuse import RolloutReuse
 from .rollout import RolloutPlan, RolloutTrainer
 
@@ -84,93 +82,17 @@ def policy_gradient_method(baseline: str) -> Method:
     return dataclasses.replace(method, baseline=baseline)
 
 
-class BaselineTrainer(RolloutTrainer):
-    """A rewarded trainer whose samples are weighed by advantages over a baseline; `args` a `BaselineConfig`.
-    Subclasses set `default_baseline` and implement `rl_loss` on `rollout_batch`."""
-
-    config_class = BaselineConfig
-    default_baseline = "greedy"
-    # The checkpoint's dropout stays on (as TRL's default): SCST with it gained 1.06 dev BLEU on Multi30k and was level
-    # on SciTLDR (docs/math.md, "Dropout and the estimator").
-    default_disable_dropout = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.baseline = self.args.baseline or self.default_baseline
-        self.baseline_ema: float | None = None
-        if self.args.multi_objective_aggregation == "normalize_then_sum" and self.baseline == "moving_average":
-            raise ValueError(
-                f"{type(self).__name__}'s baseline is 'moving_average', which multi_objective_aggregation="
-                "'normalize_then_sum' cannot apply to each reward: set baseline='mean', 'greedy' or 'none'.")
-
-    def rollout_plan(self) -> RolloutPlan | None:
-        plan = super().rollout_plan()
-        return plan and plan._replace(greedy=self.baseline == "greedy")
-
-    def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
-        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
-        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). The advantages are
-        `hf_seqrl.functional.advantages.sample_advantages`: a sample left out (no reward applies, a dropped non-finite
-        one, or its source's greedy reward is missing) gets no advantage and no row in the loss, and counts in no
-        other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
-        processes."""
-        args, n = self.args, rollout.num_samples
-        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
-        greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
-        settings = args.advantage_settings(self.baseline)
-        parts = greedy_parts = weights = None
-        if settings.aggregation == "normalize_then_sum":
-            parts, weights = self.part_tensors(samples)
-            greedy_parts = None if greedy is None else self.part_tensors(greedy)[0]
-        result = functional_advantages.sample_advantages(
-            samples.rewards, samples.left_out, n, settings, truncated=rollout.sample_cut,
-            greedy=None if greedy is None else greedy.rewards, greedy_left_out=None if greedy is None else greedy.left_out,
-            parts=parts, greedy_parts=greedy_parts, weights=weights, moving_average=self.baseline_ema,
-            add_up=self.add_up_over_processes)
-        adv, baselines, kept = result
-        if self.baseline == "moving_average" and kept.any():
-            self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
-                                                      args.baseline_ema_decay)
-        metrics = self.sample_metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
-        if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
-            metrics.update({
-                "rl/baseline_reward": baselines[kept].mean().item(),
-                "rl/advantage_abs": adv[kept].abs().mean().item(),
-                "rl/advantage_mean": adv[kept].mean().item(),
-                "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
-            })
-        if self.completions is not None:
-            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
-                                    rollout.greedy_ids)
-        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept)
-
-    def add_up_over_processes(self, totals: torch.Tensor) -> torch.Tensor:
-        """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
-        return self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
-
-    def part_tensors(self, values: RewardValues) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns each reward's values `(K, N)` (NaN where it gives none) and the rewards' weights `(K,)`."""
-        weights = part_weights(self.local_reward_fn, values.parts)
-        part_rewards = values.part_rewards()
-        stacked = torch.stack([part_rewards[name] for name in values.parts])
-        return stacked, torch.tensor([weights[name] for name in values.parts], dtype=torch.float32,
-                                     device=stacked.device)
-
-    def extra_state(self) -> dict:
-        return {**super().extra_state(), "baseline_ema": self.baseline_ema, "baseline": self.baseline}
-
-    def load_extra_state(self, state: dict) -> None:
-        super().load_extra_state(state)
-        self.baseline_ema = state.get("baseline_ema")
-
-
-class SeqRLTrainer(BaselineTrainer):
+class SeqRLTrainer(RolloutTrainer):
     """Base of the policy-gradient trainers; same constructor as `Seq2SeqTrainer` plus `reward_funcs`, `args` a
     `SeqRLConfig`."""
 
     algorithm_id = "policy_gradient"
     config_class = SeqRLConfig
     model_families = ("seq2seq", "causal")
+    default_baseline = "greedy"
+    # The checkpoint's dropout stays on (as TRL's default): SCST with it gained 1.06 dev BLEU on Multi30k and was level
+    # on SciTLDR (docs/math.md, "Dropout and the estimator").
+    default_disable_dropout = False
 
     @property
     def method(self) -> Method:

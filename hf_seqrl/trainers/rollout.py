@@ -8,7 +8,6 @@ rolls out (`rollout_plan`) and writes its loss (`rl_loss`); the math lives in `h
 
 from __future__ import annotations
 
-import math
 import os
 from typing import NamedTuple
 
@@ -16,23 +15,18 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import losses
-from ..configs import RolloutConfig
-from ..hub import reward_label
+from ..configs import BaselineConfig, RolloutConfig
+from ..configs.rollout import check_aggregation
+from ..functional import advantages as functional_advantages
 from ..models.base import ScoreOptions, rng_state
-from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, check_reward_spec, combine_parts,
-                       model_rewards, place_on, reward_name)
-from ..rewards.combine import set_attention
-from ..rewards.guards import LengthRatioReward
-from ..types import BatchText, Rollout, RewardValues, ScoredRollout, repeat_rows
+from ..rewards import RewardError, check_reward_spec
+from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from .base import SeqRLBaseTrainer
 from .completions import CompletionLog, completion_rows
 from .frozen import FrozenModel
 from .generation import RolloutKeys, RolloutSource, model_inputs
 from .inputs import load_model
-
-
-# What `rl/length_ratio` measures: a sample's words over its closest reference's (its source's without one).
-LENGTH_RATIO = LengthRatioReward()
+from .rewards import RewardScorer
 
 
 class RolloutPlan(NamedTuple):
@@ -44,12 +38,14 @@ class RolloutPlan(NamedTuple):
 
 class RolloutTrainer(SeqRLBaseTrainer):
     """Base of the rewarded trainers; same constructor as `Seq2SeqTrainer` plus `reward_funcs`, `args` a
-    `RolloutConfig`. Subclasses implement `rl_loss` and, when they roll out otherwise, `rollout_plan`."""
+    `RolloutConfig`. Subclasses implement `rl_loss` and, when they roll out otherwise, `rollout_plan`; a trainer
+    whose config is a `BaselineConfig` weighs its samples by advantages over a baseline (`rollout_batch`)."""
 
     config_class = RolloutConfig
     # Dropout off: the scoring pass scores the distribution the rollouts came from. Minimum risk training keeps this
-    # (with C's dropout kept it gained nothing on Multi30k dev); the policy gradients keep dropout (BaselineTrainer).
+    # (with C's dropout kept it gained nothing on Multi30k dev); the policy gradients keep dropout (SeqRLTrainer).
     default_disable_dropout = True
+    default_baseline: str | None = None  # the baseline of a `BaselineConfig` that leaves it to the trainer
 
     # False for a trainer whose loss needs no reward (it then takes `reward_funcs=None`).
     needs_rewards = True
@@ -63,14 +59,14 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
         # Checked before the (slow) Trainer set-up, so that a typo fails at once.
         if reward_funcs is not None:
-            check_reward_spec(reward_funcs, args.reward_weights if isinstance(args, RolloutConfig) else None)
+            weights = args.reward_weights if isinstance(args, RolloutConfig) else None
+            check_reward_spec(reward_funcs, weights, f"{type(args).__name__}.reward_weights")
+        if isinstance(args, BaselineConfig):
+            check_aggregation(args, args.baseline or self.default_baseline)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         self.reward_funcs = reward_funcs
-        self.reward_fn = self.local_reward_fn = None
-        self.reward_label = "none"
-        if reward_funcs is not None:
-            self.build_rewards(reward_funcs)
+        self.rewards = None if reward_funcs is None else RewardScorer(reward_funcs, self.args)
         unwrapped = self.accelerator.unwrap_model(self.model)
         # Models scored on the policy's tokens without training (`hf_seqrl.trainers.frozen`), by name.
         self.frozen_models: dict[str, FrozenModel] = {}
@@ -80,6 +76,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
         if teacher_model is not None:
             self.frozen_models["teacher"] = FrozenModel.teacher(load_model(teacher_model, self.args), self.args.device,
                                                                 unwrapped)
+        self.baseline = (self.args.baseline or self.default_baseline) if isinstance(self.args, BaselineConfig) else None
+        self.baseline_ema: float | None = None  # the moving-average baseline's state
         self._rollout_config = None
         self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
         self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
@@ -87,24 +85,14 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self.slot = 0  # the slot of the micro-batch in training (`RolloutSource`)
         self.completions = CompletionLog() if self.args.log_completions else None
 
-    def build_rewards(self, reward_funcs) -> None:
-        """Builds the reward of `reward_funcs` (in worker processes with `reward_workers >= 2`), its model rewards
-        placed on this process's device and attending as the policy does."""
-        workers = self.args.reward_workers
-        self.reward_fn = (PooledReward(reward_funcs, self.args.reward_weights, workers) if workers >= 2
-                          else build_reward(reward_funcs, self.args.reward_weights))
-        # A model reward runs on this process's device, outside the model that DDP / ZeRO / FSDP wrap.
-        # The reward as this process holds it (a pooled one's in-process copy): its parts, weights and models.
-        self.local_reward_fn = local = getattr(self.reward_fn, "local", self.reward_fn)
-        if workers >= 2 and model_rewards(local):
-            raise ValueError(
-                f"{type(self.args).__name__}.reward_workers={workers} scores rewards in worker processes, but "
-                "reward_funcs holds a model reward, which runs batched on the trainer's device: set reward_workers=0.")
-        place_on(local, self.args.device)
-        attention = (self.args.model_init_kwargs or {}).get("attn_implementation")
-        if attention is not None:  # the model rewards attend as the policy does
-            set_attention(local, attention)
-        self.reward_label = reward_name(self.reward_fn)
+    @property
+    def reward_fn(self):
+        """The reward as built (`RewardScorer.fn`: a combined or pooled reward), None without `reward_funcs`."""
+        return None if self.rewards is None else self.rewards.fn
+
+    @property
+    def reward_label(self) -> str:
+        return "none" if self.rewards is None else self.rewards.label
 
     @property
     def ref_model(self):
@@ -117,17 +105,17 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     def card_reward(self) -> str:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
-        return "none" if self.reward_funcs is None else reward_label(self.reward_funcs, self.args.reward_weights)
+        return "none" if self.rewards is None else self.rewards.card_label()
 
     def rollout_plan(self) -> RolloutPlan | None:
         """Returns how the current training step (after the warm-up) rolls out, or None when it decodes nothing:
         nothing a rollout gives would reach the loss (`rl_weight`, `kl_coef` and `entropy_coef` all 0), and the step
-        trains as `Seq2SeqTrainer` does. Subclasses refine the plan of this base: samples decoded from the source, no
-        greedy row."""
+        trains as `Seq2SeqTrainer` does. Subclasses refine the plan of this base: samples decoded from the source, with
+        each source's greedy row for the greedy baseline."""
         args = self.args
         if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
             return None
-        return RolloutPlan(from_source=True, greedy=False)
+        return RolloutPlan(from_source=True, greedy=self.baseline == "greedy")
 
     @property
     def rollout_config(self):
@@ -281,22 +269,12 @@ class RolloutTrainer(SeqRLBaseTrainer):
     # ---- rewards --------------------------------------------------------------------------------
 
     def reward_values(self, token_ids, text: BatchText) -> RewardValues:
-        """Returns the decoded `token_ids` `(N, T)`, their rewards and each reward function's values (scored once;
-        the rewards are the parts' weighted sum). `text` holds one row per sequence (see `repeat_rows`). A sequence
-        no reward applies to (`None`) is left out, and so is a non-finite reward with `nonfinite_rewards="drop"`."""
-        predictions = self.processing_class.batch_decode(token_ids, skip_special_tokens=True)
+        """Returns the rewards of the decoded `token_ids` `(N, T)` (`RewardScorer.score`; `text` holds one row per
+        sequence); a failing reward first saves a checkpoint of the steps done (`save_on_error`)."""
         try:
-            parts = call_reward_parts(self.reward_fn, predictions, text.references, text.sources, text.columns,
-                                      name=self.reward_label, step=self.state.global_step + 1)
+            return self.rewards.score(token_ids, text, self.processing_class, self.state.global_step + 1)
         except RewardError as error:
             raise self.checkpoint_on_error(error) from error.__cause__
-        values = combine_parts(self.reward_fn, parts)
-        if self.args.nonfinite_rewards == "error":
-            check_finite(values, self.reward_label)
-        numbers = [float("nan") if value is None else value for value in values]
-        rewards = torch.tensor(numbers, dtype=torch.float32, device=token_ids.device)
-        left_out = ~torch.isfinite(rewards)
-        return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
 
     def checkpoint_on_error(self, error: RewardError) -> RewardError:
         """Returns `error` with what `save_on_error` did: during training on one process, a checkpoint of the steps
@@ -315,40 +293,47 @@ class RolloutTrainer(SeqRLBaseTrainer):
                            f"then resume with resume_from_checkpoint={folder!r} (hf-seqrl train ... "
                            f"--resume_from_checkpoint {folder}).")
 
-    def sample_metrics(self, samples: RewardValues, left_out, sample_mask, sample_cut,
-                       text: BatchText | None = None) -> dict[str, float]:
-        """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
-        the share cut at the length limit (`sample_cut` `(N,)`, `Rollout.sample_cut`),
-        each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
-        the length ratio to the closest reference in words (to the source without one; `text` holds one row per
-        sample), degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
-        kept = samples.rewards[~left_out]
-        metrics = {
-            "rl/phase": 1.0,
-            "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
-            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
-            "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
-            "rl/frac_truncated": sample_cut.float().mean().item(),
-        }
-        if kept.numel():
-            metrics["rl/reward"] = kept.mean().item()
-            metrics["rl/reward_std"] = kept.std().item() if kept.numel() > 1 else 0.0
-        for name, values in samples.part_rewards().items():
-            values = values[torch.isfinite(values)]
-            if values.numel():
-                metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
-                metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
-        if text is not None and text.references is not None:
-            ratios = [LENGTH_RATIO.ratio(prediction, references, None if text.sources is None else text.sources[i])
-                      for i, (prediction, references) in enumerate(zip(samples.predictions, text.references))]
-            ratios = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
-            if ratios:
-                metrics["rl/length_ratio"] = sum(ratios) / len(ratios)
-        missing = samples.missing()
-        metrics["rl/missing_rewards"] = float(missing)
-        if self.args.nonfinite_rewards == "drop":
-            metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
-        return metrics
+    # ---- advantages -------------------------------------------------------------------------------
+
+    def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
+        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). The advantages are
+        `hf_seqrl.functional.advantages.sample_advantages`: a sample left out (no reward applies, a dropped non-finite
+        one, or its source's greedy reward is missing) gets no advantage and no row in the loss, and counts in no
+        other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
+        processes."""
+        args, n = self.args, rollout.num_samples
+        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
+        greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
+        settings = args.advantage_settings(self.baseline)
+        parts = greedy_parts = weights = None
+        if settings.aggregation == "normalize_then_sum":
+            parts, weights = self.rewards.part_tensors(samples)
+            greedy_parts = None if greedy is None else self.rewards.part_tensors(greedy)[0]
+        adv, baselines, kept = functional_advantages.sample_advantages(
+            samples.rewards, samples.left_out, n, settings, truncated=rollout.sample_cut,
+            greedy=None if greedy is None else greedy.rewards, greedy_left_out=None if greedy is None else greedy.left_out,
+            parts=parts, greedy_parts=greedy_parts, weights=weights, moving_average=self.baseline_ema,
+            add_up=self.add_up_over_processes)
+        if self.baseline == "moving_average" and kept.any():
+            self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
+                                                      args.baseline_ema_decay)
+        metrics = self.rewards.metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
+        if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
+            metrics.update({
+                "rl/baseline_reward": baselines[kept].mean().item(),
+                "rl/advantage_abs": adv[kept].abs().mean().item(),
+                "rl/advantage_mean": adv[kept].mean().item(),
+                "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
+            })
+        if self.completions is not None:
+            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
+                                    rollout.greedy_ids)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept)
+
+    def add_up_over_processes(self, totals: torch.Tensor) -> torch.Tensor:
+        """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
+        return self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
 
     def decode_labels(self, labels) -> list[list[str]]:
         """Returns the decoded `labels` `(B, T)` as each row's single reference, or raises naming the row without."""
@@ -405,7 +390,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
         if text.references is None and inputs.get("labels") is not None:
             text = text._replace(references=self.decode_labels(inputs["labels"]))
-        if text.references is not None and self.reward_fn is not None:
+        if text.references is not None and self.rewards is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
             scored = self.reward_values(ids, text)
             # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
@@ -415,8 +400,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     def extra_state(self) -> dict:
         # The seed of the rollouts' keys goes with the run: resumed with another `seed`, it samples what it sampled.
-        return {"rollout_seed": self.rollout_keys.seed}
+        return {"rollout_seed": self.rollout_keys.seed, "baseline_ema": self.baseline_ema, "baseline": self.baseline}
 
     def load_extra_state(self, state: dict) -> None:
         if state.get("rollout_seed") is not None:
             self.rollout_keys.seed = state["rollout_seed"]
+        self.baseline_ema = state.get("baseline_ema")

@@ -145,5 +145,8 @@ def test_generation_batch_size_and_steps_per_generation(tmp_path):
         config(generation_batch_size=5)
     with pytest.raises(ValueError, match="set only one of the two"):
         config(steps_per_generation=2, generation_batch_size=8)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'steps_per_generation'"):
+    # MIXER decodes each micro-batch's continuations when it trains: decoding ahead is refused, with the reason
+    with pytest.raises(ValueError, match="MixerConfig.steps_per_generation=2: MIXER continues"):
         make_config(MixerConfig, tmp_path, gradient_accumulation_steps=2, steps_per_generation=2)
+    with pytest.raises(ValueError, match="MixerConfig.length_normalize=True"):
+        make_config(MixerConfig, tmp_path, length_normalize=True)

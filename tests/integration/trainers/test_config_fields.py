@@ -1,5 +1,6 @@
-"""Every field of `MRTConfig` and `MixerConfig` is one its trainer accepts: set to a valid non-default value, each
-builds the trainer and steps it; and every trainer's `disable_dropout` does what it says."""
+"""Every field of `MRTConfig` and `MixerConfig` is one its trainer accepts (set to a valid non-default value, each
+builds the trainer and steps it) or one it refuses with the reason (MIXER: the whole-sequence rollout fields); and
+every trainer's `disable_dropout` does what it says."""
 
 import dataclasses
 
@@ -22,8 +23,9 @@ SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", mo
               num_completions_to_print=1, save_on_error=False, ds3_gather_for_generation=False)
 SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", max_source_length=24, max_target_length=12)
 CAUSAL_ONLY = dict(max_prompt_length=24, max_completion_length=12)
-MRT = dict(steps_per_generation=ACCUMULATION, generation_batch_size=BATCH * ACCUMULATION, length_normalize=True,
-           mrt_candidates="sample+beam", mrt_beam_size=3, max_len_a=1.0, max_len_b=4, mrt_alpha=0.5,
+# Whole sequences drawn from the source alone: decoded ahead, scored by the mean; MIXER refuses them.
+SEQUENCE = dict(steps_per_generation=ACCUMULATION, generation_batch_size=BATCH * ACCUMULATION, length_normalize=True)
+MRT = dict(**SEQUENCE, mrt_candidates="sample+beam", mrt_beam_size=3, max_len_a=1.0, max_len_b=4, mrt_alpha=0.5,
            mrt_include_greedy=True, mrt_include_reference=True)
 MIXER = dict(baseline="mean", baseline_ema_decay=0.5, center_advantages=True, scale_rewards="group",
              multi_objective_aggregation="normalize_then_sum", mask_truncated_completions=True, mixer_delta=1,
@@ -39,11 +41,11 @@ def length_reward(predictions, references, sources=None, **columns):
     return [min(len(p), 10) / 10 for p in predictions]
 
 
-@pytest.mark.parametrize("config_class,own", [(MRTConfig, MRT), (MixerConfig, MIXER)])
-def test_the_table_covers_every_field(config_class, own):
-    assert own_fields(config_class) == set(SHARED) | set(SEQ2SEQ_ONLY) | set(CAUSAL_ONLY) | set(own)
+@pytest.mark.parametrize("config_class,own,refused", [(MRTConfig, MRT, {}), (MixerConfig, MIXER, SEQUENCE)])
+def test_the_table_covers_every_field(config_class, own, refused):
+    assert own_fields(config_class) == set(SHARED) | set(SEQ2SEQ_ONLY) | set(CAUSAL_ONLY) | set(own) | set(refused)
     defaults = config_class(output_dir="unused")
-    for name, value in {**SHARED, **SEQ2SEQ_ONLY, **CAUSAL_ONLY, **own}.items():
+    for name, value in {**SHARED, **SEQ2SEQ_ONLY, **CAUSAL_ONLY, **own, **refused}.items():
         assert getattr(defaults, name) != value, name
 
 

@@ -162,12 +162,19 @@ def test_bad_settings_name_the_field(tmp_path, field, value, message):
         mixer_config(tmp_path, **{field: value})
 
 
-@pytest.mark.parametrize("field,value", [("length_normalize", True), ("num_iterations", 2),
-                                         ("loss_normalization", "token"), ("steps_per_generation", 2)])
+@pytest.mark.parametrize("field,value", [("num_iterations", 2), ("loss_normalization", "token")])
 def test_fields_mixer_has_no_use_for_are_not_its_own(tmp_path, field, value):
     # MIXER sums each row's prefix and continuation log-probs, one update per rollout of a micro-batch's own prefixes.
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{field}'"):
         mixer_config(tmp_path, **{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("length_normalize", True), ("steps_per_generation", 2),
+                                         ("generation_batch_size", 8)])
+def test_whole_sequence_rollout_fields_are_refused_with_the_reason(tmp_path, field, value):
+    # The rewarded trainers share these fields (RolloutConfig); MIXER decodes its continuations when a micro-batch trains.
+    with pytest.raises(ValueError, match=rf"MixerConfig\.{field}={value}: MIXER continues each micro-batch's own"):
+        mixer_config(tmp_path, gradient_accumulation_steps=2, **{field: value})
 
 
 def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, tokenizer):

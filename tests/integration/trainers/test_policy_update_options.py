@@ -116,7 +116,7 @@ def test_normalize_then_sum_weighs_each_reward_by_its_own_spread(tmp_path):
     torch.testing.assert_close(batch.advantages, torch.tensor([0.5 - 10 / s, 5 / s, -0.5 + 5 / s]))
     with pytest.raises(ValueError, match="normalize_then_sum.*needs num_samples >= 2"):
         config(tmp_path, num_samples=1, baseline="none", multi_objective_aggregation="normalize_then_sum")
-    with pytest.raises(ValueError, match="baseline is 'moving_average'.*normalize_then_sum"):
+    with pytest.raises(ValueError, match="normalize_then_sum.*the baseline is 'moving_average' \\(the trainer's default"):
         from hf_seqrl import ReinforceTrainer
 
         ReinforceTrainer(model=tiny_model("t5"), args=config(tmp_path, baseline=None,

@@ -1,0 +1,118 @@
+"""`RewardScorer`: the rewards of a rewarded trainer, from `reward_funcs` to the numbers a step uses.
+
+It builds the reward (in worker processes with `reward_workers >= 2`), places its model rewards on the trainer's
+device with the policy's attention, calls it on decoded sequences, combines the parts into one value per sequence,
+and summarises what the samples scored (`rl/*` metrics). The trainer keeps what needs the training loop: the step
+number and the checkpoint written when a reward fails (`save_on_error`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..hub import reward_label
+from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, combine_parts,
+                       model_rewards, part_weights, place_on, reward_name)
+from ..rewards.combine import set_attention
+from ..rewards.guards import LengthRatioReward
+from ..types import BatchText, RewardValues
+
+# What `rl/length_ratio` measures: a sample's words over its closest reference's (its source's without one).
+LENGTH_RATIO = LengthRatioReward()
+
+
+class RewardScorer:
+    """The reward of `reward_funcs` (weighted by `args.reward_weights`) as a trainer calls it.
+
+    Args:
+        reward_funcs: what the trainer was given (a built-in name, a callable, an `evaluate` module, or a list).
+        args (`RolloutConfig`): `reward_weights`, `reward_workers`, `nonfinite_rewards`, `model_init_kwargs` and the
+            device.
+    """
+
+    def __init__(self, reward_funcs, args):
+        self.config_name = type(args).__name__
+        self.reward_funcs, self.weights = reward_funcs, args.reward_weights
+        self.nonfinite = args.nonfinite_rewards
+        workers = args.reward_workers
+        self.fn = (PooledReward(reward_funcs, args.reward_weights, workers) if workers >= 2
+                   else build_reward(reward_funcs, args.reward_weights))
+        # The reward as this process holds it (a pooled one's in-process copy): its parts, weights and models.
+        self.local = getattr(self.fn, "local", self.fn)
+        if workers >= 2 and model_rewards(self.local):
+            raise ValueError(
+                f"{self.config_name}.reward_workers={workers} scores rewards in worker processes, but "
+                "reward_funcs holds a model reward, which runs batched on the trainer's device: set reward_workers=0.")
+        # A model reward runs on this process's device, outside the model that DDP / ZeRO / FSDP wrap.
+        place_on(self.local, args.device)
+        attention = (args.model_init_kwargs or {}).get("attn_implementation")
+        if attention is not None:  # the model rewards attend as the policy does
+            set_attention(self.local, attention)
+        self.label = reward_name(self.fn)
+
+    def card_label(self) -> str:
+        """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
+        return reward_label(self.reward_funcs, self.weights)
+
+    def score(self, token_ids: torch.Tensor, text: BatchText, tokenizer, step: int) -> RewardValues:
+        """Returns the decoded `token_ids` `(N, T)`, their rewards and each reward function's values (scored once;
+        the rewards are the parts' combination). `text` holds one row per sequence (see `repeat_rows`); `step` is
+        the optimizer step the values are for (1 for the first). A sequence no reward applies to (`None`) is left
+        out, and so is a non-finite reward with `nonfinite_rewards="drop"`. Raises `RewardError` when a reward
+        fails."""
+        predictions = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        parts = call_reward_parts(self.fn, predictions, text.references, text.sources, text.columns,
+                                  name=self.label, step=step)
+        values = combine_parts(self.fn, parts)
+        if self.nonfinite == "error":
+            check_finite(values, self.label, self.config_name)
+        numbers = [float("nan") if value is None else value for value in values]
+        rewards = torch.tensor(numbers, dtype=torch.float32, device=token_ids.device)
+        left_out = ~torch.isfinite(rewards)
+        return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
+
+    def part_tensors(self, values: RewardValues) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns each reward function's values `(K, N)` (NaN where it gives none) and their weights `(K,)`, for the
+        advantages that normalize each part before summing (`multi_objective_aggregation="normalize_then_sum"`)."""
+        weights = part_weights(self.local, values.parts)
+        part_rewards = values.part_rewards()
+        stacked = torch.stack([part_rewards[name] for name in values.parts])
+        return stacked, torch.tensor([weights[name] for name in values.parts], dtype=torch.float32,
+                                     device=stacked.device)
+
+    def metrics(self, samples: RewardValues, left_out, sample_mask, sample_cut,
+                text: BatchText | None = None) -> dict[str, float]:
+        """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
+        the share cut at the length limit (`sample_cut` `(N,)`, `Rollout.sample_cut`),
+        each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
+        the length ratio to the closest reference in words (to the source without one; `text` holds one row per
+        sample), degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
+        kept = samples.rewards[~left_out]
+        metrics = {
+            "rl/phase": 1.0,
+            "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
+            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
+            "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
+            "rl/frac_truncated": sample_cut.float().mean().item(),
+        }
+        if kept.numel():
+            metrics["rl/reward"] = kept.mean().item()
+            metrics["rl/reward_std"] = kept.std().item() if kept.numel() > 1 else 0.0
+        for name, values in samples.part_rewards().items():
+            values = values[torch.isfinite(values)]
+            if values.numel():
+                metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
+                metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        if text is not None and text.references is not None:
+            ratios = [LENGTH_RATIO.ratio(prediction, references, None if text.sources is None else text.sources[i])
+                      for i, (prediction, references) in enumerate(zip(samples.predictions, text.references))]
+            ratios = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
+            if ratios:
+                metrics["rl/length_ratio"] = sum(ratios) / len(ratios)
+        missing = samples.missing()
+        metrics["rl/missing_rewards"] = float(missing)
+        if self.nonfinite == "drop":
+            metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
+        return metrics
