@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-import json
-import math
 import os
-import re
 from collections import defaultdict
 
 import torch
@@ -23,8 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from .. import losses
-from ..data import (TEXT_COLUMNS, SeqRLDataCollator, check_dataset_columns, check_rows, normalize_references,
-                    tokenize_text_dataset)
+from ..data import TEXT_COLUMNS, SeqRLDataCollator, normalize_references
 from ..evaluation import write_run_settings
 from ..hub import Method, card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
@@ -32,64 +28,12 @@ from ..models.base import disable_dropout, label_logprobs
 from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
-from .inputs import (check_model_family, check_not_empty, check_token_ids, check_tokenizer, forward_arguments,
-                     load_model, load_tokenizer_for, tokenizer_outputs, warn_half_precision_weights)
+from .checkpoints import STATE_FILE, checkpoint_step, last_complete_checkpoint, read_state, write_state
+from .inputs import (check_model_family, check_token_ids, check_tokenizer, forward_arguments, load_model,
+                     load_tokenizer_for, prepare_datasets, tokenizer_outputs, warn_half_precision_weights)
+from .log_window import window_rows, window_values
 
-STATE_FILE = "seqrl_state.json"
 logger = logging.get_logger(__name__)
-
-
-def last_complete_checkpoint(folder: str) -> str | None:
-    """Returns the newest `checkpoint-N` in `folder` whose writing finished, or None.
-
-    A checkpoint counts once `seqrl_state.json` exists: hf-seqrl writes it atomically after everything else,
-    so a process killed mid-save leaves a folder that is skipped here.
-    """
-    if not os.path.isdir(folder):
-        return None
-    steps = []
-    for name in os.listdir(folder):
-        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
-        if match and os.path.isfile(os.path.join(folder, name, STATE_FILE)):
-            steps.append((int(match.group(1)), name))
-    return os.path.join(folder, max(steps)[1]) if steps else None
-
-
-def window_rows(buffer: dict[str, list[float]], keys: list[str]) -> list[list[float]]:
-    """Returns, for each name of `keys`, `[sum, count, smallest, largest]` of its values recorded in `buffer`
-    (`[0, 0, inf, -inf]` for a name without values): one process's part of a logging window."""
-    rows = []
-    for key in keys:
-        values = buffer.get(key, [])
-        rows.append([math.fsum(values), len(values), min(values, default=math.inf), max(values, default=-math.inf)])
-    return rows
-
-
-def window_values(keys: list[str], rows: list[list[list[float]]]) -> dict[str, float]:
-    """Returns the logged value of each name of `keys` from the processes' `window_rows` (`rows[p][k]`): the smallest
-    value of a name ending in `_min`, the largest of one ending in `_max`, the mean of any other; a name no process
-    recorded is left out."""
-    values = {}
-    for k, key in enumerate(keys):
-        total, count = math.fsum(part[k][0] for part in rows), sum(part[k][1] for part in rows)
-        if not count:
-            continue
-        if key.endswith("_min"):
-            values[key] = min(part[k][2] for part in rows)
-        elif key.endswith("_max"):
-            values[key] = max(part[k][3] for part in rows)
-        else:
-            values[key] = total / count
-    return values
-
-
-def checkpoint_step(folder: str) -> int | str:
-    """Returns the optimizer steps a checkpoint folder holds (its `trainer_state.json`), or "?" when it says none."""
-    try:
-        with open(os.path.join(folder, "trainer_state.json")) as f:
-            return int(json.load(f)["global_step"])
-    except (OSError, ValueError, KeyError):
-        return "?"
 
 
 class SeqRLBaseTrainer(Seq2SeqTrainer):
@@ -135,23 +79,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         check_tokenizer(processing_class, family, model, type(self).__name__)
         check_token_ids(processing_class, model, type(self).__name__)
         warn_half_precision_weights(model, args, type(self).__name__)
-        for name, data in (("train_dataset", train_dataset), *(eval_dataset.items() if isinstance(eval_dataset, dict)
-                                                               else [("eval_dataset", eval_dataset)])):
-            check_not_empty(data, name)
-        start = family.label_start_id(model)
-        train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, processing_class, args, start)
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {split: tokenize_text_dataset(data, split, family, processing_class, args, start)
-                            for split, data in eval_dataset.items()}
-        else:
-            eval_dataset = tokenize_text_dataset(eval_dataset, "eval_dataset", family, processing_class, args, start)
-        if train_dataset is not None:
-            check_dataset_columns(train_dataset, "train_dataset", family)
-            check_rows(train_dataset, "train_dataset")
-        eval_splits = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-        for split, data in eval_splits:
-            if data is not None:
-                check_rows(data, split)
+        train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, family, processing_class, args,
+                                                       family.label_start_id(model))
         if data_collator is None:
             data_collator = DataCollatorForSeq2Seq(processing_class, model=model)
         if not isinstance(data_collator, SeqRLDataCollator):
@@ -448,17 +377,12 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         if self.args.should_save:
             if os.path.isdir(folder):
                 self.save_extra_files(folder)
-                # Written last and atomically: its presence marks the checkpoint as complete.
-                tmp = os.path.join(folder, STATE_FILE + ".tmp")
-                with open(tmp, "w") as f:
-                    json.dump(self.extra_state(), f)
-                os.replace(tmp, os.path.join(folder, STATE_FILE))
+                write_state(folder, self.extra_state())  # last: it marks the checkpoint as complete
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.load_extra_files(resume_from_checkpoint)
         self.load_process_state(resume_from_checkpoint)
-        path = os.path.join(resume_from_checkpoint, STATE_FILE)
-        if os.path.isfile(path):
-            with open(path) as f:
-                self.load_extra_state(json.load(f))
+        state = read_state(resume_from_checkpoint)
+        if state is not None:
+            self.load_extra_state(state)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from transformers.utils import logging
 
+from ..data import check_dataset_columns, check_rows, tokenize_text_dataset
+
 logger = logging.get_logger(__name__)
 
 # What tokenizers write besides `input_ids` / `attention_mask`: never a dataset column a reward should read.
@@ -68,6 +70,24 @@ def check_not_empty(dataset, name: str) -> None:
     if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
         raise ValueError(f"{name} has 0 rows, so there is nothing to train or evaluate on: check the file or split "
                          "it came from, and any filter or select applied before the trainer.")
+
+
+def prepare_datasets(train_dataset, eval_dataset, family, tokenizer, args, start_id):
+    """Returns `(train_dataset, eval_dataset)` as the Trainer takes them: each split checked not empty, text columns
+    tokenized for the model family (`tokenize_text_dataset`; `start_id` the labels' start token), the train split's
+    columns and every split's rows checked. `eval_dataset` may be a dict of named splits."""
+    named = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+    for name, data in (("train_dataset", train_dataset), *named):
+        check_not_empty(data, name)
+    train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, tokenizer, args, start_id)
+    evaluated = {name: tokenize_text_dataset(data, name, family, tokenizer, args, start_id) for name, data in named}
+    if train_dataset is not None:
+        check_dataset_columns(train_dataset, "train_dataset", family)
+        check_rows(train_dataset, "train_dataset")
+    for name, data in evaluated.items():
+        if data is not None:
+            check_rows(data, name)
+    return train_dataset, evaluated if isinstance(eval_dataset, dict) else evaluated["eval_dataset"]
 
 
 def forward_arguments(model, label_names: list[str]) -> set[str]:

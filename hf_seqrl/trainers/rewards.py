@@ -116,3 +116,20 @@ class RewardScorer:
         if self.nonfinite == "drop":
             metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
         return metrics
+
+
+def references_from_labels(labels, tokenizer) -> list[list[str]]:
+    """Returns the decoded `labels` `(B, T)` as each row's single reference, or raises naming the row without."""
+    if labels is None:
+        raise ValueError(
+            "The batch has neither 'references' nor 'labels': rewards need references. Add a 'references' "
+            "column (string or list of strings per row) or tokenized 'labels'."
+        )
+    ids = labels.masked_fill(labels == -100, tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(
+                f"Row {i} of the batch has no reference: its labels are all -100/padding. Fix or drop that row."
+            )
+    return [[t] for t in texts]

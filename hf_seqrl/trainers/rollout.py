@@ -26,7 +26,7 @@ from .completions import CompletionLog, completion_rows
 from .frozen import FrozenModel
 from .generation import RolloutKeys, RolloutSource, model_inputs
 from .inputs import load_model
-from .rewards import RewardScorer
+from .rewards import RewardScorer, references_from_labels
 
 
 class RolloutPlan(NamedTuple):
@@ -176,7 +176,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 "'labels' in the dataset: add them (tokenizer(text_target=...)) or set rl_weight=1.0 for pure RL on "
                 "'references'.")
         if text.references is None:
-            text = text._replace(references=self.decode_labels(inputs.get("labels")))
+            text = text._replace(references=references_from_labels(inputs.get("labels"), self.processing_class))
         self.slot = self.rollout_source.next_slot(self.state.global_step)
         return self.rl_loss(model, inputs, text)
 
@@ -335,22 +335,6 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
         return self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
 
-    def decode_labels(self, labels) -> list[list[str]]:
-        """Returns the decoded `labels` `(B, T)` as each row's single reference, or raises naming the row without."""
-        if labels is None:
-            raise ValueError(
-                "The batch has neither 'references' nor 'labels': rewards need references. Add a 'references' "
-                "column (string or list of strings per row) or tokenized 'labels'."
-            )
-        ids = labels.masked_fill(labels == -100, self.processing_class.pad_token_id)
-        texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
-        for i, text in enumerate(texts):
-            if not text.strip():
-                raise ValueError(
-                    f"Row {i} of the batch has no reference: its labels are all -100/padding. Fix or drop that row."
-                )
-        return [[t] for t in texts]
-
     # ---- sample logs ------------------------------------------------------------------------------
 
     def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_cut, unwrapped,
@@ -389,7 +373,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
     def on_generated(self, generated, inputs, text: BatchText) -> None:
         """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
         if text.references is None and inputs.get("labels") is not None:
-            text = text._replace(references=self.decode_labels(inputs["labels"]))
+            text = text._replace(references=references_from_labels(inputs["labels"], self.processing_class))
         if text.references is not None and self.rewards is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
             scored = self.reward_values(ids, text)

@@ -1,0 +1,55 @@
+"""What a trainer adds to a `checkpoint-N` folder: the state file that marks it complete, written last and atomically,
+and how a resumed run finds the newest complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+STATE_FILE = "seqrl_state.json"
+
+
+def last_complete_checkpoint(folder: str) -> str | None:
+    """Returns the newest `checkpoint-N` in `folder` whose writing finished, or None.
+
+    A checkpoint counts once `seqrl_state.json` exists: hf-seqrl writes it atomically after everything else,
+    so a process killed mid-save leaves a folder that is skipped here.
+    """
+    if not os.path.isdir(folder):
+        return None
+    steps = []
+    for name in os.listdir(folder):
+        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
+        if match and os.path.isfile(os.path.join(folder, name, STATE_FILE)):
+            steps.append((int(match.group(1)), name))
+    return os.path.join(folder, max(steps)[1]) if steps else None
+
+
+def checkpoint_step(folder: str) -> int | str:
+    """Returns the optimizer steps a checkpoint folder holds (its `trainer_state.json`), or "?" when it says none."""
+    try:
+        with open(os.path.join(folder, "trainer_state.json")) as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError):
+        return "?"
+
+
+def write_state(folder: str, state: dict) -> None:
+    """Writes `state` (a trainer's `extra_state`) as the folder's state file, atomically: its presence marks the
+    checkpoint as complete, so it is written after everything else."""
+    tmp = os.path.join(folder, STATE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, os.path.join(folder, STATE_FILE))
+
+
+def read_state(folder: str) -> dict | None:
+    """Returns the state file of a checkpoint folder, or None when it has none (a checkpoint of another trainer)."""
+    path = os.path.join(folder, STATE_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
