@@ -360,6 +360,36 @@ def minimum_risk_loss(
     return minimum_risk(sequence_logprobs, rewards, num_candidates, alpha, candidate_mask).loss
 
 
+class Regularized(NamedTuple):
+    """What `regularize` returns."""
+
+    loss: torch.Tensor
+    entropy: torch.Tensor  # mean token entropy over the counted tokens (0 without any)
+    kl: torch.Tensor | None  # mean token KL over them, None without a KL term
+
+
+def regularize(loss: torch.Tensor, entropy: torch.Tensor, token_mask: torch.Tensor, entropy_coef: float,
+               kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> Regularized:
+    """Returns `loss - entropy_coef * H + kl_coef * KL`, `H` and `KL` the means of the per-token `entropy` and `kl`
+    `(N, T)` over the counted tokens `token_mask` (0 where none counts); the KL term only with `kl_coef > 0`."""
+    mask = token_mask.flatten()
+    mean_entropy = masked_mean(entropy.flatten(), mask, 0)
+    if entropy_coef > 0:
+        loss = loss - entropy_coef * mean_entropy
+    mean_kl = None
+    if kl_coef > 0:
+        mean_kl = masked_mean(kl.flatten(), mask, 0)
+        loss = loss + kl_coef * mean_kl
+    return Regularized(loss, mean_entropy, mean_kl)
+
+
+def sampled_kl(policy_logprobs: torch.Tensor, other_logprobs: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Returns the sampled estimate of `KL(policy || other)` per token: the mean of `log p - log q` at the policy's
+    own sampled tokens `(N, T)`, over `token_mask` (no grad)."""
+    gap = policy_logprobs.detach() - other_logprobs.detach()
+    return masked_mean(gap.flatten(), token_mask.flatten(), 0)
+
+
 def mix_losses(rl_loss: torch.Tensor, xe_loss: torch.Tensor | None, rl_weight: float) -> torch.Tensor:
     """Returns `rl_weight * rl_loss + (1 - rl_weight) * xe_loss` (Paulus et al., 2017).
 

@@ -156,12 +156,14 @@ class RewardValues(NamedTuple):
 
 @dataclass
 class RolloutBatch:
-    """A scored rollout of one micro-batch, as the policy-gradient loss needs it.
+    """A micro-batch's rollout with its rewards and advantages: what the scoring pass and the algorithm's loss read
+    (the stages of `RolloutTrainer.rl_loss`).
 
     Attributes:
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`), sample_mask (`torch.BoolTensor` of shape `(B*n, T)`):
-            the samples, as in `Rollout`.
-        advantages (`torch.Tensor` of shape `(B*n,)`): advantage of each sample.
+            the samples, as in `Rollout` (MRT: each source's `n` candidates).
+        advantages (`torch.Tensor` of shape `(B*n,)` or `(B*n, T)`, or None): advantage of each sample, or of each
+            of its tokens; None where the loss weighs the samples itself (MRT's risk).
         metrics (`dict[str, float]`): what the rollout measured (`rl/reward`, ...), logged at every use.
         old_token_logprobs (`torch.Tensor` of shape `(B*n, T)` or None): log-probs at rollout time (reused rollouts
             only).
@@ -170,15 +172,21 @@ class RolloutBatch:
         rng_state (`tuple` or None): the RNG state the scoring pass that gave `old_token_logprobs` drew from
             (`hf_seqrl.models.base.rng_state`), replayed by later passes over the same rollout so that, with dropout
             on, they thin the same units and the ratios move with the weights only.
+        group (`int`): rows per source (`n`).
+        rewards (`torch.Tensor` of shape `(B*n,)` or None): each sample's reward (0 where it has none).
+        extra (`dict`): what an algorithm's own stages pass on (MRT: which candidates were drawn, the reference rows).
     """
 
     sample_ids: torch.Tensor
     sample_mask: torch.Tensor
-    advantages: torch.Tensor
+    advantages: torch.Tensor | None
     metrics: dict = field(default_factory=dict)
     old_token_logprobs: torch.Tensor | None = None
     kept: torch.Tensor | None = None
     rng_state: tuple | None = None
+    group: int = 1
+    rewards: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
 
     @property
     def loss_mask(self) -> torch.Tensor:

@@ -229,6 +229,17 @@ def sample_advantages(rewards: torch.Tensor, left_out: torch.Tensor, num_samples
     return Advantages(adv, baselines, ~bad)
 
 
+def advantage_metrics(adv: torch.Tensor, baselines: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
+    """Returns what the loss sees of the advantages `(N,)` and baselines `(N,)` of the kept samples `(N,)` bool:
+    `rl/baseline_reward`, `rl/advantage_abs`, `rl/advantage_mean` and `rl/frac_zero_advantage` (an advantage under
+    1e-8 in size); nothing when no sample is kept."""
+    if not kept.any():
+        return {}
+    adv = adv[kept]
+    return {"rl/baseline_reward": baselines[kept].mean().item(), "rl/advantage_abs": adv.abs().mean().item(),
+            "rl/advantage_mean": adv.mean().item(), "rl/frac_zero_advantage": (adv.abs() < 1e-8).float().mean().item()}
+
+
 def _normalized_parts(parts: torch.Tensor, weights: torch.Tensor, num_samples: int, bad: torch.Tensor, baseline: str,
                       greedy_parts: torch.Tensor | None) -> torch.Tensor:
     """The advantages of `normalize_then_sum`: each reward's values minus that reward's own baseline (greedy,

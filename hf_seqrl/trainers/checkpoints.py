@@ -9,6 +9,8 @@ import re
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..rewards import RewardError
+
 STATE_FILE = "seqrl_state.json"
 
 
@@ -53,3 +55,20 @@ def read_state(folder: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def checkpoint_on_error(error: RewardError, args, done: int, training: bool, save) -> RewardError:
+    """Returns `error` with what `save_on_error` did: during training (`training`) on one process, `save()` first
+    writes a checkpoint of the `done` optimizer steps, and the message says how to resume from it."""
+    if not (args.save_on_error and training):
+        return error
+    if args.world_size > 1:
+        return RewardError(f"{error} (save_on_error writes no checkpoint on {args.world_size} processes: the "
+                           "others wait in a collective; resume from the last scheduled checkpoint.)")
+    if done == 0:
+        return RewardError(f"{error} (no step was done yet, so there is no checkpoint to write.)")
+    save()
+    folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{done}")
+    return RewardError(f"{error}. The {done} steps done are saved in {folder} (save_on_error): fix the reward, "
+                       f"then resume with resume_from_checkpoint={folder!r} (hf-seqrl train ... "
+                       f"--resume_from_checkpoint {folder}).")

@@ -22,6 +22,8 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from ..types import repeat_rows
+
 COMPLETIONS_DIR = "completions"
 MAX_COLUMN_CHARS = 1000  # a dataset column's value goes into a row when its JSON is at most this long
 # What the console table shows (the file, TensorBoard and W&B get every column of `table`).
@@ -234,6 +236,25 @@ class CompletionLog:
         if step != self.step:
             self.rows, self.step = [], step
         self.rows.extend(rows)
+
+    def add_samples(self, step: int, process_index: int, tokenizer, text, samples, sample_cut, sources=None,
+                    baselines=None, advantages=None, greedy_ids=None) -> None:
+        """Keeps the rows of a micro-batch's samples (`completion_rows`) for optimizer step `step` (0-based).
+
+        Args:
+            text (`BatchText`): the batch's `B` rows; samples (`RewardValues`): the `B*n` samples'.
+            sample_cut (`torch.BoolTensor` of shape `(B*n,)`): the samples cut at the length limit.
+            sources (`list[str]`, *optional*): each row's source text, when `text` has none.
+            baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
+        """
+        n = sample_cut.shape[0] // len(text.references)
+        greedy = None if greedy_ids is None else tokenizer.batch_decode(greedy_ids, skip_special_tokens=True)
+        per_sample = repeat_rows(text._replace(sources=text.sources if text.sources is not None else sources), n)
+        self.add(step, completion_rows(
+            step + 1, process_index, n, samples.predictions, per_sample.references, samples.parts, samples.values,
+            per_sample.sources, None if greedy is None else [g for g in greedy for _ in range(n)],
+            None if baselines is None else baselines.tolist(), None if advantages is None else advantages.tolist(),
+            sample_cut.tolist(), per_sample.columns))
 
     def publish(self, trainer) -> list[dict]:
         """Gathers every process's kept rows on the main process, which writes, prints and reports them; returns

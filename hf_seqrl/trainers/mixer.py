@@ -19,8 +19,8 @@ from ..configs import MixerConfig
 from ..hub import Method, Paper
 from ..models.base import decode_budget, pad_id, right_pad
 from ..schedules import mixer_delta
-from ..types import BatchText, Rollout
-from .rollout import RolloutPlan, RolloutTrainer
+from ..types import BatchText, Rollout, RolloutBatch, ScoredRollout
+from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
 RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",
                      title="Sequence Level Training with Recurrent Neural Networks", citation="""\
@@ -74,28 +74,30 @@ class MixerTrainer(RolloutTrainer):
                              "model).")
         return super().sequence_loss(model, inputs, text, num_items_in_batch)
 
-    def rl_loss(self, model, inputs, text: BatchText):
-        """Returns the MIXER loss of a batch and records the `mixer/*` and `rl/*` metrics."""
-        args, n = self.args, self.args.num_samples
-        unwrapped = self.accelerator.unwrap_model(model)
-        labels, delta = self.family.target_labels(inputs), self.delta()  # target coordinates (causal: completions)
+    def rollout(self, unwrapped, inputs) -> Rollout:
+        """The continuations of each target's gold prefix of `T - Δ` tokens (`sample_continuations`)."""
+        labels = self.family.target_labels(inputs)  # target coordinates (causal: completions)
+        return self.sample_continuations(unwrapped, inputs, labels, prefix_lengths(labels, self.delta()))
+
+    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
+        # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
+        return self.score_policy(model, inputs, batch.sample_ids, batch.group, self.gold_labels(inputs),
+                                 plain=self.args.temperature != 1.0)
+
+    def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
+        """Cross-entropy on each row's gold prefix and REINFORCE on its continuation (`losses.mixer_loss`); records
+        `mixer/delta` and `mixer/prefix_fraction`. The entropy and KL terms count the continuations."""
+        labels, delta, n = self.family.target_labels(inputs), self.delta(), batch.group
         prefixes = prefix_lengths(labels, delta)
-        rollout = self.sample_continuations(unwrapped, inputs, labels, prefixes)
-        batch = self.rollout_batch(rollout, text, unwrapped, inputs)
-        gold = inputs["labels"] if args.rl_weight < 1 else None
-        scored = self.score_policy(model, inputs, batch.sample_ids, n, gold, plain=args.temperature != 1.0)
         positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
         prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
         continuation_mask = batch.loss_mask & ~prefix_mask  # a left-out row keeps its gold prefix's cross-entropy
-        # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
-        prefix_logprobs = scored.plain_logprobs
         mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
-                                       prefix_logprobs)
+                                       scored.plain_logprobs)
         target_tokens = (labels != -100).sum().clamp(min=1)
         metrics = {**batch.metrics, "rl/pg_loss": mixer_loss.item(), "mixer/delta": float(delta),
                    "mixer/prefix_fraction": (prefixes.sum() / target_tokens).item()}
-        return self.finish_loss(mixer_loss, self.gold_cross_entropy(scored, gold), inputs, scored, batch.sample_ids, n,
-                                continuation_mask, metrics)
+        return StepLoss(mixer_loss, continuation_mask, metrics)
 
     def sample_continuations(self, unwrapped, inputs, labels: torch.Tensor, prefixes: torch.Tensor) -> Rollout:
         """Returns the samples (and greedy rows) of every source, each holding its gold prefix then its own

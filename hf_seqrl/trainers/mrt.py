@@ -9,6 +9,8 @@ mixed with cross-entropy by `rl_weight` (− entropy, + KL on the sampled positi
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .. import losses
@@ -16,8 +18,8 @@ from ..configs import MRTConfig
 from ..hub import Method, Paper
 from ..models.base import cut_at_limit, decode_budget, eos_ids, pad_id, right_pad
 from ..models.beam import cap_lengths, length_limits
-from ..types import BatchText, repeat_rows
-from .rollout import RolloutPlan, RolloutTrainer
+from ..types import BatchText, RolloutBatch, ScoredRollout, repeat_rows
+from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
 SHEN_2016 = Paper(key="shen2016mrt", cite="Shen et al., 2016", url="https://aclanthology.org/P16-1159/",
                   title="Minimum Risk Training for Neural Machine Translation", citation="""\
@@ -55,6 +57,18 @@ def candidate_set(parts: list[tuple[torch.Tensor, torch.Tensor, int]], drawn: in
     k = token_ids.shape[1]
     is_drawn = (torch.arange(k, device=token_ids.device) < drawn).repeat(batch)
     return token_ids.flatten(0, 1), token_mask.flatten(0, 1), is_drawn
+
+
+class Candidates(NamedTuple):
+    """The rollout stage of MRT: each source's `group` candidates, contiguous (`candidate_set`)."""
+
+    token_ids: torch.Tensor  # (B*k, T)
+    token_mask: torch.Tensor  # (B*k, T)
+    is_drawn: torch.Tensor  # (B*k,): sampled or from the beam, as opposed to the greedy decode and the reference
+    group: int  # k
+    drawn_cut: torch.Tensor  # (B*drawn,): the drawn candidates cut at a length limit
+    greedy_ids: torch.Tensor | None  # (B, T'): each source's greedy decode, for the sample log
+    targets: torch.Tensor | None  # (B, T_gold): the reference candidates, in target coordinates
 
 
 class MRTTrainer(RolloutTrainer):
@@ -118,52 +132,69 @@ class MRTTrainer(RolloutTrainer):
             cuts.append(cut.view(-1, n))
         return parts, greedy, torch.cat(cuts, dim=1).flatten()
 
-    def rl_loss(self, model, inputs, text: BatchText):
-        """Returns the MRT loss of a batch and records the `mrt/*` and `rl/*` metrics."""
-        args = self.args
-        unwrapped = self.accelerator.unwrap_model(model)
-        labels = inputs.get("labels")
-        if args.mrt_include_reference and labels is None:
+    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
+        if self.args.mrt_include_reference and inputs.get("labels") is None:
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
+        return super().sequence_loss(model, inputs, text, num_items_in_batch)
+
+    def rollout(self, unwrapped, inputs) -> Candidates:
+        """Each source's candidate set (`draw_candidates`, then the greedy decode and the reference when asked)."""
         parts, greedy, drawn_cut = self.draw_candidates(unwrapped, inputs)
         drawn = sum(m for _, _, m in parts)
         greedy_ids = None if greedy is None else greedy[0]
         if greedy is not None:
             parts.append(greedy)
-        if args.mrt_include_reference:
+        targets = None
+        if self.args.mrt_include_reference:
             targets = self.family.target_labels(inputs)  # the label in target coordinates (a causal completion)
             parts.append((targets, targets != -100, 1))
         token_ids, token_mask, is_drawn = candidate_set(parts, drawn, pad_id(unwrapped))
-        k = sum(m for _, _, m in parts)
+        return Candidates(token_ids, token_mask, is_drawn, sum(m for _, _, m in parts), drawn_cut, greedy_ids, targets)
+
+    def rollout_batch(self, candidates: Candidates, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+        """The candidates' rewards, which of them count in `Q` (distinct, with a reward) and the metrics of the drawn
+        ones; MRT weighs the candidates in its loss, with no baseline or advantage."""
+        k = candidates.group
         per_candidate = repeat_rows(text, k)
-        candidates = self.reward_values(token_ids, per_candidate)
-        rewards, bad = candidates.rewards, candidates.left_out
-        keep = losses.first_occurrence_mask(token_ids, k) & ~bad
-        xe_labels = labels if args.rl_weight < 1 else None
-        # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at.
-        scored = self.score_policy(model, inputs, token_ids, k, None if args.mrt_include_reference else xe_labels,
-                                   temperature=1.0)
-        seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, token_mask, args.length_normalize)
-        risk = losses.minimum_risk(seq_logprobs, rewards, k, args.mrt_alpha, keep)
-        if xe_labels is not None and args.mrt_include_reference:  # the last candidate, scored at temperature 1
-            width = targets.shape[1]
-            last = [None if x is None else x.view(-1, k, x.shape[1])[:, -1, :width]
-                    for x in (scored.token_logprobs, scored.raw_logprobs, scored.raw_logprob_sums)]
-            xe_loss = self.cross_entropy_of(*last[:1], targets, *last[1:], scored.vocab_size)
-        else:
-            xe_loss = self.gold_cross_entropy(scored, xe_labels)
-        samples = candidates.select(is_drawn)
-        drawn_mask = token_mask[is_drawn]
-        metrics = self.rewards.metrics(samples, samples.left_out, drawn_mask, drawn_cut,
-                                      per_candidate.select(is_drawn.tolist()))
+        values = self.reward_values(candidates.token_ids, per_candidate)
+        keep = losses.first_occurrence_mask(candidates.token_ids, k) & ~values.left_out
+        drawn = candidates.is_drawn
+        samples = values.select(drawn)
+        metrics = self.rewards.metrics(samples, samples.left_out, candidates.token_mask[drawn], candidates.drawn_cut,
+                                       per_candidate.select(drawn.tolist()))
         if self.completions is not None:  # the drawn candidates' rows; no baseline or advantage in MRT
-            self.record_completions(inputs, text, samples, drawn_cut, unwrapped, greedy_ids=greedy_ids)
-        metrics.update({
-            "mrt/risk": risk.loss.item(),
-            "mrt/q_entropy": torch.special.entr(risk.q.detach()).sum(dim=-1).mean().item(),
-            "mrt/distinct_candidates": keep.view(-1, k).sum(dim=-1).float().mean().item(),
-        })
-        sampled_tokens = token_mask & is_drawn.unsqueeze(1)  # entropy and KL on the drawn candidates, as elsewhere
-        return self.finish_loss(risk.loss, xe_loss, inputs, scored, token_ids, k, sampled_tokens, metrics)
+            self.record_completions(inputs, text, samples, candidates.drawn_cut, unwrapped,
+                                    greedy_ids=candidates.greedy_ids)
+        return RolloutBatch(candidates.token_ids, candidates.token_mask, None, metrics, kept=keep, group=k,
+                            rewards=values.rewards, extra={"is_drawn": drawn, "targets": candidates.targets})
+
+    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
+        # Q is defined by the model's own probabilities: temperature 1, whatever the candidates were sampled at. The
+        # reference candidate, when there is one, is the gold row of the cross-entropy term.
+        gold = None if self.args.mrt_include_reference else self.gold_labels(inputs)
+        return self.score_policy(model, inputs, batch.sample_ids, batch.group, gold, temperature=1.0)
+
+    def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
+        """The risk `sum_y Q(y) (1 - r(y))` over each source's distinct candidates (`losses.minimum_risk`); records
+        `mrt/*`. The entropy and KL terms count the drawn candidates, as the other trainers' count their samples."""
+        args, k = self.args, batch.group
+        seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, batch.sample_mask, args.length_normalize)
+        risk = losses.minimum_risk(seq_logprobs, batch.rewards, k, args.mrt_alpha, batch.kept)
+        metrics = {**batch.metrics,
+                   "mrt/risk": risk.loss.item(),
+                   "mrt/q_entropy": torch.special.entr(risk.q.detach()).sum(dim=-1).mean().item(),
+                   "mrt/distinct_candidates": batch.kept.view(-1, k).sum(dim=-1).float().mean().item()}
+        return StepLoss(risk.loss, batch.sample_mask & batch.extra["is_drawn"].unsqueeze(1), metrics)
+
+    def cross_entropy_term(self, scored: ScoredRollout, batch: RolloutBatch, inputs):
+        """The cross-entropy of the reference candidate (the last of each source, scored at temperature 1) when the
+        candidates hold it, else of the gold rows."""
+        labels, targets, k = self.gold_labels(inputs), batch.extra["targets"], batch.group
+        if labels is None or targets is None:
+            return super().cross_entropy_term(scored, batch, inputs)
+        width = targets.shape[1]
+        last = [None if x is None else x.view(-1, k, x.shape[1])[:, -1, :width]
+                for x in (scored.token_logprobs, scored.raw_logprobs, scored.raw_logprob_sums)]
+        return self.cross_entropy_of(*last[:1], targets, *last[1:], scored.vocab_size)

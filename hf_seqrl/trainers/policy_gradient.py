@@ -20,9 +20,9 @@ from .. import losses
 from ..configs import SeqRLConfig
 from ..hub import Method, Paper
 from ..models.base import replayed_rng
-from ..types import BatchText, RolloutBatch
+from ..types import RolloutBatch, ScoredRollout
 from .reuse import RolloutReuse
-from .rollout import RolloutPlan, RolloutTrainer
+from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
 RENNIE_2017 = Paper(key="rennie2017scst", cite="Rennie et al., 2017", url="https://arxiv.org/abs/1612.00563",
                     title="Self-critical Sequence Training for Image Captioning", citation="""\
@@ -120,23 +120,27 @@ class SeqRLTrainer(RolloutTrainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return self.reuse.sampler(dataset, self.args, lambda: self.state.global_step)
 
-    def rl_loss(self, model, inputs, text: BatchText):
-        """Returns the policy-gradient loss of a batch (clipped on reused rollouts) and records the `rl/*` metrics."""
-        args, n = self.args, self.args.num_samples
-        unwrapped = self.accelerator.unwrap_model(model)
-        step, slot = self.state.global_step, self.slot
-        batch = self.reuse.take(step, slot) if self.reuse is not None else None
-        if batch is None:
-            batch = self.roll_out(unwrapped, inputs, text)
-        labels = inputs.get("labels") if args.rl_weight < 1 else None
-        # A reused rollout is scored with the random draws of its first scoring pass: with dropout on, the ratios then
-        # move with the weights only (exactly 1 at learning rate 0).
+    def stored_batch(self) -> RolloutBatch | None:
+        """Returns the rollout kept for this micro-batch's slot in the current reuse cycle (`num_iterations > 1`)."""
+        return None if self.reuse is None else self.reuse.take(self.state.global_step, self.slot)
+
+    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
+        """The scoring pass; a reused rollout replays the random draws of its first pass (with dropout on, the ratios
+        then move with the weights only: exactly 1 at learning rate 0), and the first pass of a rollout kept for
+        reuse records its log-probs as `p_old`."""
+        args = self.args
         with replayed_rng(batch.rng_state, args.device) if batch.rng_state is not None else nullcontext():
-            scored = self.score_policy(model, inputs, batch.sample_ids, n, labels)
+            scored = super().score_batch(model, inputs, batch)
         if self.reuse is not None and batch.old_token_logprobs is None:
             # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
             batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), self._policy_rng
-            self.reuse.keep(step, slot, batch)
+            self.reuse.keep(self.state.global_step, self.slot, batch)
+        return scored
+
+    def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
+        """The policy gradient over the samples' advantages (`(N,)` or `(N, T)`), clipped on reused rollouts and at
+        the sequence level (GSPO); records `rl/pg_loss` and, on reused rollouts, the ratio metrics."""
+        args = self.args
         mask, adv, metrics = batch.loss_mask, batch.advantages, dict(batch.metrics)
         if self.reuse is None and args.importance_sampling_level == "token":
             pg_loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv, args.length_normalize,
@@ -152,12 +156,7 @@ class SeqRLTrainer(RolloutTrainer):
                                 "rl/ratio_mean": clipped.ratio_mean.item(), "rl/ratio_min": clipped.ratio_min.item(),
                                 "rl/ratio_max": clipped.ratio_max.item()})
         metrics["rl/pg_loss"] = pg_loss.item()
-        return self.finish_loss(pg_loss, self.gold_cross_entropy(scored, labels), inputs, scored, batch.sample_ids, n,
-                                mask, metrics)
-
-    def roll_out(self, unwrapped, inputs, text: BatchText) -> RolloutBatch:
-        """Returns the samples of a batch, their advantages and what the rollout measured (no grad)."""
-        return self.rollout_batch(self.take_rollout(unwrapped, inputs), text, unwrapped, inputs)
+        return StepLoss(pg_loss, mask, metrics)
 
     # ---- checkpoints: rollouts kept for reuse -------------------------------------------------------
 

@@ -2,17 +2,16 @@
 
 The rewards and their metrics, the rollout decode (one per micro-batch, or one per `steps_per_generation`
 micro-batches decoded ahead), the scoring pass under the policy and the KL reference, the sample logs, and the tail
-of every loss: mixing with cross-entropy, entropy and KL, the metrics. An algorithm subclass says whether and how it
-rolls out (`rollout_plan`) and writes its loss (`rl_loss`); the math lives in `hf_seqrl.losses`.
+of every loss: mixing with cross-entropy, entropy and KL, the metrics. `rl_loss` runs one RL step as stages in
+order; an algorithm subclass overrides the stages it changes, writes its loss (`algorithm_loss`) and says whether a
+step rolls out (`rollout_plan`); the math lives in `hf_seqrl.losses` and `hf_seqrl.functional`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import losses
 from ..configs import BaselineConfig, RolloutConfig
@@ -22,7 +21,8 @@ from ..models.base import ScoreOptions, rng_state
 from ..rewards import RewardError, check_reward_spec
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from .base import SeqRLBaseTrainer
-from .completions import CompletionLog, completion_rows
+from .checkpoints import checkpoint_on_error
+from .completions import CompletionLog
 from .frozen import FrozenModel
 from .generation import RolloutKeys, RolloutSource, model_inputs
 from .inputs import load_model
@@ -36,10 +36,20 @@ class RolloutPlan(NamedTuple):
     greedy: bool  # each source's greedy decode comes with its samples
 
 
+class StepLoss(NamedTuple):
+    """What an algorithm's loss stage returns (`RolloutTrainer.algorithm_loss`)."""
+
+    loss: torch.Tensor
+    token_mask: torch.Tensor  # (N, T): the tokens the entropy bonus and the KL term count
+    metrics: dict
+
+
 class RolloutTrainer(SeqRLBaseTrainer):
     """Base of the rewarded trainers; same constructor as `Seq2SeqTrainer` plus `reward_funcs`, `args` a
-    `RolloutConfig`. Subclasses implement `rl_loss` and, when they roll out otherwise, `rollout_plan`; a trainer
-    whose config is a `BaselineConfig` weighs its samples by advantages over a baseline (`rollout_batch`)."""
+    `RolloutConfig`. One RL step is `rl_loss`, a stage per call: `stored_batch` or `rollout` → `rollout_batch`
+    (rewards → advantages; a trainer whose config is a `BaselineConfig` weighs its samples by advantages over a
+    baseline) → `score_batch` → `algorithm_loss` → `cross_entropy_term` → `finish_loss`. Subclasses implement
+    `algorithm_loss`, override the other stages they change, and say in `rollout_plan` whether a step rolls out."""
 
     config_class = RolloutConfig
     # Dropout off: the scoring pass scores the distribution the rollouts came from. Minimum risk training keeps this
@@ -100,8 +110,6 @@ class RolloutTrainer(SeqRLBaseTrainer):
         off or there is none."""
         reference = self.frozen_models.get("reference")
         return None if reference is None else reference.model
-
-    # ---- how a step rolls out ---------------------------------------------------------------------
 
     def card_reward(self) -> str:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
@@ -181,9 +189,44 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return self.rl_loss(model, inputs, text)
 
     def rl_loss(self, model, inputs, text: BatchText):
-        """Returns the loss of a batch after the warm-up and records its metrics (implemented by subclasses, which end
-        with `finish_loss`)."""
+        """Returns the loss of a micro-batch after the warm-up and records its metrics: one stage per call, in order
+        (docs/architecture.md, "One RL step"). An algorithm overrides the stages it changes."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        batch = self.stored_batch()  # a rollout an earlier step of the cycle scored (num_iterations > 1)
+        if batch is None:
+            rollout = self.rollout(unwrapped, inputs)  # decoded ahead or now (`RolloutSource`)
+            batch = self.rollout_batch(rollout, text, unwrapped, inputs)  # rewards (`RewardScorer`) → advantages
+        scored = self.score_batch(model, inputs, batch)  # the scoring pass: the KL reference, then the policy
+        step = self.algorithm_loss(scored, batch, inputs)  # the algorithm's loss (`hf_seqrl.losses`)
+        xe_loss = self.cross_entropy_term(scored, batch, inputs)
+        return self.finish_loss(step.loss, xe_loss, inputs, scored, batch.sample_ids, batch.group, step.token_mask,
+                                step.metrics)  # mixed with cross-entropy, − entropy, + KL
+
+    def stored_batch(self) -> RolloutBatch | None:
+        """Returns the rollout this micro-batch trains on again, or None when it rolls out (`SeqRLTrainer`'s reuse)."""
+        return None
+
+    def rollout(self, unwrapped, inputs):
+        """Returns this micro-batch's rollout (`take_rollout`: its samples, and greedy rows for the greedy baseline);
+        an algorithm that rolls out otherwise returns what its `rollout_batch` reads."""
+        return self.take_rollout(unwrapped, inputs)
+
+    def gold_labels(self, inputs):
+        """Returns the gold labels the cross-entropy term needs (`rl_weight < 1`), else None."""
+        return inputs.get("labels") if self.args.rl_weight < 1 else None
+
+    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
+        """Returns the scoring pass of the batch's samples (and gold rows for the cross-entropy term)."""
+        return self.score_policy(model, inputs, batch.sample_ids, batch.group, self.gold_labels(inputs))
+
+    def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
+        """Returns the algorithm's loss of the scored batch, the tokens its entropy and KL terms count, and its
+        metrics (implemented by each algorithm, over `hf_seqrl.losses`)."""
         raise NotImplementedError
+
+    def cross_entropy_term(self, scored: ScoredRollout, batch: RolloutBatch, inputs):
+        """Returns the cross-entropy the loss mixes in (`rl_weight < 1`) from the scoring pass, else None."""
+        return self.gold_cross_entropy(scored, self.gold_labels(inputs))
 
     def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None,
                      plain: bool = False) -> ScoredRollout:
@@ -223,8 +266,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     def finish_loss(self, rl_loss, xe_loss, inputs, scored: ScoredRollout, token_ids, group: int, token_mask,
                     metrics: dict):
-        """Returns the loss of a step from its algorithm's `rl_loss`: mixed with `xe_loss` by `rl_weight`, minus
-        `entropy_coef` × entropy, plus `kl_coef` × KL over `token_mask` `(N, T)` (the scoring pass's, `scored`);
+        """Returns the loss of a step from its algorithm's loss `rl_loss` (`algorithm_loss`): mixed with `xe_loss` by
+        `rl_weight`, minus `entropy_coef` × entropy, plus `kl_coef` × KL over `token_mask` `(N, T)` (the scoring pass's, `scored`);
         records `metrics` with the entropy, KL and cross-entropy added."""
         loss = losses.mix_losses(rl_loss, xe_loss, self.args.rl_weight)
         loss = self.add_regularizers(loss, scored, token_mask, metrics)
@@ -237,33 +280,26 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     def add_regularizers(self, loss, scored: ScoredRollout, token_mask, metrics: dict):
         """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens `token_mask` (the samples
-        left out of the loss are out of these too); records both, unless no token counts. Both are those of the rollout
-        distribution (banned entries excluded)."""
-        args, counted = self.args, bool(token_mask.any())
-        entropy = losses.masked_mean(scored.entropy.flatten(), token_mask.flatten(), 0)
-        if args.entropy_coef > 0:
-            loss = loss - args.entropy_coef * entropy
-        if args.kl_coef > 0:
-            kl = losses.masked_mean(scored.kl.flatten(), token_mask.flatten(), 0)
-            loss = loss + args.kl_coef * kl
-            if counted:
-                metrics["rl/kl"] = kl.item()
-        if counted:
-            metrics["rl/entropy"] = entropy.item()
-        return loss
+        left out of the loss are out of these too; `losses.regularize`); records both, unless no token counts. Both
+        are those of the rollout distribution (banned entries excluded)."""
+        args = self.args
+        terms = losses.regularize(loss, scored.entropy, token_mask, args.entropy_coef, scored.kl, args.kl_coef)
+        if bool(token_mask.any()):
+            metrics["rl/entropy"] = terms.entropy.item()
+            if terms.kl is not None:
+                metrics["rl/kl"] = terms.kl.item()
+        return terms.loss
 
     def teacher_metrics(self, inputs, scored: ScoredRollout, token_ids, group: int, token_mask) -> dict[str, float]:
         """Returns what the frozen `teacher` says of the samples `token_ids` over the counted tokens `token_mask`:
-        `rl/teacher_logprob`, its mean log-prob of the policy's tokens, and at temperature 1 `rl/teacher_kl`, the
-        sampled estimate of `KL(policy || teacher)` per token (the mean of `log p - log q` at the sampled tokens)."""
+        `rl/teacher_logprob`, its mean log-prob of the policy's tokens, and at temperature 1 `rl/teacher_kl`
+        (`losses.sampled_kl`)."""
         if not bool(token_mask.any()):
             return {}
         teacher = self.score_frozen("teacher", inputs, token_ids, group).token_logprobs
-        mask = token_mask.flatten()
-        metrics = {"rl/teacher_logprob": losses.masked_mean(teacher.flatten(), mask, 0).item()}
+        metrics = {"rl/teacher_logprob": losses.masked_mean(teacher.flatten(), token_mask.flatten(), 0).item()}
         if self.args.temperature == 1.0:
-            gap = scored.token_logprobs.detach() - teacher
-            metrics["rl/teacher_kl"] = losses.masked_mean(gap.flatten(), mask, 0).item()
+            metrics["rl/teacher_kl"] = losses.sampled_kl(scored.token_logprobs, teacher, token_mask).item()
         return metrics
 
     # ---- rewards --------------------------------------------------------------------------------
@@ -277,21 +313,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
             raise self.checkpoint_on_error(error) from error.__cause__
 
     def checkpoint_on_error(self, error: RewardError) -> RewardError:
-        """Returns `error` with what `save_on_error` did: during training on one process, a checkpoint of the steps
-        done is written first, and the message says how to resume from it."""
-        args, done = self.args, self.state.global_step
-        if not (args.save_on_error and self.model.training):
-            return error
-        if args.world_size > 1:
-            return RewardError(f"{error} (save_on_error writes no checkpoint on {args.world_size} processes: the "
-                               "others wait in a collective; resume from the last scheduled checkpoint.)")
-        if done == 0:
-            return RewardError(f"{error} (no step was done yet, so there is no checkpoint to write.)")
-        self._save_checkpoint(self.model, trial=None)
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{done}")
-        return RewardError(f"{error}. The {done} steps done are saved in {folder} (save_on_error): fix the reward, "
-                           f"then resume with resume_from_checkpoint={folder!r} (hf-seqrl train ... "
-                           f"--resume_from_checkpoint {folder}).")
+        """Returns `error` with what `save_on_error` did (`checkpoints.checkpoint_on_error`)."""
+        return checkpoint_on_error(error, self.args, self.state.global_step, self.model.training,
+                                   lambda: self._save_checkpoint(self.model, trial=None))
 
     # ---- advantages -------------------------------------------------------------------------------
 
@@ -319,17 +343,12 @@ class RolloutTrainer(SeqRLBaseTrainer):
             self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
                                                       args.baseline_ema_decay)
         metrics = self.rewards.metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
-        if kept.any():  # what the loss sees: the samples left out have no baseline or advantage
-            metrics.update({
-                "rl/baseline_reward": baselines[kept].mean().item(),
-                "rl/advantage_abs": adv[kept].abs().mean().item(),
-                "rl/advantage_mean": adv[kept].mean().item(),
-                "rl/frac_zero_advantage": (adv[kept].abs() < 1e-8).float().mean().item(),
-            })
+        metrics.update(functional_advantages.advantage_metrics(adv, baselines, kept))  # the left-out have none
         if self.completions is not None:
             self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
                                     rollout.greedy_ids)
-        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept, group=n,
+                            rewards=samples.rewards)
 
     def add_up_over_processes(self, totals: torch.Tensor) -> torch.Tensor:
         """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
@@ -339,27 +358,14 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_cut, unwrapped,
                            baselines=None, advantages=None, greedy_ids=None) -> None:
-        """Keeps the rows of a micro-batch's samples for the sample log (`hf_seqrl.trainers.completions`).
-
-        Args:
-            text: the batch's `B` rows; samples: the `B*n` samples' `RewardValues`.
-            sample_cut (`torch.BoolTensor` of shape `(B*n,)`): the samples cut at the length limit.
-            baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
-        """
-        n = sample_cut.shape[0] // len(text.references)
-        decode = self.processing_class.batch_decode
-        sources = text.sources
-        if sources is None and inputs is not None:  # no `sources` column: the model's own input, decoded
-            sources = decode(self.family.prompts(unwrapped, inputs)[0], skip_special_tokens=True)
-        greedy = None if greedy_ids is None else decode(greedy_ids, skip_special_tokens=True)
-        per_sample = repeat_rows(text._replace(sources=sources), n)
-        rows = completion_rows(
-            self.state.global_step + 1, self.args.process_index, n, samples.predictions, per_sample.references,
-            samples.parts, samples.values, per_sample.sources,
-            None if greedy is None else [g for g in greedy for _ in range(n)],
-            None if baselines is None else baselines.tolist(), None if advantages is None else advantages.tolist(),
-            sample_cut.tolist(), per_sample.columns)
-        self.completions.add(self.state.global_step, rows)
+        """Keeps the rows of a micro-batch's samples for the sample log (`CompletionLog.add_samples`); without a
+        `sources` column, the model's own input, decoded, is the source."""
+        sources = None
+        if text.sources is None and inputs is not None:
+            sources = self.processing_class.batch_decode(self.family.prompts(unwrapped, inputs)[0],
+                                                         skip_special_tokens=True)
+        self.completions.add_samples(self.state.global_step, self.args.process_index, self.processing_class, text,
+                                     samples, sample_cut, sources, baselines, advantages, greedy_ids)
 
     def log(self, logs, start_time=None):
         """`SeqRLBaseTrainer.log`; with `log_completions`, a periodic training log first publishes the samples of
