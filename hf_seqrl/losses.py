@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from .functional.advantages import (advantages, center_advantages, group_std, leave_one_out_baseline,  # noqa: F401
                                     moments, moving_average, normalized_sum, scale_advantages, std_from_moments)
 from .functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits  # noqa: F401
+from .functional.divergences import (forward_kl, generalized_jsd, reverse_kl,  # noqa: F401
+                                     reverse_kl_advantages)
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -82,6 +82,8 @@ class ScoredRollout:
             pass was given a reference.
         plain_logprobs (`torch.Tensor` of shape `(B*n, T)` or None): the sampled tokens' log-probs at temperature 1,
             when asked.
+        divergence (`torch.Tensor` of shape `(B*n, T)` or None): the divergence to a teacher's distribution at each
+            sampled position (with grad), when the pass was given a teacher (`ScoreOptions.divergence`).
         raw_logprobs, raw_logprob_sums (`torch.Tensor` of shape `(B, T_gold)`, or `(B*n, T)` without gold rows, or
             None): label smoothing's terms, with no bans (`hf_seqrl.losses.label_smoothed_cross_entropy`), when asked.
         vocab_size (`int`): the width of the model's logits.
@@ -92,6 +94,7 @@ class ScoredRollout:
     entropy: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     plain_logprobs: torch.Tensor | None = None
+    divergence: torch.Tensor | None = None
     raw_logprobs: torch.Tensor | None = None
     raw_logprob_sums: torch.Tensor | None = None
     vocab_size: int = 0

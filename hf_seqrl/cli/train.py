@@ -39,8 +39,8 @@ SPLITS = (("train", "train"), ("validation", "eval"), ("test", "test"))  # (spli
 class ScriptArguments:
     r"""
     What to train, on what data, with which algorithm; the training settings are the fields of the algorithm's
-    config (`SeqRLConfig`, `MRTConfig`, `MixerConfig`, `ScheduledSamplingConfig`, `PrefixCorruptionConfig`,
-    `KStepRolloutConfig`, `ProfessorForcingConfig`). Each field has its `--help`. Notes:
+    config (`SeqRLConfig`, `MRTConfig`, `MixerConfig`, `DistillationConfig`, `ScheduledSamplingConfig`,
+    `PrefixCorruptionConfig`, `KStepRolloutConfig`, `ProfessorForcingConfig`). Each field has its `--help`. Notes:
 
     - The model: `model_name_or_path` (Hub id or folder; encoder-decoder models load with AutoModelForSeq2SeqLM,
       decoder-only ones with AutoModelForCausalLM), or `tiny_model` (`"t5"`, `"bart"`, `"marian"`, or the decoder-only
@@ -67,6 +67,9 @@ class ScriptArguments:
     reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
                 "reward_weights; default: bleu for translation, rougeL for summarization."})
+    teacher_model: str | None = field(default=None, metadata={
+        "help": "Teacher: Hub id or folder of the model's family and tokenizer (--algorithm distill; any rewarded "
+                "algorithm logs its log-probs of the samples). Loaded with teacher_model_init_kwargs."})
     model_name_or_path: str | None = field(default=None, metadata={"help": "Hub id or local folder."})
     tiny_model: str | None = field(default=None, metadata={
         "help": "t5 | bart | marian | llama | qwen2, built from a config (llama, qwen2: decoder-only)."})
@@ -114,6 +117,12 @@ class ScriptArguments:
                              "the source.")
         if self.dataset_name is None and self.train_file is None:
             raise ValueError("Give the data: dataset_name (a Hub dataset) or train_file (a local file).")
+        if self.teacher_model is not None and not takes_rewards(self.algorithm):
+            raise ValueError(f"ScriptArguments.teacher_model applies to the rewarded algorithms; algorithm="
+                             f"{self.algorithm!r} takes no teacher.")
+        if self.teacher_model is None and self.algorithm == "distill":
+            raise ValueError("algorithm='distill' needs teacher_model: a Hub id or folder of the model's family "
+                             "and tokenizer.")
 
 
 def trainer_class(algorithm: str) -> type:
@@ -301,10 +310,16 @@ def build_trainer(script_args: ScriptArguments, training_args, model, tokenizer,
     if training_args.generation_max_length is None:
         training_args.generation_max_length = training_args.max_target_length
     validation = splits.get("validation")
-    rewards = {"reward_funcs": task_rewards(script_args, training_args.task)} if takes_rewards(script_args.algorithm) else {}
-    trainer = trainer_class(script_args.algorithm)(
+    cls, extra = trainer_class(script_args.algorithm), {}
+    if takes_rewards(script_args.algorithm):
+        # a trainer whose loss needs no reward (distillation) takes the rewards given, and no default
+        extra["reward_funcs"] = task_rewards(script_args, training_args.task) if cls.needs_rewards \
+            else script_args.reward_funcs
+        if script_args.teacher_model is not None:
+            extra["teacher_model"] = script_args.teacher_model
+    trainer = cls(
         model=model, args=training_args, train_dataset=splits["train"], eval_dataset=validation,
-        processing_class=tokenizer, peft_config=peft_config_of(script_args, family_for(model)), **rewards,
+        processing_class=tokenizer, peft_config=peft_config_of(script_args, family_for(model)), **extra,
         compute_metrics=None if validation is None else build_compute_metrics(
             tokenizer, task_metrics(training_args.task), validation["references"]),
     )

@@ -110,15 +110,22 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
                              f"{self.warmup_xe_steps}.")
         if self.task is not None:
             check_choice(self, "task", TASKS)
-        if isinstance(self.model_init_kwargs, str):
-            try:
-                self.model_init_kwargs = json.loads(self.model_init_kwargs)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{type(self).__name__}.model_init_kwargs={self.model_init_kwargs!r} is not a JSON "
-                                 'object: write it as \'{"dtype": "bfloat16"}\'.') from err
-        if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
-            raise ValueError(f"{type(self).__name__}.model_init_kwargs must be a dict of from_pretrained arguments, "
-                             f"got {self.model_init_kwargs!r}.")
+        parse_init_kwargs(self, "model_init_kwargs")
+
+
+def parse_init_kwargs(config, name: str) -> None:
+    """Reads the `from_pretrained` keyword arguments of field `name` (`model_init_kwargs` and its kin): a JSON string
+    (the command line's form) becomes a dict; anything but a dict or None is refused with the form to write."""
+    value = getattr(config, name)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{type(config).__name__}.{name}={value!r} is not a JSON object: write it as "
+                             '\'{"dtype": "bfloat16"}\'.') from err
+        setattr(config, name, value)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{type(config).__name__}.{name} must be a dict of from_pretrained arguments, got {value!r}.")
 
 
 # The length limit of a trainer that decodes its own outputs during training (the rewarded trainers, professor

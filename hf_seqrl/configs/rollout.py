@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..functional.advantages import AGGREGATIONS, BASELINES, SCALINGS as SCALE_REWARDS, AdvantageSettings
-from .base import SeqRLBaseConfig, check_at_least, check_choice, check_max_new_tokens, max_new_tokens_field
+from .base import (SeqRLBaseConfig, check_at_least, check_choice, check_max_new_tokens, max_new_tokens_field,
+                   parse_init_kwargs)
 
 
 @dataclass
@@ -41,6 +42,10 @@ class RolloutConfig(SeqRLBaseConfig):
         no collective per token (each rank on its own, not in lockstep) and is sharded again after it
         (`hf_seqrl.models.sharding`). `False` keeps the per-layer path, every forward gathering what it runs: for a
         model too large to hold whole on one device.
+
+    teacher_model_init_kwargs (`dict` or `str`, *optional*, defaults to `None`):
+        Keyword arguments of `from_pretrained` when the trainer's `teacher_model` is a Hub id or a folder (TRL's
+        name), e.g. `{"dtype": "bfloat16"}` for a teacher held in half precision; a JSON string on the command line.
 
     > Sampling
 
@@ -99,6 +104,8 @@ class RolloutConfig(SeqRLBaseConfig):
         "help": "Write a resumable checkpoint when a reward raises, before the error propagates."})
     ds3_gather_for_generation: bool = field(default=True, metadata={
         "help": "Gather a sharded (FSDP2, ZeRO-3) model once per rollout decode; False decodes per layer."})
+    teacher_model_init_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "from_pretrained keyword arguments (JSON) when teacher_model is a Hub id or folder."})
     reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
     num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
@@ -128,6 +135,7 @@ class RolloutConfig(SeqRLBaseConfig):
                     "reward_funcs, or None for equal weights.")
             self.reward_weights = [float(w) for w in self.reward_weights]
         check_at_least(self, "num_samples", 1)
+        parse_init_kwargs(self, "teacher_model_init_kwargs")
         if not 0.0 <= self.rl_weight <= 1.0:
             raise ValueError(f"{name}.rl_weight must be in [0, 1], got {self.rl_weight}.")
         if self.temperature <= 0:

@@ -15,11 +15,14 @@ Banned tokens are out of the distribution as in `hf_seqrl.functional.logprobs`: 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .divergences import divergence_terms
 
 
 # A chunk holds about this many logits (8 MiB in float32): a handful of its size is the pass's peak over the model.
@@ -101,6 +104,8 @@ class PositionStats(NamedTuple):
     plain_logprobs: log-prob of each token at temperature 1, bans applied (with grad).
     raw_logprobs / raw_logprob_sums: log-prob of each token and the sum of the log-probs over the vocabulary at
         temperature 1 with no bans (label smoothing's two terms, with grad).
+    divergence: the divergence `beta` selects between this distribution and a teacher's (both at the divergence's
+        temperature, bans applied to both; `hf_seqrl.functional.divergences.generalized_jsd`), with grad.
     """
 
     logprobs: torch.Tensor
@@ -109,6 +114,7 @@ class PositionStats(NamedTuple):
     plain_logprobs: torch.Tensor | None = None
     raw_logprobs: torch.Tensor | None = None
     raw_logprob_sums: torch.Tensor | None = None
+    divergence: torch.Tensor | None = None
 
 
 def _wide(z: torch.Tensor) -> torch.Tensor:
@@ -125,7 +131,16 @@ def _banned_zero(x: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
 
 
 # The stats of `position_stats`, in this order (`PositionStats`' fields).
-STATS = ("logprobs", "entropy", "kl", "plain_logprobs", "raw_logprobs", "raw_logprob_sums")
+STATS = ("logprobs", "entropy", "kl", "plain_logprobs", "raw_logprobs", "raw_logprob_sums", "divergence")
+
+
+class Divergence(NamedTuple):
+    """The `divergence` stat's other side: a teacher's output-layer inputs (or logits) at the same positions, the
+    interpolation `beta` (0 forward KL, 1 reverse KL, between: the generalized JSD) and the temperature of both."""
+
+    teacher: "Positions"
+    beta: float = 1.0
+    temperature: float = 1.0
 
 
 class _LogSumExp:
@@ -147,8 +162,9 @@ class _LogSumExp:
 class _Problem:
     """What one `position_stats` call reads, sliced per block of positions and chunk of the vocabulary."""
 
-    def __init__(self, inputs, ids, temperature, banned, banned_rows, reference, need):
+    def __init__(self, inputs, ids, temperature, banned, banned_rows, reference, need, divergence=None):
         self.inputs, self.ids, self.temperature, self.reference, self.need = inputs, ids, temperature, reference, need
+        self.divergence = divergence
         self.banned, self.banned_rows = banned, banned_rows
         self.layer = inputs.layer
         self.vocab = inputs.vocab_size
@@ -163,8 +179,9 @@ class _Problem:
     def activated(self, linear: torch.Tensor) -> torch.Tensor:
         return _wide(linear if self.layer is None else self.layer.activate(linear))
 
-    def reference_logits(self, rows: slice, cols: slice) -> torch.Tensor:
-        ref = self.reference
+    def reference_logits(self, rows: slice, cols: slice, ref: Positions | None = None) -> torch.Tensor:
+        """Returns a frozen model's logits (the KL reference's, or `ref`'s) at positions `rows`, columns `cols`."""
+        ref = self.reference if ref is None else ref
         if ref.layer is None:
             return _wide(ref.logits[rows, cols])
         layer = ref.layer
@@ -197,6 +214,14 @@ class _Problem:
             rows = slice(start, min(start + step, self.count))
             yield rows, [slice(v, min(v + width, self.vocab)) for v in range(0, self.vocab, width)]
 
+    def divergence_logprobs(self, rows: slice, cols: slice, z, banned, lse_div, lse_teacher):
+        """Returns the student's and the teacher's log-probs `(R, C)` at the divergence's temperature, from the
+        student's logits `z` `(R, C)` and both normalizers `(R,)` at positions `rows`, columns `cols`."""
+        div = self.divergence
+        log_s = _banned(z / div.temperature, banned) - lse_div.unsqueeze(-1)
+        zt = self.reference_logits(rows, cols, div.teacher) / div.temperature
+        return log_s, _banned(zt, banned) - lse_teacher.unsqueeze(-1)
+
 
 def _forward(problem: _Problem, source, weight, bias) -> tuple[list, dict]:
     """Returns the stats (a list in `STATS` order, None where not needed) and the per-position values the backward
@@ -208,7 +233,9 @@ def _forward(problem: _Problem, source, weight, bias) -> tuple[list, dict]:
         probe = source.new_zeros(1, dtype=torch.promote_types(source.dtype, torch.float32))
         t = problem.scale(rows)
         plain_t = isinstance(t, float) and t == 1.0
-        lse1, lse_t, lse_raw, lse_ref = (_LogSumExp(count, probe) for _ in range(4))
+        lse1, lse_t, lse_raw, lse_ref, lse_div, lse_teacher = (_LogSumExp(count, probe) for _ in range(6))
+        div = problem.divergence
+        plain_div = div is None or div.temperature == 1.0
         token = probe.new_zeros(count)
         total = probe.new_zeros(count)
         for cols in chunks:  # pass 1: normalizers, the tokens' logits, the sum of the logits
@@ -223,13 +250,28 @@ def _forward(problem: _Problem, source, weight, bias) -> tuple[list, dict]:
                 total += z.sum(dim=-1)
             if need[2]:
                 lse_ref.add(_banned(problem.reference_logits(rows, cols), banned))
+            if need[6]:
+                if not plain_div:
+                    lse_div.add(_banned(z / div.temperature, banned))
+                lse_teacher.add(_banned(problem.reference_logits(rows, cols, div.teacher) / div.temperature, banned))
             inside, column = problem.token_columns(rows, cols)
             token += torch.where(inside, z.gather(-1, column).squeeze(-1), 0.0)
         lse1 = lse1.value()
         lse_t = lse1 if plain_t else lse_t.value()
         lse_raw = lse_raw.value() if need[4] or need[5] else None
         lse_ref = lse_ref.value() if need[2] else None
-        p_z, kl = probe.new_zeros(count), probe.new_zeros(count)
+        div_saved = {"lse_div": lse1 if plain_div else lse_div.value(), "lse_teacher": lse_teacher.value()} \
+            if need[6] else {}
+        p_z, kl, divergence, div_aux = (probe.new_zeros(count) for _ in range(4))
+        if need[6]:  # pass 2 of the divergence: both normalizers known
+            for cols in chunks:
+                z = problem.activated(problem.linear(rows, cols, source, weight, bias))
+                banned = problem.mask(rows, cols)
+                log_s, log_t = problem.divergence_logprobs(rows, cols, z, banned, div_saved["lse_div"],
+                                                           div_saved["lse_teacher"])
+                value, aux, _ = divergence_terms(div.beta, log_s, log_t, banned)
+                divergence += value
+                div_aux += aux
         if need[1] or need[2]:  # pass 2: expectations under p
             for cols in chunks:
                 z = problem.activated(problem.linear(rows, cols, source, weight, bias))
@@ -244,10 +286,12 @@ def _forward(problem: _Problem, source, weight, bias) -> tuple[list, dict]:
         stats = [scaled_token - lse_t, lse1 - p_z if need[1] else None,
                  kl if need[2] else None, token - lse1 if need[3] else None,
                  token - lse_raw if need[4] else None,
-                 total - problem.vocab * lse_raw if need[5] else None]
+                 total - problem.vocab * lse_raw if need[5] else None, divergence if need[6] else None]
         parts.append(stats)
         saved_parts.append({"lse1": lse1, "lse_t": lse_t, "lse_raw": lse_raw, "lse_ref": lse_ref,
-                            "entropy": stats[1], "kl": stats[2]})
+                            "entropy": stats[1], "kl": stats[2], "lse_div": div_saved.get("lse_div"),
+                            "lse_teacher": div_saved.get("lse_teacher"), "divergence": stats[6],
+                            "div_aux": div_aux if need[6] else None})
     stats = [None if parts[0][i] is None else torch.cat([part[i] for part in parts]) for i in range(len(STATS))]
     saved = {key: None if saved_parts[0][key] is None else torch.cat([part[key] for part in saved_parts])
              for key in saved_parts[0]}
@@ -258,7 +302,9 @@ def _logits_gradient(problem: _Problem, rows: slice, cols: slice, z, grads: dict
     """Returns `d(sum_k g_k . stat_k) / dz` on the chunk `z` `(R, C)` of positions `rows`, columns `cols`, from the
     closed forms (`p = softmax` over the allowed tokens, `p_T` at the temperature, `p_raw` with no bans):
     log-prob `(onehot - p_T) / T`, plain log-prob `onehot - p`, entropy `-p (log p + H)`, KL
-    `p (log p - log q - KL)`, raw log-prob `onehot - p_raw`, raw sum `1 - V p_raw`."""
+    `p (log p - log q - KL)`, raw log-prob `onehot - p_raw`, raw sum `1 - V p_raw`; the divergence at temperature
+    `tau` (`p_s`, `p_t` at `tau`): forward KL `(p_s - p_t) / tau`, reverse KL `p_s (log p_s - log p_t - D) / tau`,
+    generalized JSD `(1 - beta) p_s (log p_s - log m - KL(p_s || m)) / tau`."""
     banned = problem.mask(rows, cols)
     at = lambda key: saved[key][rows].unsqueeze(-1)  # noqa: E731
     g = {k: v[rows].unsqueeze(-1) for k, v in grads.items()}
@@ -280,6 +326,19 @@ def _logits_gradient(problem: _Problem, rows: slice, cols: slice, z, grads: dict
         if "kl" in g:
             logq = _banned(problem.reference_logits(rows, cols), banned) - at("lse_ref")
             gradient += g["kl"] * p * (_banned_zero(logp - logq, banned) - at("kl"))
+    if "divergence" in g:
+        div = problem.divergence
+        log_s, log_t = problem.divergence_logprobs(rows, cols, z, banned, saved["lse_div"][rows],
+                                                   saved["lse_teacher"][rows])
+        ps = log_s.exp()
+        if div.beta == 0.0:
+            share = ps - log_t.exp()
+        elif div.beta == 1.0:
+            share = ps * (_banned_zero(log_s - log_t, banned) - at("divergence"))
+        else:
+            log_m = torch.logaddexp(log_s + math.log(1 - div.beta), log_t + math.log(div.beta))
+            share = (1 - div.beta) * ps * (_banned_zero(log_s - log_m, banned) - at("div_aux"))
+        gradient += g["divergence"] * share / div.temperature
     if "raw_logprobs" in g or "raw_logprob_sums" in g:
         p_raw = (z - at("lse_raw")).exp()
         if "raw_logprobs" in g:
@@ -352,7 +411,7 @@ def position_stats(
     inputs: Positions, token_ids: torch.Tensor, temperature: float | torch.Tensor = 1.0,
     banned: torch.Tensor | None = None, banned_rows: torch.Tensor | None = None, *,
     reference: Positions | None = None, entropy: bool = False, entropy_grad: bool = False, plain: bool = False,
-    raw: bool = False,
+    raw: bool = False, divergence: Divergence | None = None,
 ) -> PositionStats:
     """Returns the scoring pass's reductions at `P` positions, a chunk of the vocabulary at a time (see the module).
 
@@ -368,6 +427,7 @@ def position_stats(
         reference (`Positions` of `P` positions, *optional*): a frozen model's at the same positions; gives `kl`.
         entropy (`bool`): compute `entropy`; with `entropy_grad` it carries grad, else it is detached.
         plain (`bool`): compute `plain_logprobs`. raw (`bool`): compute `raw_logprobs` and `raw_logprob_sums`.
+        divergence (`Divergence`, *optional*): a teacher at the same positions; gives `divergence`.
     """
     count = len(inputs)
     ids = token_ids.reshape(count).clamp(min=0)
@@ -383,9 +443,9 @@ def position_stats(
             raise ValueError("position_stats: a banned mask of shape (K, V) needs banned_rows (P,).")
     layer = inputs.layer
     weight, bias = (None, None) if layer is None else (layer.weight, layer.bias)
-    need = (True, entropy, reference is not None, plain, raw, raw)
+    need = (True, entropy, reference is not None, plain, raw, raw, divergence is not None)
     wanted = tuple(i for i, n in enumerate(need) if n)
     detached = (wanted.index(1),) if entropy and not entropy_grad else ()
-    problem = _Problem(inputs, ids, temperature, banned, banned_rows, reference, need)
+    problem = _Problem(inputs, ids, temperature, banned, banned_rows, reference, need, divergence)
     values = dict(zip(wanted, _VocabularyChunks.apply(problem, wanted, detached, source, weight, bias)))
     return PositionStats(*(values.get(i) for i in range(len(STATS))))

@@ -22,7 +22,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig
 
-from ..functional.lm_head import Positions, position_stats
+from ..functional.lm_head import Divergence, Positions, position_stats
 from ..types import Rollout, ScoredRollout
 from .bans import TokenBans
 from .heads import handing_hidden
@@ -288,12 +288,15 @@ class ScoreOptions:
             (`ModelFamily.reference_positions`); gives `ScoredRollout.kl`.
         entropy_grad (`bool`): the entropy carries grad (an entropy bonus), else it is a detached metric.
         plain (`bool`): the samples' log-probs at temperature 1 too. raw (`bool`): label smoothing's terms.
+        divergence (`Divergence`, *optional*): a teacher's output-layer inputs at the sampled positions, the
+            interpolation and temperature of the divergence to it; gives `ScoredRollout.divergence`.
     """
 
     reference: Positions | None = None
     entropy_grad: bool = False
     plain: bool = False
     raw: bool = False
+    divergence: Divergence | None = None
 
 
 class ModelFamily:
@@ -472,7 +475,7 @@ def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, go
         where, at = _flat_positions(batch, group, length, range(num_samples), t_sample, device)
         samples = position_stats(positions.take(where), sample_ids.flatten(), temperature, banned, at,
                                  reference=options.reference, entropy=True, entropy_grad=options.entropy_grad,
-                                 plain=options.plain, raw=options.raw and gold is None)
+                                 plain=options.plain, raw=options.raw and gold is None, divergence=options.divergence)
         out["samples"], out["vocab_size"] = samples, positions.vocab_size
         if gold is not None:
             where, at = _flat_positions(batch, group, length, range(num_samples, group), gold.shape[1], device)
@@ -498,7 +501,7 @@ def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, go
     raw_shape = shape if gold is None else gold.shape
     return ScoredRollout(
         token_logprobs=samples.logprobs.view(shape) + tie, entropy=samples.entropy.view(shape), kl=view(samples.kl),
-        plain_logprobs=view(samples.plain_logprobs),
+        plain_logprobs=view(samples.plain_logprobs), divergence=view(samples.divergence),
         gold_logprobs=None if gold_stats is None else gold_stats.logprobs.view(gold.shape),
         raw_logprobs=view(raw.raw_logprobs, raw_shape), raw_logprob_sums=view(raw.raw_logprob_sums, raw_shape),
         vocab_size=out["vocab_size"])

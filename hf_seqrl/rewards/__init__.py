@@ -4,7 +4,7 @@ The layers, each importing only those before it: `guards` (`length_ratio`) < `bu
 `get_reward`) < `convention` (the calling convention, `call_reward`, async rewards and the checks) < `modules`
 (`evaluate` modules, `EvaluateReward`) < `combine` (`build_reward`, `WeightedReward`) < `pool` (`PooledReward`, worker
 processes). `neural` (model rewards: embeddings, BERTScore, reward models, COMET) sits beside `modules`, below
-`combine`, and `metricx` (`MetricXReward`) on `neural`; `comet` (the native COMET model that `CometReward` runs:
+`combine`, and `metricx` (`MetricXReward`) and `teacher` (`TeacherLikelihoodReward`) on `neural`; `comet` (the native COMET model that `CometReward` runs:
 `CometModel`, `load_comet`) imports no other module of the package and is loaded when first used (it imports torch).
 
 A reward is a callable called with keywords, one value per prediction:
@@ -23,6 +23,7 @@ from .modules import EvaluateReward, accepts_reference_lists, load_evaluate_modu
 from .neural import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, ModelReward, RewardModelReward,
                      model_reward)
 from .pool import PooledReward
+from .teacher import TeacherLikelihoodReward
 
 __all__ = ["BUILTIN_REWARDS", "RewardError", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometReward", "EmbeddingSimilarityReward",
            "EvaluateReward", "ModelReward", "PooledReward", "RewardFn", "RewardModelReward", "WeightedReward",
@@ -30,7 +31,8 @@ __all__ = ["BUILTIN_REWARDS", "RewardError", "SACREBLEU_INTERNALS", "BERTScoreRe
            "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
            "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names",
            "GUARD_REWARDS", "REWARD_NAMES", "MetricXReward", "call_rewards", "is_async_reward", "length_ratio",
-           "length_ratio_reward", "load_evaluate_module", "part_weights", "reward_loop", "CometModel", "load_comet"]
+           "length_ratio_reward", "load_evaluate_module", "part_weights", "reward_loop", "CometModel", "load_comet",
+           "TeacherLikelihoodReward"]
 
 
 def __getattr__(name):

@@ -1,9 +1,11 @@
 """Trainers of hf-seqrl (all `transformers.Seq2SeqTrainer` subclasses), by family of idea: `base` (shared
 orchestration), `rollout` (`RolloutTrainer`: what every rewarded trainer shares), `policy_gradient` (baselines and
 advantages; SCST, REINFORCE, leave-one-out; `reuse`: clipped multi-update steps), `mrt`,
-`mixer`, `input_schedules` and `scheduled_sampling`, `professor_forcing`."""
+`mixer`, `distillation` (`DistillationTrainer`: a student toward a teacher), `input_schedules` and
+`scheduled_sampling`, `professor_forcing`."""
 
 from .base import SeqRLBaseTrainer
+from .distillation import DistillationTrainer
 from .input_schedules import KStepRolloutTrainer, PrefixCorruptionTrainer
 from .mixer import MixerTrainer
 from .mrt import MRTTrainer
@@ -13,9 +15,9 @@ from .rollout import RolloutTrainer
 from .scheduled_sampling import ScheduledSamplingTrainer
 
 # Every trainer `hf-seqrl train --algorithm` runs, by its `algorithm_id`.
-TRAINER_CLASSES = (SCSTTrainer, ReinforceTrainer, MRTTrainer, MixerTrainer, ScheduledSamplingTrainer,
-                   PrefixCorruptionTrainer, KStepRolloutTrainer, ProfessorForcingTrainer)
+TRAINER_CLASSES = (SCSTTrainer, ReinforceTrainer, MRTTrainer, MixerTrainer, DistillationTrainer,
+                   ScheduledSamplingTrainer, PrefixCorruptionTrainer, KStepRolloutTrainer, ProfessorForcingTrainer)
 
-__all__ = ["TRAINER_CLASSES", "KStepRolloutTrainer", "MRTTrainer", "MixerTrainer", "PrefixCorruptionTrainer",
+__all__ = ["TRAINER_CLASSES", "DistillationTrainer", "KStepRolloutTrainer", "MRTTrainer", "MixerTrainer", "PrefixCorruptionTrainer",
            "ProfessorForcingTrainer", "ReinforceTrainer", "RolloutTrainer", "SCSTTrainer", "ScheduledSamplingTrainer", "SeqRLBaseTrainer",
            "SeqRLTrainer"]

@@ -298,6 +298,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             task=task or args.task,
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
             reward=self.card_reward(),
+            teacher=self.card_teacher(),
             settings=card_settings(args),
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
@@ -312,6 +313,10 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def card_reward(self) -> str:
         """Returns the reward as the model card names it (a rewarded trainer names what the user gave)."""
         return self.reward_label
+
+    def card_teacher(self) -> str | None:
+        """Returns the teacher the model card names (a rewarded trainer's `teacher_model`), None without one."""
+        return None
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
                           tasks=None, dataset_tags=None, dataset=None, dataset_args=None):

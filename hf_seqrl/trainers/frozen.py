@@ -61,6 +61,12 @@ class FrozenModel:
                 "trained with that tokenizer.")
         return cls(name, model.to(device).requires_grad_(False).eval())
 
+    @property
+    def card_name(self) -> str:
+        """Returns what a model card calls this model: where it was loaded from, else its class."""
+        model = self.model if self.model is not None else self.policy()
+        return getattr(model.config, "_name_or_path", "") or type(model).__name__
+
     @contextlib.contextmanager
     def active(self):
         """Within the context, yields the model to run (the policy with its adapter switched for `model=None`)."""

@@ -15,25 +15,27 @@ TOKENIZER_OUTPUTS = frozenset({"token_type_ids", "special_tokens_mask", "offset_
                                "overflow_to_sample_mapping", "num_truncated_tokens"})
 
 
-def load_model(model, args):
+def load_model(model, args, field: str = "model_init_kwargs"):
     """Returns `model`, or the model that the Hub id or folder `model` names, loaded with the Auto class of its
-    family and `args.model_init_kwargs` (TRL's name; `trust_remote_code` stays off unless they set it).
+    family and the keyword arguments of `args.<field>` (`model_init_kwargs`, TRL's name, or
+    `teacher_model_init_kwargs`; `trust_remote_code` stays off unless they set it).
 
-    A model passed built takes the `attn_implementation` of `model_init_kwargs`; their other keys need a model to
+    A model passed built takes the `attn_implementation` of those keyword arguments; their other keys need a model to
     load, and a warning names them as not applied."""
+    init_kwargs = getattr(args, field) or {}
     if not isinstance(model, str):
-        kwargs = dict(args.model_init_kwargs or {})
+        kwargs = dict(init_kwargs)
         attention = kwargs.pop("attn_implementation", None)
         if attention is not None and hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(attention)
         if kwargs:
-            logger.warning("%s.model_init_kwargs %s apply when `model` is a Hub id or a folder; the model was passed "
-                           "built, so they are not applied (only attn_implementation is).", type(args).__name__,
+            logger.warning("%s.%s %s apply when the model is a Hub id or a folder; the model was passed built, so "
+                           "they are not applied (only attn_implementation is).", type(args).__name__, field,
                            sorted(kwargs))
         return model
     from ..models import load_pretrained
 
-    kwargs = dict(args.model_init_kwargs or {})
+    kwargs = dict(init_kwargs)
     kwargs.setdefault("trust_remote_code", False)
     return load_pretrained(model, **kwargs)
 

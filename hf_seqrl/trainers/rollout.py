@@ -84,8 +84,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
             self.frozen_models["reference"] = FrozenModel.reference_of(
                 unwrapped, self.args.device, lambda: self.accelerator.unwrap_model(self.model))
         if teacher_model is not None:
-            self.frozen_models["teacher"] = FrozenModel.teacher(load_model(teacher_model, self.args), self.args.device,
-                                                                unwrapped)
+            teacher = load_model(teacher_model, self.args, "teacher_model_init_kwargs")
+            self.frozen_models["teacher"] = FrozenModel.teacher(teacher, self.args.device, unwrapped)
         self.baseline = (self.args.baseline or self.default_baseline) if isinstance(self.args, BaselineConfig) else None
         self.baseline_ema: float | None = None  # the moving-average baseline's state
         self._rollout_config = None
@@ -98,7 +98,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
     @property
     def reward_fn(self):
         """The reward as built (`RewardScorer.fn`: a combined or pooled reward), None without `reward_funcs`."""
-        return None if self.rewards is None else self.rewards.fn
+        return getattr(self.rewards, "fn", None)
 
     @property
     def reward_label(self) -> str:
@@ -106,14 +106,15 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     @property
     def ref_model(self):
-        """The KL reference when it is a model of its own (TRL's name), None when it is the policy with its adapter
-        off or there is none."""
-        reference = self.frozen_models.get("reference")
-        return None if reference is None else reference.model
+        """The KL reference when a model of its own (TRL's name), else None (the policy with its adapter off, or none)."""
+        return getattr(self.frozen_models.get("reference"), "model", None)
 
     def card_reward(self) -> str:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
         return "none" if self.rewards is None else self.rewards.card_label()
+
+    def card_teacher(self) -> str | None:
+        return getattr(self.frozen_models.get("teacher"), "card_name", None)
 
     def rollout_plan(self) -> RolloutPlan | None:
         """Returns how the current training step (after the warm-up) rolls out, or None when it decodes nothing:
@@ -229,9 +230,10 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return self.gold_cross_entropy(scored, self.gold_labels(inputs))
 
     def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None,
-                     plain: bool = False) -> ScoredRollout:
+                     plain: bool = False, divergence=None) -> ScoredRollout:
         """Returns the family's scoring pass of `token_ids` under the policy (with grad; at `temperature`, default the
-        rollout's; the samples' temperature-1 log-probs too with `plain`), remembering its random state.
+        rollout's; the samples' temperature-1 log-probs too with `plain`; the divergence to a teacher with
+        `divergence`, a `functional.lm_head.Divergence`), remembering its random state.
 
         With `kl_coef > 0` the KL reference runs first, on the same tokens and with the random draws the policy pass
         then makes (with dropout on, both passes thin the same units, so the KL measures the weights' difference only),
@@ -240,7 +242,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self._policy_rng = rng_state(args.device)
         reference = self.reference_positions(inputs, token_ids, group) if args.kl_coef > 0 else None
         options = ScoreOptions(reference, entropy_grad=args.entropy_coef > 0, plain=plain,
-                               raw=self.label_smoother is not None)
+                               raw=self.label_smoother is not None, divergence=divergence)
         temperature = args.temperature if temperature is None else temperature
         return self.family.score(model, inputs, token_ids, group, gold_labels, temperature, options)
 

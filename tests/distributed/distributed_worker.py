@@ -261,9 +261,24 @@ def run_causal_evaluation(output_dir: str):
     return trainer
 
 
+def run_distillation(output_dir: str):
+    """Returns the trainer after 2 steps of on-policy distillation (generalized JSD, 2 samples per source) toward a
+    tiny T5 teacher, on the `one_step` data."""
+    from hf_seqrl import DistillationConfig, DistillationTrainer
+
+    args = DistillationConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
+                              num_samples=2, beta=0.5, learning_rate=1e-2, logging_steps=1, report_to=[],
+                              save_strategy="no", disable_tqdm=True, seed=0, dataloader_pin_memory=False, use_cpu=True)
+    tokenizer = byt5_tokenizer()
+    trainer = DistillationTrainer(model=tiny_model("t5", seed=1), args=args, train_dataset=one_step_data(tokenizer),
+                                  processing_class=tokenizer, teacher_model=tiny_model("t5", seed=2))
+    trainer.train()
+    return trainer
+
+
 # Groups of runs a test launches on 2 processes at once: name -> (run name, function of the output folder).
 SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
-          "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing)),
+          "mixer_and_pf": (("mixer", run_mixer), ("pf", run_professor_forcing), ("distill", run_distillation)),
           "input_schedules": (("noise_level", lambda out: run_input_schedule_step(out, "noise_level")),
                               ("kstep", lambda out: run_input_schedule_step(out, "kstep"))),
           # The accelerate config's gradient_clipping (1.0) must equal the Trainer's max_grad_norm under DeepSpeed.

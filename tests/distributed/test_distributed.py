@@ -223,7 +223,7 @@ def test_reused_rollouts_and_mrt_on_two_processes(reuse_and_mrt_results, tmp_pat
 
 @pytest.fixture(scope="module")
 def mixer_and_pf_results(tmp_path_factory):
-    results, out = run_worker(tmp_path_factory.mktemp("dist_mixer_pf"), ("mixer", "pf"), "mixer_and_pf")
+    results, out = run_worker(tmp_path_factory.mktemp("dist_mixer_pf"), ("mixer", "pf", "distill"), "mixer_and_pf")
     for rank in (0, 1):
         results[f"discriminator{rank}"] = torch.load(out / f"pf_discriminator_rank{rank}.pt")
     results["mixer_completions"] = {path.name: [json.loads(line) for line in path.read_text().splitlines()]
@@ -232,15 +232,16 @@ def mixer_and_pf_results(tmp_path_factory):
 
 
 def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
-    """Both train on 2 processes: the ranks end with identical models (and, for professor forcing, identical
-    discriminators, whose gradients are averaged over the ranks), and log finite metrics averaged over them. MIXER's
+    """MIXER, professor forcing and on-policy distillation train on 2 processes: the ranks end with identical models
+    (and, for professor forcing, identical discriminators, whose gradients are averaged over the ranks), and log
+    finite metrics averaged over them; the distillation teacher stays out of DDP. MIXER's
     sample log holds, at each logging step, the samples of both ranks (batch 4 x 2 samples x 2 processes)."""
 
     from helpers import tiny_model
 
     results = mixer_and_pf_results
     initial = tiny_model("t5", seed=1).state_dict()
-    for run in ("mixer", "pf"):
+    for run in ("mixer", "pf", "distill"):
         assert results[f"{run}0"]["world_size"] == 2
         for name, value in results[f"{run}0"]["params"].items():
             assert torch.equal(value, results[f"{run}1"]["params"][name]), (run, name)
@@ -255,6 +256,8 @@ def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
         assert len(rows) == 4 * 2 * 2 and [row["process"] for row in rows] == [0] * 8 + [1] * 8
         assert all(row["greedy"] is not None and math.isfinite(row["advantage"]) for row in rows)
         assert sum(row["reward"] for row in rows) / 16 == pytest.approx(log["rl/reward"], abs=1e-6)  # all ranks
+    distill = [h for h in results["distill0"]["log_history"] if "distill/divergence" in h]
+    assert len(distill) == 2 and all(h["distill/on_policy"] == 1.0 and h["distill/divergence"] > 0 for h in distill)
     pf = [h for h in results["pf0"]["log_history"] if "pf/d_loss" in h]
     assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
 

@@ -86,6 +86,30 @@ def test_train_subcommand_runs_a_yaml_config(tmp_path, monkeypatch):
     assert any(key.startswith("test_") for key in results)
 
 
+def test_train_distills_from_a_teacher_folder(tmp_path, monkeypatch, capsys):
+    """`--algorithm distill --teacher_model FOLDER` on the tiny YAML: a student trained toward a saved teacher (with
+    the YAML's chrF reward beside it), whose card names the teacher; a teacher given to a trainer that takes none and
+    distillation without a teacher are refused."""
+    from helpers import tiny_model
+
+    monkeypatch.chdir(ROOT)
+    tiny_model("t5", seed=3, d_model=64).save_pretrained(tmp_path / "teacher")
+    config = os.path.join("recipes", "configs", "tiny_offline_translation.yaml")
+    common = ["--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--warmup_xe_steps", "1",
+              "--max_train_samples", "8", "--max_eval_samples", "4", "--max_test_samples", "4", "--eval_strategy",
+              "no", "--max_new_tokens", "8", "--generation_max_length", "8"]
+    assert main(["train", "--config", config, "--algorithm", "distill", "--teacher_model", str(tmp_path / "teacher"),
+                 "--beta", "0.5", *common]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"- Teacher: `{tmp_path / 'teacher'}`" in card and "- Reward: `chrf`" in card
+    assert "fine-tuned with **On-policy distillation**" in card
+    for flags, message in ((["--algorithm", "scheduled_sampling", "--teacher_model", "x"], "takes no teacher"),
+                           (["--algorithm", "distill"], "algorithm='distill' needs teacher_model")):
+        capsys.readouterr()
+        assert main(["train", "--config", config, *flags, *common]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_evaluate_subcommand_scores_against_every_reference(tmp_path, capsys):
     from helpers import byt5_tokenizer, tiny_model
     from hf_seqrl.evaluation import corpus_scores

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import REPO
 
-PAGES = {"decoder_only.md": "step-2.jsonl", "offline_models.md": None}
+PAGES = {"decoder_only.md": "step-2.jsonl", "offline_models.md": None, "distillation.md": None}
 
 
 def python_blocks(page: str) -> list[str]:
@@ -56,3 +56,10 @@ def test_the_offline_models_page_runs(tmp_path, monkeypatch):
     assert namespace["trainer"].state.global_step > 0 and "eval_bleu" in printed
     if "bert2bert" in namespace:  # the MiniLM package is installed
         assert (tmp_path / "bert2bert-scst" / "README.md").is_file()
+
+
+@pytest.mark.slow
+def test_the_distillation_walkthrough_runs(tmp_path, monkeypatch):
+    namespace, printed = run_page("distillation.md", tmp_path, monkeypatch)
+    assert namespace["trainer"].state.global_step == 40 and "KL(student || teacher)" in printed
+    assert namespace["kl_to_teacher"](namespace["trainer"].model) <= 0.5 * namespace["before"]

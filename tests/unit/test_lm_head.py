@@ -118,3 +118,45 @@ def test_label_smoothed_cross_entropy_equals_transformers_label_smoother():
     one = losses.label_smoothed_cross_entropy(torch.tensor([[math.log(0.5)]]), torch.tensor([[2 * math.log(0.5)]]),
                                               torch.tensor([[0]]), 0.1, 2)
     assert one.item() == pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize("beta,tau", [(0.0, 1.0), (1.0, 2.0), (0.3, 0.7)])
+def test_chunked_divergence_equals_the_whole_tensor_formula(monkeypatch, beta, tau):
+    """The `divergence` stat against `losses.generalized_jsd` over whole logits in float64: values and the
+    gradients of hidden states, weight and bias, with per-row bans, a soft cap, a teacher with its own bias and
+    width, and the divergence's own temperature (the samples' log-probs at another)."""
+    generator = torch.Generator().manual_seed(1)
+    count, d, d_teacher, vocab = 9, 4, 6, 13
+    hidden = torch.randn(count, d, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(vocab, d, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = torch.randn(vocab, dtype=torch.float64, generator=generator, requires_grad=True)
+    layer = OutputLayer(weight, bias, softcap=4.0)
+    teacher_layer = OutputLayer(torch.randn(vocab, d_teacher, dtype=torch.float64, generator=generator),
+                                torch.randn(vocab, dtype=torch.float64, generator=generator))
+    teacher_hidden = torch.randn(count, d_teacher, dtype=torch.float64, generator=generator)
+    ids = torch.randint(1, vocab, (count,), generator=generator)
+    banned = torch.zeros(2, vocab, dtype=torch.bool)
+    banned[0, 0], banned[1, [0, 7]] = True, True
+    rows = torch.randint(0, 2, (count,), generator=generator)
+    ids = torch.where(banned[rows, ids], 1, ids)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * vocab)
+    stats = position_stats(Positions(hidden, layer), ids, 1.3, banned, rows,
+                           divergence=lm_head.Divergence(Positions(teacher_hidden, teacher_layer), beta, tau))
+    want = losses.generalized_jsd(layer(hidden), teacher_layer(teacher_hidden), beta, tau, banned[rows])
+    torch.testing.assert_close(stats.divergence.double(), want)
+    weights = torch.randn(count, dtype=torch.float64, generator=generator)
+    grads = torch.autograd.grad((stats.divergence * weights).sum(), (hidden, weight, bias))
+    for got, expected in zip(grads, torch.autograd.grad((want * weights).sum(), (hidden, weight, bias))):
+        torch.testing.assert_close(got, expected)
+
+
+def test_hand_computed_divergence_of_one_position():
+    # student logits [0, 0, ln 2]: p_s = [1/4, 1/4, 1/2]; teacher uniform: p_t = [1/3, 1/3, 1/3]
+    inputs = Positions(torch.ones(1, 1, dtype=torch.float64),
+                       OutputLayer(torch.tensor([[0.0], [0.0], [math.log(2)]], dtype=torch.float64)))
+    uniform = Positions(torch.ones(1, 1, dtype=torch.float64), OutputLayer(torch.zeros(3, 1, dtype=torch.float64)))
+    forward = position_stats(inputs, torch.tensor([2]), divergence=lm_head.Divergence(uniform, 0.0))
+    reverse = position_stats(inputs, torch.tensor([2]), divergence=lm_head.Divergence(uniform, 1.0))
+    # KL(t || s) = sum 1/3 ln(1/3 / p_s) = -ln 3 - (2 ln(1/4) + ln(1/2)) / 3 = 5/3 ln 2 - ln 3
+    assert forward.divergence.item() == pytest.approx(5 / 3 * math.log(2) - math.log(3))
+    assert reverse.divergence.item() == pytest.approx(math.log(3) - 1.5 * math.log(2))

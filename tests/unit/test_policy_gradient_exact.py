@@ -201,3 +201,32 @@ def test_minimum_risk_gradient_over_a_fixed_n_best_is_the_explicit_one():
     # the set leaves mass out: its risk is not the whole space's
     whole = losses.minimum_risk_loss(seq_lp_all, torch.tensor([reward(s) for s in seqs]), len(seqs), 1.0)
     assert abs(whole.item() - losses.minimum_risk_loss(seq_lp, rewards, len(candidates), 1.0, keep).item()) > 1e-3
+
+
+def make_teacher():
+    torch.manual_seed(1)
+    return torch.randn(L, 4, V) * 0.9
+
+
+def test_reverse_kl_estimator_expectation_is_the_exact_sequence_level_gradient():
+    """On-policy distillation: per-token advantages -(log p_s - log p_t), summed to the end of the sample
+    (`reverse_kl_advantages(..., reward_to_go=True)`), through `policy_gradient_loss`, weighted by each
+    sequence's probability under the student, give the gradient of the exact KL(P_s || P_t) over whole sequences.
+    Each token's own log-ratio alone (the recipes' form) holds the prefixes' distribution fixed and does not."""
+    theta, teacher = make_theta(), make_teacher()
+    seqs = all_sequences()
+    lp, mask = token_logprobs(theta, seqs)
+    teacher_lp, _ = token_logprobs(teacher, seqs)
+    seq_s, seq_t = losses.masked_sum(lp, mask), losses.masked_sum(teacher_lp, mask)
+    exact = (seq_s.exp() * (seq_s - seq_t)).sum()  # KL(P_s || P_t) = sum_y P_s(y) (log P_s(y) - log P_t(y))
+    (target,) = torch.autograd.grad(exact, theta, retain_graph=True)
+    probs = seq_s.detach().exp()
+    for to_go in (True, False):
+        adv = losses.reverse_kl_advantages(lp, teacher_lp, mask, reward_to_go=to_go)
+        # policy_gradient_loss averages over rows: weight row k by N * P_s(k) for sum_k P_s(k) * (...)
+        weighted = losses.policy_gradient_loss(lp, mask, adv * (probs * len(seqs)).unsqueeze(1))
+        (estimate,) = torch.autograd.grad(weighted, theta, retain_graph=True)
+        if to_go:
+            torch.testing.assert_close(estimate, target, atol=1e-6, rtol=1e-5)
+        else:
+            assert (estimate - target).norm() > 1e-3

@@ -45,8 +45,10 @@ def other_trainer(name: str, out: str, dataset, tok, callbacks):
                                           report_to=[], disable_tqdm=True, seed=0, dataloader_pin_memory=False,
                                           **extra)
     rewards = {"reward_funcs": "chrf"} if "num_samples" in extra else {}
-    model = tiny_causal_model("llama", seed=0) if causal() else tiny_model("t5", seed=0)
-    return getattr(hf_seqrl, trainer_name)(model=model, args=args, train_dataset=dataset, processing_class=tok,
+    build = (lambda seed: tiny_causal_model("llama", seed=seed)) if causal() else (lambda seed: tiny_model("t5", seed=seed))
+    if name == "distill":  # a frozen teacher beside the student; a step on-policy or not by the draw of its step
+        rewards["teacher_model"] = build(5)
+    return getattr(hf_seqrl, trainer_name)(model=build(0), args=args, train_dataset=dataset, processing_class=tok,
                                            callbacks=callbacks, **rewards)
 
 
@@ -71,6 +73,9 @@ OTHER_TRAINERS = {
                                                                 warmup_xe_steps=2)),
     "mrt": ("MRTConfig", "MRTTrainer", dict(num_samples=2, mrt_include_greedy=True, rl_weight=0.7, max_new_tokens=6,
                                             mrt_alpha=0.5, warmup_xe_steps=2)),
+    # GKD's mixed setting with a sequence reward beside the teacher: the on-policy draws and the baseline resume.
+    "distill": ("DistillationConfig", "DistillationTrainer", dict(num_samples=2, lmbda=0.5, beta=0.5, rl_weight=0.7,
+                                                                  max_new_tokens=6, warmup_xe_steps=2)),
 }
 
 

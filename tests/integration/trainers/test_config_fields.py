@@ -10,7 +10,7 @@ from datasets import Dataset
 from transformers import Seq2SeqTrainingArguments
 
 from helpers import byt5_tokenizer, params, tiny_causal_model, tiny_model, toy_pairs
-from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
+from hf_seqrl import (DistillationConfig, DistillationTrainer, KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       PrefixCorruptionConfig, PrefixCorruptionTrainer, ProfessorForcingConfig, ProfessorForcingTrainer,
                       ReinforceTrainer, SCSTTrainer, ScheduledSamplingConfig, ScheduledSamplingTrainer, SeqRLConfig)
 
@@ -20,7 +20,8 @@ SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", mo
               max_new_tokens=6,
               reward_weights=[0.6, 0.4], nonfinite_rewards="drop", reward_workers=2, num_samples=3, temperature=0.9,
               top_k=5, top_p=0.95, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05, log_completions=True,
-              num_completions_to_print=1, save_on_error=False, ds3_gather_for_generation=False)
+              num_completions_to_print=1, save_on_error=False, ds3_gather_for_generation=False,
+              teacher_model_init_kwargs={"dtype": "float32"})
 SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", max_source_length=24, max_target_length=12)
 CAUSAL_ONLY = dict(max_prompt_length=24, max_completion_length=12)
 # Whole sequences drawn from the source alone: decoded ahead, scored by the mean; MIXER refuses them.
@@ -67,11 +68,12 @@ def test_every_field_set_builds_and_steps_the_trainer(tmp_path, family, trainer_
                         **fields)
     for name, value in fields.items():
         assert getattr(args, name) == value, name
-    # The model comes as a folder, which `model_init_kwargs` loads.
+    # The model comes as a folder, which `model_init_kwargs` loads; the teacher too (`teacher_model_init_kwargs`).
     (tiny_model("t5", dropout=0.1) if family == "seq2seq" else tiny_causal_model("llama")).save_pretrained(
         tmp_path / "base")
     trainer = trainer_class(model=str(tmp_path / "base"), args=args, reward_funcs=["chrf", length_reward],
-                            train_dataset=text_data(family), processing_class=byt5_tokenizer())
+                            train_dataset=text_data(family), processing_class=byt5_tokenizer(),
+                            teacher_model=str(tmp_path / "base"))
     model = trainer.model
     before = params(model)
     trainer.train()
@@ -80,9 +82,12 @@ def test_every_field_set_builds_and_steps_the_trainer(tmp_path, family, trainer_
     last = [h for h in trainer.state.log_history if h.get("rl/phase") == 1.0][-1]
     assert torch.isfinite(torch.tensor([last["loss"], last["rl/length_ratio"]])).all()
     if getattr(args, "mask_truncated_completions", False) and last["rl/frac_truncated"] == 1.0:
-        assert "rl/kl" not in last and "rl/entropy" not in last  # no sample left in the loss: nothing to measure
+        # no sample left in the loss: nothing to measure
+        assert "rl/kl" not in last and "rl/entropy" not in last and "rl/teacher_logprob" not in last
     else:
         assert torch.isfinite(torch.tensor([last["rl/kl"], last["rl/entropy"]])).all()
+        assert last["rl/teacher_logprob"] < 0
+    assert not trainer.frozen_models["teacher"].model.training
     assert (tmp_path / "completions" / "step-2.jsonl").is_file()
     after = params(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -98,6 +103,7 @@ FAMILIES = [
     (ReinforceTrainer, SeqRLConfig, {"reward_funcs": "chrf"}, False),
     (MRTTrainer, MRTConfig, {"reward_funcs": "chrf"}, True),
     (MixerTrainer, MixerConfig, {"reward_funcs": "chrf"}, False),
+    (DistillationTrainer, DistillationConfig, {"teacher_model": tiny_model("t5", seed=1)}, True),
     (ScheduledSamplingTrainer, ScheduledSamplingConfig, {}, False),
     (PrefixCorruptionTrainer, PrefixCorruptionConfig, {}, False),
     (KStepRolloutTrainer, KStepRolloutConfig, {}, False),

@@ -73,10 +73,10 @@ def test_sigkill_inside_a_reuse_cycle_then_resume_matches_uninterrupted_run(tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer,model", [("mixer", "seq2seq"), ("pf", "seq2seq"), ("noise_level", "seq2seq"),
                                            ("kstep", "seq2seq"), ("mrt", "causal"), ("noise_level", "causal"),
-                                           ("mixer", "causal")])
+                                           ("mixer", "causal"), ("distill", "seq2seq"), ("distill", "causal")])
 def test_sigkill_then_resume_other_trainers(tmp_path, trainer, model):
     """MIXER (Δ schedule, moving-average baseline), professor forcing (its discriminator and optimizer), noise-level
-    forcing and k-step rollout (RNG draws every step), and MRT, killed after checkpoint-3 resume from it and end
+    forcing and k-step rollout (RNG draws every step), MRT, and distillation (on-policy steps drawn by step), killed after checkpoint-3 resume from it and end
     where an uninterrupted run ends; on a tiny T5 or a tiny decoder-only Llama."""
     full = worker(tmp_path / "full", trainer=trainer, model=model)
     assert full.returncode == 0, full.stderr[-2000:]

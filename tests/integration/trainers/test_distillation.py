@@ -1,0 +1,143 @@
+"""`DistillationTrainer`: tiny T5 / Marian / Llama students trained toward tiny teachers of their family (dropout on,
+text columns), on-policy and off, with both estimators, LoRA students, a sequence reward beside the teacher, the
+teacher loaded from a folder, and the refusals at build."""
+
+from functools import partial
+
+import pytest
+import torch
+from datasets import Dataset
+
+from helpers import byt5_tokenizer, make_config, overlap_reward, tiny_causal_model, tiny_model, toy_pairs
+from hf_seqrl import DistillationConfig, DistillationTrainer, losses
+from hf_seqrl.models.tiny import build_tiny_model
+
+config = partial(make_config, DistillationConfig, max_steps=2, num_samples=2, logging_steps=1)
+
+
+def text_pairs(causal: bool, n: int = 8, seed: int = 0):
+    sources, targets = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
+    if causal:
+        return Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
+    return Dataset.from_dict({"source": sources, "target": targets})
+
+
+def sharp(model, scale: float = 4.0):
+    """The model with its output layer scaled: a peaked distribution, far from a random student's."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model
+
+
+def heldout_kl(student, teacher, tok, causal: bool) -> float:
+    """The mean token-level KL(student || teacher) over the gold targets of held-out pairs (teacher-forced)."""
+    total, count = 0.0, 0
+    student.eval()
+    for row in text_pairs(causal, n=8, seed=7):
+        if causal:
+            prompt = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([prompt + tok(row["completion"])["input_ids"]])
+            with torch.no_grad():
+                s, t = student(input_ids=ids).logits[0], teacher(input_ids=ids).logits[0]
+            s, t = s[len(prompt) - 1:-1], t[len(prompt) - 1:-1]  # the positions that predict the completion
+        else:
+            enc = tok([row["source"]], return_tensors="pt")
+            labels = tok(text_target=[row["target"]], return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                s, t = student(**enc, labels=labels).logits[0], teacher(**enc, labels=labels).logits[0]
+        total += losses.reverse_kl(s, t).sum().item()
+        count += s.shape[0]
+    return total / count
+
+
+@pytest.mark.parametrize("arch,causal,settings", [
+    ("t5", False, dict(beta=1.0)),  # on-policy reverse KL over the vocabulary
+    ("marian", False, dict(beta=0.5, lmbda=0.5)),  # GKD's mixed setting
+    ("llama", True, dict(beta=0.0, lmbda=0.0)),  # word-level KD on gold prefixes
+    ("t5", False, dict(divergence_estimator="sampled", num_samples=4)),  # the reverse KL at the sampled tokens
+], ids=["t5-reverse", "marian-jsd", "llama-forward", "t5-sampled"])
+def test_distillation_halves_the_heldout_kl_to_the_teacher(tmp_path, arch, causal, settings):
+    tok = byt5_tokenizer()
+    sampled = settings.get("divergence_estimator") == "sampled"
+    scale = 1.0 if sampled else 4.0  # a policy gradient needs a teacher the student's samples are not far from
+    if causal:
+        student, teacher = tiny_causal_model(arch, seed=1), sharp(tiny_causal_model(arch, seed=2, d_model=64), scale)
+    else:
+        student = tiny_model(arch, seed=1, dropout=0.1)
+        teacher = sharp(tiny_model(arch, seed=2, dropout=0.1, d_model=64, layers=2), scale)
+    before = heldout_kl(student, teacher, tok, causal)
+    args = config(tmp_path, max_steps=40, learning_rate=1e-2, per_device_train_batch_size=8, logging_steps=10,
+                  **settings)
+    trainer = DistillationTrainer(model=student, args=args, train_dataset=text_pairs(causal, n=32),
+                                  processing_class=tok, teacher_model=teacher)
+    trainer.train()
+    after = heldout_kl(trainer.model, teacher, tok, causal)
+    assert after <= 0.5 * before, (before, after)
+    metric = "distill/reverse_kl" if sampled else "distill/divergence"
+    logs = [h for h in trainer.state.log_history if metric in h]
+    assert len(logs) == 4 and all(h[metric] >= 0 or sampled for h in logs)
+    assert all(h["rl/teacher_logprob"] < 0 for h in logs) if sampled else True
+    share = sum(h["distill/on_policy"] for h in logs) / len(logs)  # each log: the mean over its window's steps
+    lmbda = settings.get("lmbda", 1.0)
+    assert share == lmbda if lmbda in (0.0, 1.0) else 0.0 < share < 1.0
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_sequence_level_kd_trains_on_the_teachers_beams_and_a_reward_joins(tmp_path):
+    tok = byt5_tokenizer()
+    student, teacher = tiny_model("bart", seed=1, dropout=0.1), tiny_model("bart", seed=2)
+    args = config(tmp_path, lmbda=0.0, seq_kd=True, seq_kd_num_beams=2, rl_weight=0.5, max_steps=1)
+    trainer = DistillationTrainer(model=student, args=args, train_dataset=text_pairs(False), processing_class=tok,
+                                  teacher_model=teacher)
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "distill/divergence" in h)
+    assert log["distill/on_policy"] == 0.0 and "rl/xe_loss" in log
+    rewarded = DistillationTrainer(model=tiny_model("t5", seed=1), args=config(tmp_path, baseline="mean"),
+                                   train_dataset=text_pairs(False), processing_class=tok,
+                                   teacher_model=tiny_model("t5", seed=2), reward_funcs=overlap_reward)
+    rewarded.train()
+    log = next(h for h in rewarded.state.log_history if "distill/divergence" in h)
+    assert "rl/reward" in log and "rl/pg_loss" in log
+
+
+def test_a_lora_student_distills_from_a_separate_teacher_loaded_from_a_folder(tmp_path):
+    peft = pytest.importorskip("peft")
+    tok = byt5_tokenizer()
+    teacher = tiny_model("t5", seed=2)
+    teacher.save_pretrained(tmp_path / "teacher")
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"], task_type="SEQ_2_SEQ_LM")
+    args = config(tmp_path, teacher_model_init_kwargs='{"dtype": "float32"}')
+    trainer = DistillationTrainer(model=tiny_model("t5", seed=1, dropout=0.1), args=args,
+                                  train_dataset=text_pairs(False), processing_class=tok,
+                                  teacher_model=str(tmp_path / "teacher"), peft_config=lora)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_B" in k}
+    trainer.train()
+    after = trainer.model.state_dict()
+    assert before and any(not torch.equal(v, after[k]) for k, v in before.items())
+    loaded = trainer.frozen_models["teacher"].model
+    assert not hasattr(loaded, "peft_config") and all(torch.equal(v, teacher.state_dict()[k])
+                                                      for k, v in loaded.state_dict().items())
+
+
+def test_a_teacher_of_another_vocabulary_or_family_or_none_is_refused(tmp_path):
+    tok = byt5_tokenizer()
+    other = build_tiny_model("t5", vocab_size=512, d_model=32, layers=1, pad_token_id=0, eos_token_id=1)
+    build = partial(DistillationTrainer, args=config(tmp_path), train_dataset=text_pairs(False), processing_class=tok)
+    with pytest.raises(ValueError, match="teacher_model has an output layer of 512 tokens and the policy one of 384"):
+        build(model=tiny_model("t5"), teacher_model=other)
+    with pytest.raises(ValueError, match="teacher_model is a causal model and the student a seq2seq one"):
+        build(model=tiny_model("t5"), teacher_model=tiny_causal_model())
+    with pytest.raises(ValueError, match="DistillationTrainer needs teacher_model="):
+        build(model=tiny_model("t5"))
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(beta=1.5), "beta=1.5 must be in"),
+    (dict(lmbda=-0.1), "lmbda=-0.1 must be in"),
+    (dict(divergence_estimator="sampled", beta=0.5), "needs beta=1.0 and lmbda=1.0"),
+    (dict(seq_kd=True), "lower lmbda"),
+    (dict(token_reward_to_go=True), "applies to divergence_estimator='sampled'"),
+])
+def test_config_refuses_settings_that_do_not_go_together(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, **fields)
