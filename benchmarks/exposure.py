@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -93,14 +94,14 @@ def format_markdown(table: dict) -> str:
 
 
 def cost_unit(task: str, quick: bool, arm: str, steps: int, warmup: int, assignments: list[str], work_dir: str,
-              data_dir: str | None) -> dict:
+              data_dir: str | None, device: str = "cpu") -> dict:
     """Times `steps` optimizer steps of one arm from the cached C (after `warmup` untimed ones), on the arm's own
     trainer and data order; returns the seconds of each timed step and the decoder positions per step."""
     import torch
     from transformers import TrainerCallback, set_seed
 
     torch.set_num_threads(1)
-    settings, _ = quality.apply_overrides(quality.SETTINGS[(task, quick)], assignments)
+    settings, _ = quality.apply_overrides(replace(quality.SETTINGS[(task, quick)], device=device), assignments)
     splits, tokenizer, dataset = quality.task_data(settings, data_dir or quality.DEFAULT_DATA, work_dir)
     folder = quality.c_folder(settings, work_dir)
     if not os.path.isdir(folder):
@@ -137,7 +138,7 @@ def cost_main(args) -> dict:
     for round_index in range(args.cost_rounds):
         for arm in args.arms:
             command = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--cost-unit", arm,
-                       "--cost-steps", str(args.cost_steps), "--work-dir", work_dir]
+                       "--cost-steps", str(args.cost_steps), "--work-dir", work_dir, "--device", args.device]
             command += (["--quick"] if args.quick else []) + (["--set", *args.set] if args.set else [])
             command += ["--data-dir", args.data_dir] if args.data_dir else []
             lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where every phase runs (as quality.py's)")
     parser.add_argument("--cost", action="store_true", help="time every arm's optimizer step from the cached C, "
                         "each arm in a fresh process, the arms in turn (writes exposure_cost_<task>.json)")
     parser.add_argument("--cost-steps", type=int, default=10, help="timed steps per arm and round (after 2 more)")
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.cost_unit:
         unit = cost_unit(args.task, args.quick, args.cost_unit, args.cost_steps, 2, args.set, args.work_dir,
-                         args.data_dir)
+                         args.data_dir, args.device)
         print(json.dumps(unit))
         return unit
     if "xe" not in args.arms:
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "--jobs", str(args.jobs if args.jobs is not None else (1 if args.quick else 2))]
     quality_argv += (["--quick"] if args.quick else []) + (["--seeds", *map(str, args.seeds)] if args.seeds else [])
     quality_argv += (["--set", *args.set] if args.set else []) + (["--data-dir", args.data_dir] if args.data_dir else [])
+    quality_argv += ["--device", args.device]
     results = quality.main(quality_argv)
     table = exposure_table(results, results["settings"]["metrics"][0])
     markdown = format_markdown(table)

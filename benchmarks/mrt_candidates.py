@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -74,6 +75,7 @@ def candidate_sets(model, tokenizer, rows: list[dict], kind: str, size: int, set
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             batch = tokenize_sources(family, tokenizer, [r["source"] for r in chunk], settings.max_source_tokens)
+            batch = {key: value.to(model.device) for key, value in batch.items()}
             began = time.perf_counter()
             if kind == "beam":
                 ids, mask = family.beam_search(model, batch, size, size, settings.max_new_tokens)
@@ -98,7 +100,7 @@ def analyse(args) -> dict:
     from hf_seqrl.rewards import get_reward
 
     torch.manual_seed(0)
-    settings = quality.SETTINGS[(args.task, False)]
+    settings = replace(quality.SETTINGS[(args.task, False)], device=args.device)
     splits = quality.load_task(settings, args.data_dir)
     work = args.work_dir or quality.default_work_dir(args.task)
     tokenizer = quality.build_tokenizer(settings, splits["train"], os.path.join(work, "tokenizer"))
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=quality.DEFAULT_DATA)
     parser.add_argument("--work-dir", default=None, help="the quality benchmark's work folder (holds C)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where C decodes and scores")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     import torch
