@@ -39,43 +39,42 @@ CASES = (("t5-small", 1), ("t5-small", 4), ("marian-base", 4), ("t5-small-256k",
 
 def time_passes(shape: str, samples: int, arm: str, steps: int, device: str) -> dict:
     """Returns the seconds of `steps` scoring passes (after one untimed pass) in this process, and their peak."""
-    import speed
+    from speed_lib import models as speed_models
     from counting import reset_resident_peak, resident_peak_bytes
 
     from hf_seqrl import losses
     from hf_seqrl.models import heads
-    from hf_seqrl.models.base import decoder_start_id, pad_id
-    from hf_seqrl.models.seq2seq import score_rollout
+    from hf_seqrl.models import family_for
 
     if arm == "whole_logits":
         heads.KNOWN_HEADS = {}
         heads._warned.add("T5ForConditionalGeneration")
         heads._warned.add("MarianMTModel")
-    model, _ = speed.build(shape, device)
-    vocab = speed.SHAPES[shape]["vocab"]
-    src, attn, labels, _ = speed.batch_for("translation", 8, vocab, device)
+    model, _ = speed_models.build(shape, device)
+    vocab = speed_models.SHAPES[shape]["vocab"]
+    src, attn, labels, _ = speed_models.batch_for("translation", 8, vocab, device)
     gen = torch.Generator().manual_seed(2)
     sample_ids = torch.randint(3, vocab, (8 * samples, 32), generator=gen).to(device)
     mask = torch.ones_like(sample_ids, dtype=torch.bool)
     advantages = torch.randn(8 * samples, generator=gen).to(device)
-    accelerator = speed.on_accelerator(device)
+    accelerator = speed_models.on_accelerator(device)
     module = torch.get_device_module(torch.device(device).type) if accelerator else None
     times, peaks = [], []
     for step in range(steps + 1):
         model.zero_grad(set_to_none=True)
-        speed.synchronize(device)
+        speed_models.synchronize(device)
         if accelerator:
             module.reset_peak_memory_stats()
             base = module.memory_allocated()
         else:
             base = reset_resident_peak()
         start = time.perf_counter()
-        scored = score_rollout(model, src, attn, sample_ids, samples, decoder_start_id(model), pad_id(model),
-                               gold_labels=labels)
+        scored = family_for(model).score(model, {"input_ids": src, "attention_mask": attn}, sample_ids, samples, labels,
+                                         1.0)
         pg = losses.policy_gradient_loss(scored.token_logprobs, mask, advantages)
         xe = losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels)
         losses.mix_losses(pg, xe, 0.7).backward()
-        speed.synchronize(device)
+        speed_models.synchronize(device)
         seconds = time.perf_counter() - start
         peak = (module.max_memory_allocated() if accelerator else resident_peak_bytes()) - base
         if step:
@@ -95,14 +94,14 @@ def scst_step_peaks(arm: str, device: str) -> dict:
     from datasets import Dataset
     from transformers import T5Config, T5ForConditionalGeneration, TrainerCallback
 
-    import speed
+    from speed_lib import models as speed_models
     from hf_seqrl import SCSTTrainer, SeqRLConfig
     from hf_seqrl.models import heads
 
     if arm == "whole_logits":
         heads.KNOWN_HEADS = {}
     vocab, sources, length = 131072, 8, 48
-    tokenizer = speed.word_tokenizer(vocab)
+    tokenizer = speed_models.word_tokenizer(vocab)
     config = T5Config(vocab_size=vocab, d_model=64, d_ff=128, num_layers=2, num_heads=2, d_kv=32,
                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, dropout_rate=0.0)
     torch.manual_seed(0)
@@ -114,14 +113,14 @@ def scst_step_peaks(arm: str, device: str) -> dict:
     words = lambda n: " ".join(f"w{rng.randrange(3, vocab)}" for _ in range(n))  # noqa: E731
     data = Dataset.from_dict({"source": [words(length) for _ in range(4 * sources)],
                               "target": [words(length - 1) for _ in range(4 * sources)]})
-    accelerator = speed.on_accelerator(device)
+    accelerator = speed_models.on_accelerator(device)
     module = torch.get_device_module(torch.device(device).type) if accelerator else None
     peaks = []
 
     class Peak(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             if state.global_step >= 1:
-                speed.synchronize(device)
+                speed_models.synchronize(device)
                 if accelerator:
                     module.reset_peak_memory_stats()
                     self.base = module.memory_allocated()
@@ -130,7 +129,7 @@ def scst_step_peaks(arm: str, device: str) -> dict:
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step >= 2:
-                speed.synchronize(device)
+                speed_models.synchronize(device)
                 peak = module.max_memory_allocated() if accelerator else resident_peak_bytes()
                 peaks.append((peak - self.base) / 2**20)
 

@@ -45,8 +45,6 @@ _LAZY = {
     "run_diagnostics": "diagnostics",
     "DiagnosticsCallback": "diagnostics",
     "Rollout": "types",
-    "sample_rollout": "models",
-    "score_rollout": "models",
     "build_tiny_model": "models.tiny",
 }
 

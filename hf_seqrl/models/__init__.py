@@ -12,7 +12,7 @@ from ..types import Rollout, ScoredRollout
 from .auto import FAMILIES, SUPPORTED, family_for, family_for_config, load_pretrained
 from .base import ModelFamily
 from .causal import CausalFamily
-from .seq2seq import Seq2SeqFamily, sample_rollout, score_rollout
+from .seq2seq import Seq2SeqFamily
 
 __all__ = ["FAMILIES", "SUPPORTED", "CausalFamily", "ModelFamily", "Rollout", "ScoredRollout", "Seq2SeqFamily",
-           "family_for", "family_for_config", "load_pretrained", "sample_rollout", "score_rollout"]
+           "family_for", "family_for_config", "load_pretrained"]

@@ -190,7 +190,7 @@ def sample_causal(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     """Returns `num_samples` sampled completions per prompt and, if `with_greedy`, the greedy completion.
 
     One decode in eval mode (`decoding.decode_rollout` over `CausalSteps`) of every prompt's group of rows: the argmax
-    on each source's greedy row and a sample elsewhere, as `seq2seq.sample_rollout` does for seq2seq models.
+    on each source's greedy row and a sample elsewhere, as `Seq2SeqFamily.sample` does for seq2seq models.
 
     Args:
         model: an unwrapped `PreTrainedModel` for causal LM.

@@ -2,7 +2,7 @@
 
 A rollout is one decode (`hf_seqrl.models.decoding`) of the `n` samples and, for SCST, the greedy row of every source:
 the encoder and the cross-attention keys/values are computed once per source, then every row steps on its own KV
-cache. The scoring pass (`ModelFamily.score`, `score_rollout`) is one teacher-forced forward through the
+cache. The scoring pass (`ModelFamily.score`) is one teacher-forced forward through the
 (possibly DDP-wrapped or FSDP2-sharded) model: the encoder runs once per source and its states are expanded to the
 decoder rows by a forward pre-hook, so that gradients flow back through the expansion.
 """
@@ -13,11 +13,10 @@ import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..types import Rollout, ScoredRollout
-from .bans import TokenBans, token_ban_settings
+from .bans import token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, ScoreOptions, decoder_start_id, eval_mode, generated_targets, pad_id,
-                   prepared_attention_mask, quiet_length_warnings, score_targets, shift_right, unwrap)
+from .base import (DecodeSettings, ModelFamily, decoder_start_id, eval_mode, generated_targets, pad_id,
+                   prepared_attention_mask, quiet_length_warnings, shift_right, unwrap)
 from .sharding import whole_for_decode
 from .decoding import DecodeSteps, decode_loop, decode_rollout
 
@@ -138,55 +137,6 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, setting
     return decode_loop(steps, settings, greedy_first, uniforms, compact_below)
 
 
-@torch.no_grad()
-def sample_rollout(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   generation_config: GenerationConfig, num_samples: int = 1, with_greedy: bool = False,
-                   keys: torch.Tensor | None = None, prefix_ids: torch.Tensor | None = None) -> Rollout:
-    """Returns `num_samples` sampled sequences per source and, if `with_greedy`, the greedy decode.
-
-    Decoding runs in eval mode (no dropout), in one decode of `B * (num_samples + with_greedy)` rows
-    (`decoding.decode_rollout`). The samples follow the distribution `generate(do_sample=True)` samples from
-    with the same config; the greedy rows are the tokens of greedy `generate`.
-
-    Randomness: one `torch.rand((max_new_tokens, B * num_samples))` from the global RNG of the inputs' device,
-    drawn at the start whatever the samples' lengths (nothing under a greedy config). Seeding before a rollout
-    reproduces it, and consecutive rollouts draw fresh uniforms. With `keys` `(B * num_samples,)`
-    (`sampling.row_keys`), each sample row's uniforms are `sampling.keyed_uniforms` of its key instead: its tokens do
-    not depend on the other rows of the decode.
-
-    Args:
-        model: an unwrapped encoder-decoder `PreTrainedModel` (FSDP2-sharded models included).
-        input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
-        generation_config: from `rollout_generation_config`; `max_new_tokens` counts the tokens after any prefix.
-        prefix_ids (`torch.LongTensor` of shape `(B, P)`, *optional*): tokens forced after the start token (see
-            `sample_from_prefix`).
-    """
-    settings = DecodeSettings.from_generation_config(generation_config)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    steps = EncoderDecoderSteps(model, input_ids, attention_mask, num_samples + int(with_greedy), settings.start_id,
-                                prefix_ids)
-    return decode_rollout(model, steps, settings, with_greedy, keys, prefix_ids)
-
-
-@torch.no_grad()
-def sample_from_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, prefix_ids: torch.Tensor,
-                       generation_config: GenerationConfig, num_samples: int = 1, with_greedy: bool = False,
-                       keys: torch.Tensor | None = None) -> Rollout:
-    """Returns `num_samples` continuations per source of a forced decoder prefix (and the greedy continuation).
-
-    The decoder reads the start token and `prefix_ids`, then samples as `sample_rollout` does; the returned
-    sequences hold the prefix (mask true on it) followed by the continuation (decoder start token stripped). The
-    encoder runs once per source, and `generation_config.max_new_tokens` counts the continuation only.
-
-    Args:
-        prefix_ids (`torch.LongTensor` of shape `(B, P)`): the forced tokens after the start token, `P >= 1`.
-        The others as in `sample_rollout`.
-    """
-    return sample_rollout(model, input_ids, attention_mask, generation_config, num_samples, with_greedy, keys,
-                          prefix_ids)
-
-
 def teacher_forced(model, encoded: dict, targets: torch.Tensor, start_id: int, pad: int, group: int = 1,
                    output_hidden_states: bool = False):
     """Returns the output of one forward of the (possibly wrapped) model whose `logits[:, t]` score `targets[:, t]`
@@ -214,28 +164,6 @@ def teacher_forced(model, encoded: dict, targets: torch.Tensor, start_id: int, p
             handle.remove()
 
 
-def score_rollout(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, sample_ids: torch.Tensor,
-                  num_samples: int, start_id: int, pad: int, gold_labels: torch.Tensor | None = None,
-                  temperature: float = 1.0, bans: TokenBans | None = None,
-                  options: ScoreOptions = ScoreOptions()) -> ScoredRollout:
-    """Returns token log-probs of the sampled sequences (with grad) in one teacher-forced forward (`score_targets`
-    over `teacher_forced`; what `Seq2SeqFamily.score` computes, with the ids and bans given).
-
-    The encoder runs once per source; the decoder scores the `n` samples of each source and, if
-    `gold_labels` is given, the gold target too (for the mixed cross-entropy term).
-
-    Args:
-        model: the (possibly DDP-wrapped or FSDP2-sharded) encoder-decoder model.
-        input_ids (`torch.LongTensor` of shape `(B, S)`), attention_mask (`(B, S)`): the sources.
-        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
-        gold_labels (`torch.LongTensor` of shape `(B, T_gold)`, -100 at padding) or None.
-        bans (`TokenBans`, *optional*): what the rollout decode banned (`Seq2SeqFamily.score` reads the model's).
-    """
-    sources = {"input_ids": input_ids, "attention_mask": attention_mask}
-    return score_targets(lambda targets, group: teacher_forced(model, sources, targets, start_id, pad, group),
-                         unwrap(model), sample_ids, num_samples, gold_labels, pad, temperature, bans, options)
-
-
 class Seq2SeqFamily(ModelFamily):
     """Encoder-decoder models: the source is the encoder's input; targets follow the decoder start token."""
 
@@ -245,12 +173,27 @@ class Seq2SeqFamily(ModelFamily):
         return rollout_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length=max_length)
 
     def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False, keys=None):
-        return sample_rollout(model, batch["input_ids"], batch.get("attention_mask"), generation_config, num_samples,
-                              with_greedy, keys)
+        """Returns `num_samples` sampled sequences per source and, with `with_greedy`, the greedy decode: one decode
+        of `B * (num_samples + with_greedy)` rows in eval mode, the encoder run once per source
+        (`decoding.decode_rollout`). The samples follow the distribution `generate(do_sample=True)` samples from with
+        the same config; the greedy rows are greedy `generate`'s tokens.
 
+        Randomness: one `torch.rand((max_new_tokens, B * num_samples))` from the global RNG of the inputs' device,
+        drawn at the start whatever the samples' lengths (nothing under a greedy config), so seeding before a rollout
+        reproduces it. With `keys` `(B * num_samples,)` (`sampling.row_keys`) each sample row's uniforms are
+        `sampling.keyed_uniforms` of its key instead: its tokens do not depend on the other rows of the decode."""
+        return self.sample_from_prefix(model, batch, None, generation_config, num_samples, with_greedy, keys)
+
+    @torch.no_grad()
     def sample_from_prefix(self, model, batch, prefix, generation_config, num_samples=1, with_greedy=False, keys=None):
-        return sample_rollout(model, batch["input_ids"], batch.get("attention_mask"), generation_config, num_samples,
-                              with_greedy, keys, prefix)
+        """As `sample`, every row starting with the forced target tokens `prefix` `(B, P)` read after the decoder start
+        token (None: no prefix); the returned rows hold the prefix (mask true on it), then the continuation, whose
+        length `generation_config.max_new_tokens` limits."""
+        settings = DecodeSettings.from_generation_config(generation_config)
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        steps = EncoderDecoderSteps(model, ids, torch.ones_like(ids) if mask is None else mask,
+                                    num_samples + int(with_greedy), settings.start_id, prefix)
+        return decode_rollout(model, steps, settings, with_greedy, keys, prefix)
 
     def generate(self, model, batch, **generate_kwargs):
         with quiet_length_warnings():

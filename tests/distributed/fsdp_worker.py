@@ -4,7 +4,7 @@ SHARDING `fsdp2`: a tiny T5 is sharded with torch's `fully_shard` (each block, t
 TRANSFORMER_BASED_WRAP does. `zero3`: the same model in a DeepSpeed ZeRO stage-3 engine (every parameter
 partitioned, `stage3_param_persistence_threshold` 0), stepped with `engine.backward` / `engine.step`. An unsharded
 copy with the same initial weights is the reference. Each step, on each model: seed, rollout
-(`sample_rollout`, greedy row + 2 samples), rewards, greedy baseline, `score_rollout` with the gold rows, the mixed
+(`Seq2SeqFamily.sample`, greedy row + 2 samples), rewards, greedy baseline, `score` with the gold rows, the mixed
 loss, backward, SGD. The reference averages its gradients over the ranks by hand, which is what FSDP2's
 reduce-scatter does, so both runs follow the same trajectory. The ranks decode different lengths (their sources
 and length limits differ), so a rank whose rows have ended must keep stepping while the other decodes.
@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from counting import CollectiveCounter  # noqa: E402
 from helpers import byt5_tokenizer, skip_deepspeed_shm_build, tiny_model, whole_state_dict  # noqa: E402
 from hf_seqrl import losses
-from hf_seqrl.models.base import decoder_start_id, pad_id
 from hf_seqrl.models.sharding import register_zero3
-from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
+from hf_seqrl.models import family_for
+from hf_seqrl.models.seq2seq import rollout_generation_config
 
 STEPS = 3
 MAX_NEW_TOKENS = (3, 9)  # per rank: rank 0's rows end six steps before rank 1's
@@ -50,10 +50,10 @@ def rl_step(model, optimizer, batch, config, seed: int, average_gradients: bool,
     ids, attn, labels = batch
     torch.manual_seed(seed)
     with CollectiveCounter() as collectives:
-        rollout = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
+        rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, 2, True)
     advantages = toy_reward(rollout.sample_ids) - toy_reward(rollout.greedy_ids).repeat_interleave(2)
-    scored = score_rollout(engine or model, ids, attn, rollout.sample_ids, 2, decoder_start_id(model), pad_id(model),
-                           labels)
+    scored = family_for(model).score(engine or model, {"input_ids": ids, "attention_mask": attn}, rollout.sample_ids, 2,
+                                     labels, 1.0)
     pg_loss = losses.policy_gradient_loss(scored.token_logprobs, rollout.sample_mask, advantages)
     loss = losses.mix_losses(pg_loss, losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels), 0.5)
     if engine is not None:

@@ -3,7 +3,7 @@ processes over gloo.
 
 accelerate's FSDP plugin needs GPUs (on CPU, accelerate falls back to MULTI_CPU and ignores it), so the Trainer is not
 the driver here: tests/fsdp_worker.py shards the model as accelerate's TRANSFORMER_BASED_WRAP does and runs
-`sample_rollout`, `score_rollout` and the loss itself, beside an unsharded reference, with ranks that decode
+the family's `sample`, `score` and the loss itself, beside an unsharded reference, with ranks that decode
 different lengths.
 """
 

@@ -14,7 +14,6 @@ from hf_seqrl.models import CausalFamily, Seq2SeqFamily, heads
 from hf_seqrl.models.bans import TokenBans
 from hf_seqrl.models.base import DecodeSettings, completion_mask, shift_right
 from hf_seqrl.models.causal import completion_forward, completion_labels, generate_completions
-from hf_seqrl.models.seq2seq import sample_from_prefix
 
 PAD, EOS = 0, 1
 SUPPRESSED, BEGIN = 5, 6  # suppress_tokens=[5] everywhere, begin_suppress_tokens=[6] at the first target position
@@ -22,7 +21,7 @@ SUPPRESSED, BEGIN = 5, 6  # suppress_tokens=[5] everywhere, begin_suppress_token
 
 def sources(n=3):
     enc = byt5_tokenizer()(["hello", "abc", "a longer source"][:n], return_tensors="pt", padding=True)
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    return enc
 
 
 def marian_preferring_pad():
@@ -257,8 +256,7 @@ def test_a_forced_prefix_covers_the_begin_position():
     model, family, batch, _ = suppressing_model("t5")
     model.generation_config.begin_suppress_tokens = [SUPPRESSED]
     prefix = torch.tensor([[7], [8], [9]])
-    rollout = sample_from_prefix(model, batch["input_ids"], batch["attention_mask"], prefix,
-                                 family.generation_config(model, 2), num_samples=2, with_greedy=True)
+    rollout = family.sample_from_prefix(model, batch, prefix, family.generation_config(model, 2), 2, True)
     assert (rollout.greedy_ids[:, 1] == SUPPRESSED).all()
     direct = family.sample(model, batch, family.generation_config(model, 2), num_samples=2, with_greedy=True)
     assert not (direct.greedy_ids[:, 0] == SUPPRESSED).any()

@@ -7,7 +7,8 @@ import torch
 from helpers import byt5_tokenizer, tiny_model
 from hf_seqrl.models.base import DecodeSettings
 from hf_seqrl.models.base import completion_mask, pad_id
-from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout
+from hf_seqrl.models import family_for
+from hf_seqrl.models.seq2seq import rollout_generation_config
 from helpers import chi_square_p_value
 
 ARCHS = ["t5", "bart", "marian"]
@@ -55,13 +56,13 @@ def test_greedy_rows_equal_greedy_generate(arch):
     expected = greedy_generate(model, ids, attn, 10)
     assert len(set(map(tuple, expected.tolist()))) > 2  # outputs differ between sources
     torch.manual_seed(0)
-    rollout = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=10), num_samples=3,
-                             with_greedy=True)
+    rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                       rollout_generation_config(model, max_new_tokens=10), 3, True)
     assert same_tokens(rollout.greedy_ids, expected, pad_id(model))
     assert torch.equal(rollout.greedy_mask.sum(1), completion_mask(expected, [1]).sum(1))
     # top-k 1 makes every sample the greedy decode: the sample rows run the same computation
-    rollout = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=10, top_k=1),
-                             num_samples=2)
+    rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                       rollout_generation_config(model, max_new_tokens=10, top_k=1), 2, False)
     assert same_tokens(rollout.sample_ids, expected.repeat_interleave(2, dim=0), pad_id(model))
 
 
@@ -83,7 +84,7 @@ def test_forced_bos_and_eos_tokens_as_generate_forces_them():
     assert (config.forced_bos_token_id, config.forced_eos_token_id) == (2, 1)
     expected = greedy_generate(model, ids, attn, 6, forced_bos_token_id=2, forced_eos_token_id=1)
     torch.manual_seed(0)
-    rollout = sample_rollout(model, ids, attn, config, num_samples=4, with_greedy=True)
+    rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, 4, True)
     assert same_tokens(rollout.greedy_ids, expected, pad_id(model))
     for tokens in (rollout.greedy_ids, rollout.sample_ids):
         assert (tokens[:, 0] == 2).all()  # forced BOS first
@@ -99,8 +100,8 @@ def test_decoding_stops_at_the_first_look_after_every_row_has_ended(monkeypatch,
     calls = []
     model.register_forward_hook(lambda module, args, output: calls.append(1))
     ids, attn = sources()
-    rollout = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=20), num_samples=3,
-                             with_greedy=True)
+    rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                       rollout_generation_config(model, max_new_tokens=20), 3, True)
     assert rollout.sample_ids.shape[1] == 1 and (rollout.sample_ids == 1).all()  # cut after the last EOS
     # One forward (encoder + first step), then the steps until the loop next looks at the device: at step 1 when it
     # looks every step, at step 4 when every 4 (three forwards whose rows only write pad).
@@ -119,7 +120,7 @@ def test_first_tokens_follow_the_distribution_of_sampling_generate(arch):
     probs = torch.softmax(scores[0].double(), dim=-1)
     torch.manual_seed(7)
     draws = 20_000
-    rollout = sample_rollout(model, ids, attn, config, num_samples=draws)
+    rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, draws, False)
     counts = torch.bincount(rollout.sample_ids[:, 0], minlength=probs.shape[0]).double()
     assert counts[probs == 0].sum() == 0 and int((probs > 0).sum()) > 3
     assert chi_square_p_value(counts, probs) > 1e-3  # fixed seed: a fixed outcome
@@ -144,7 +145,7 @@ def test_two_token_samples_follow_the_distribution_of_sampling_generate(arch):
     config = rollout_generation_config(model, max_new_tokens=2, temperature=1.5, top_k=4)
     draws = 20_000
     torch.manual_seed(11)
-    ours = sample_rollout(model, ids, attn, config, num_samples=draws).sample_ids
+    ours = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, draws, False).sample_ids
     config.num_return_sequences = draws
     torch.manual_seed(12)
     theirs = model.generate(input_ids=ids, attention_mask=attn, generation_config=config)[:, 1:]
@@ -164,15 +165,15 @@ def test_rng_moves_on_by_one_uniform_per_sample_row_and_step():
     ids, attn = sources()
     config = rollout_generation_config(model, max_new_tokens=9)
     torch.manual_seed(5)
-    first = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
+    first = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, 2, True)
     after_first = torch.get_rng_state()
-    second = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
+    second = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, 2, True)
     assert not torch.equal(first.sample_ids, second.sample_ids)  # consecutive rollouts draw fresh noise
     torch.manual_seed(5)
     torch.rand(9, ids.shape[0] * 2)  # the documented draw: (max_new_tokens, B * num_samples)
     assert torch.equal(torch.get_rng_state(), after_first)
     torch.manual_seed(5)
-    again = sample_rollout(model, ids, attn, config, num_samples=2, with_greedy=True)
+    again = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, 2, True)
     assert torch.equal(again.sample_ids, first.sample_ids)  # a seed reproduces a rollout
 
 

@@ -5,8 +5,8 @@ import torch
 
 from helpers import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig, losses
-from hf_seqrl.models.base import decoder_start_id, pad_id
-from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
+from hf_seqrl.models import family_for
+from hf_seqrl.models.seq2seq import rollout_generation_config
 
 bf16_autocast = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="CPU autocast needs oneDNN")
 
@@ -36,12 +36,13 @@ def test_bf16_loss_is_close_to_float32_on_the_same_samples(arch):
     model = tiny_model(arch, d_model=64, layers=2)
     ids, attn, labels = sources()
     torch.manual_seed(0)
-    rollout = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=12), num_samples=4)
+    rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                       rollout_generation_config(model, max_new_tokens=12), 4, False)
     advantages = torch.linspace(-1.0, 1.0, rollout.sample_ids.shape[0])
 
     def loss_and_logprobs():
-        scored = score_rollout(model, ids, attn, rollout.sample_ids, 4, decoder_start_id(model), pad_id(model),
-                               labels, temperature=0.9)
+        scored = family_for(model).score(model, {"input_ids": ids, "attention_mask": attn}, rollout.sample_ids, 4,
+                                         labels, 0.9)
         pg = losses.policy_gradient_loss(scored.token_logprobs, rollout.sample_mask, advantages)
         return losses.mix_losses(pg, losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels), 0.5), scored.token_logprobs
 
@@ -64,7 +65,8 @@ def test_bf16_rollout_decodes_in_bf16_and_keeps_greedy_rows_valid():
     seen = record_head_dtypes(model)
     torch.manual_seed(0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        rollout = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=6), 2, True)
+        rollout = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                           rollout_generation_config(model, max_new_tokens=6), 2, True)
     assert seen and all(dtype == torch.bfloat16 and not grad for grad, dtype in seen)
     assert rollout.sample_ids.dtype == torch.long and rollout.greedy_ids.shape[0] == 3
     assert 0 <= int(rollout.sample_ids.min()) and int(rollout.sample_ids.max()) < model.config.vocab_size

@@ -7,7 +7,8 @@ import torch
 from helpers import byt5_tokenizer, tiny_model
 from hf_seqrl import losses
 from hf_seqrl.models.base import completion_mask, decoder_start_id, pad_id, shift_right
-from hf_seqrl.models.seq2seq import rollout_generation_config, sample_rollout, score_rollout
+from hf_seqrl.models import family_for
+from hf_seqrl.models.seq2seq import rollout_generation_config
 
 ARCHS = ["t5", "bart", "marian"]
 
@@ -31,13 +32,13 @@ def batch(tokenizer):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_sample_rollout_shapes_masks_and_greedy_rows(arch):
+def test_sampled_rollout_shapes_masks_and_greedy_rows(arch):
     tok = byt5_tokenizer()
     model = tiny_model(arch)
     ids, attn = batch(tok)
     config = rollout_generation_config(model, max_new_tokens=7)
     torch.manual_seed(0)
-    ro = sample_rollout(model, ids, attn, config, num_samples=3, with_greedy=True)
+    ro = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn}, config, 3, True)
     assert ro.sample_ids.shape[0] == 9 and ro.greedy_ids.shape[0] == 3
     assert ro.sample_ids.shape[1] <= 7
     # tokens after EOS are pad and never count; the EOS itself does
@@ -76,12 +77,13 @@ def naive_token_logprobs(model, ids, attn, sample_ids, n, temperature=1.0):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_score_rollout_matches_per_sample_encoding_and_gradients(arch):
+def test_scoring_pass_matches_per_sample_encoding_and_gradients(arch):
     tok = byt5_tokenizer()
     model = tiny_model(arch)
     ids, attn = batch(tok)
     torch.manual_seed(1)
-    ro = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=6), num_samples=2)
+    ro = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                  rollout_generation_config(model, max_new_tokens=6), 2, False)
     adv = torch.tensor([0.5, -1.0, 0.2, 0.3, -0.4, 1.0])
 
     def grads(logprobs):
@@ -89,8 +91,7 @@ def test_score_rollout_matches_per_sample_encoding_and_gradients(arch):
         losses.policy_gradient_loss(logprobs, ro.sample_mask, adv, length_normalize=True).backward()
         return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
-    scored = score_rollout(model, ids, attn, ro.sample_ids, 2, decoder_start_id(model), pad_id(model),
-                           temperature=0.8)
+    scored = family_for(model).score(model, {"input_ids": ids, "attention_mask": attn}, ro.sample_ids, 2, None, 0.8)
     fast = grads(scored.token_logprobs)
     ref_lp, _ = naive_token_logprobs(model, ids, attn, ro.sample_ids, 2, temperature=0.8)
     torch.testing.assert_close(scored.token_logprobs, ref_lp, atol=1e-5, rtol=1e-5)
@@ -107,9 +108,9 @@ def test_gold_rows_give_the_model_cross_entropy(arch):
     ids, attn = batch(tok)
     labels = tok(text_target=["olleh", "cba", "ecruos regnol a"], return_tensors="pt", padding=True)["input_ids"]
     labels = labels.masked_fill(labels == 0, -100)
-    ro = sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=4), num_samples=2)
-    scored = score_rollout(model, ids, attn, ro.sample_ids, 2, decoder_start_id(model), pad_id(model),
-                           gold_labels=labels, temperature=0.7)
+    ro = family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                  rollout_generation_config(model, max_new_tokens=4), 2, False)
+    scored = family_for(model).score(model, {"input_ids": ids, "attention_mask": attn}, ro.sample_ids, 2, labels, 0.7)
     expected = model(input_ids=ids, attention_mask=attn, labels=labels).loss
     torch.testing.assert_close(losses.cross_entropy_from_logprobs(scored.gold_logprobs, labels), expected, atol=1e-5, rtol=1e-5)
     # The gold log-probs of the same pass are at temperature 1 while the samples' are at 0.7.
@@ -149,8 +150,8 @@ def test_decoding_uses_the_kv_cache_when_the_model_config_says_not_to(arch):
     hook = model.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
     ids, attn = batch(tok)
     decodes = {
-        "sample_rollout": lambda: sample_rollout(model, ids, attn, rollout_generation_config(model, max_new_tokens=6),
-                                                 num_samples=2, with_greedy=True),
+        "family.sample": lambda: family_for(model).sample(model, {"input_ids": ids, "attention_mask": attn},
+                                                           rollout_generation_config(model, max_new_tokens=6), 2, True),
         "generate_texts": lambda: generate_texts(model, tok, ["abc", "de"], max_new_tokens=6, progress=False),
     }
     for name, decode in decodes.items():

@@ -5,7 +5,8 @@ import torch
 
 from helpers import params, tiny_model, toy_pairs
 from hf_seqrl import losses
-from hf_seqrl.models.seq2seq import rollout_generation_config, sample_from_prefix, sample_rollout
+from hf_seqrl.models import family_for
+from hf_seqrl.models.seq2seq import rollout_generation_config
 from hf_seqrl.schedules import mixer_delta
 
 
@@ -35,7 +36,7 @@ def test_continuations_start_with_the_forced_prefix(arch, tokenizer):
     enc = tokenizer(sources, return_tensors="pt", padding=True)
     prefix = torch.tensor([[5, 6], [7, 8], [9, 10]])
     config = rollout_generation_config(model, max_new_tokens=4)
-    out = sample_from_prefix(model, enc["input_ids"], enc["attention_mask"], prefix, config, 2, with_greedy=True)
+    out = family_for(model).sample_from_prefix(model, enc, prefix, config, 2, True)
     assert out.sample_ids.shape[0] == 6 and out.greedy_ids.shape[0] == 3
     assert torch.equal(out.sample_ids[:, :2], prefix.repeat_interleave(2, dim=0))
     assert torch.equal(out.greedy_ids[:, :2], prefix)
@@ -55,11 +56,11 @@ def test_without_greedy_rows_samples_match_a_plain_rollout_of_the_same_rng(token
     enc = tokenizer(sources, return_tensors="pt", padding=True)
     config = rollout_generation_config(model, max_new_tokens=5)
     torch.manual_seed(3)
-    first = sample_from_prefix(model, enc["input_ids"], enc["attention_mask"], torch.tensor([[5], [6]]), config, 3)
+    first = family_for(model).sample_from_prefix(model, enc, torch.tensor([[5], [6]]), config, 3, False)
     torch.manual_seed(3)
-    again = sample_from_prefix(model, enc["input_ids"], enc["attention_mask"], torch.tensor([[5], [6]]), config, 3)
+    again = family_for(model).sample_from_prefix(model, enc, torch.tensor([[5], [6]]), config, 3, False)
     assert torch.equal(first.sample_ids, again.sample_ids)
-    plain = sample_rollout(model, enc["input_ids"], enc["attention_mask"], config, 3)
+    plain = family_for(model).sample(model, enc, config, 3, False)
     assert plain.sample_ids.shape[0] == first.sample_ids.shape[0] == 6
 
 

@@ -10,7 +10,7 @@ from helpers import heldout_chrf, make_config, params, tiny_model, toy_dataset, 
 from hf_seqrl import MRTConfig, MRTTrainer, losses
 from hf_seqrl.rewards import get_reward
 from hf_seqrl.models.base import completion_mask
-from hf_seqrl.models.seq2seq import score_rollout
+from hf_seqrl.models import family_for
 from hf_seqrl.trainers.mrt import candidate_set
 
 config = partial(make_config, MRTConfig, max_steps=3)  # config(tmp_path, **overrides)
@@ -49,8 +49,8 @@ def test_reference_candidate_scores_like_the_gold_labels(tokenizer):
     labels = labels.masked_fill(labels == 0, -100)
     samples = torch.tensor([[100, 101, 1, 0, 0, 0, 0], [102, 1, 0, 0, 0, 0, 0]])
     ids, mask, _ = candidate_set([(samples, samples != 0, 1), (labels, labels != -100, 1)], 1, pad=0)
-    scored = score_rollout(model, enc["input_ids"], enc["attention_mask"], ids, 2, 0, 0)
-    gold = score_rollout(model, enc["input_ids"], enc["attention_mask"], samples, 1, 0, 0, gold_labels=labels)
+    scored = family_for(model).score(model, enc, ids, 2, None, 1.0)
+    gold = family_for(model).score(model, enc, samples, 1, labels, 1.0)
     from_candidates = scored.token_logprobs.view(2, 2, -1)[:, -1, : labels.shape[1]]
     counted = labels != -100
     torch.testing.assert_close(from_candidates[counted], gold.gold_logprobs[counted], atol=1e-5, rtol=1e-5)
@@ -155,7 +155,6 @@ def capture_candidates(trainer):
 @pytest.mark.parametrize("arch", ["t5", "marian", "llama"])
 def test_beam_candidates_are_the_n_best_of_generate(tmp_path, tokenizer, arch):
     from helpers import prompt_completion_dataset, tiny_causal_model
-    from hf_seqrl.models import family_for
     from hf_seqrl.models.causal import generate_completions
 
     causal = arch == "llama"
