@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import quality_lib as quality  # noqa: E402  (the quality benchmark's data, tokenizer and checkpoint C)
-from speed import synchronize  # noqa: E402
+from speed_lib.models import synchronize  # noqa: E402
 # The rollouts timed: name -> (rows per source, first row greedy).
 ROLLOUTS = {"SCST (greedy + 1 sample)": (2, True), "leave-one-out (4 samples)": (4, False)}
 ARMS = ("compacted", "all rows", "generate")

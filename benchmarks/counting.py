@@ -130,21 +130,32 @@ class CollectiveCounter:
         self._saved.clear()
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+def _status(field: str) -> int | None:
+    """Returns a `/proc/self/status` memory field (VmRSS, VmHWM) in bytes, or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
-def reset_resident_peak() -> int:
-    """Resets the process's peak resident memory to its current resident memory and returns that (bytes)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+def reset_resident_peak() -> int | None:
+    """Resets the process's peak resident memory to its current resident memory (Linux `clear_refs`) and returns that
+    (bytes); None where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
     return _status("VmRSS")
 
 
 def resident_peak_bytes() -> int:
-    """Returns the process's peak resident memory (VmHWM) in bytes."""
-    return _status("VmHWM")
+    """Returns the process's peak resident memory in bytes: VmHWM, else `ru_maxrss` (no `/proc`)."""
+    import resource
+
+    peak = _status("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import speed  # noqa: E402
+from speed_lib import models as speed_models  # noqa: E402
 from counting import SyncCounter  # noqa: E402
 
 FULL = {"seq2seq": dict(arch="t5", d_model=512, layers=6, heads=8, ffn=2048, vocab=32128),
@@ -59,7 +59,7 @@ def build(spec: dict, device: str, seed: int = 0):
 
     spec = dict(spec)
     vocab = spec.pop("vocab")
-    tok = speed.word_tokenizer(vocab)
+    tok = speed_models.word_tokenizer(vocab)
     arch = spec.pop("arch")
     model = build_tiny_model(arch, tokenizer=tok, max_positions=1024, seed=seed, **spec)
     return model.to(device).train(), tok
@@ -75,10 +75,10 @@ def timed(device: str, call, repeats: int) -> list[float]:
     """Returns the seconds of `repeats` calls of `call` after one untimed call."""
     times = []
     for i in range(repeats + 1):
-        speed.synchronize(device)
+        speed_models.synchronize(device)
         start = time.perf_counter()
         call()
-        speed.synchronize(device)
+        speed_models.synchronize(device)
         if i:
             times.append(time.perf_counter() - start)
     return times
@@ -91,7 +91,7 @@ class Peak:
         self.device, self.mib = device, 0.0
 
     def __enter__(self):
-        if speed.on_accelerator(self.device):
+        if speed_models.on_accelerator(self.device):
             self.module = torch.get_device_module(torch.device(self.device).type)
             self.module.synchronize()
             self.module.reset_peak_memory_stats()
@@ -103,7 +103,7 @@ class Peak:
         return self
 
     def __exit__(self, *exc):
-        if speed.on_accelerator(self.device):
+        if speed_models.on_accelerator(self.device):
             self.module.synchronize()
             self.mib = (self.module.max_memory_allocated() - self.base) / 2**20
         else:
@@ -213,7 +213,7 @@ def scst_trainer(model, tok, device, new_tokens, bf16):
 
     args = SeqRLConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=1, max_new_tokens=new_tokens,
                        report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True, bf16=bf16,
-                       use_cpu=not speed.on_accelerator(device), dataloader_pin_memory=False, seed=0)
+                       use_cpu=not speed_models.on_accelerator(device), dataloader_pin_memory=False, seed=0)
     placeholder = Dataset.from_dict({"input_ids": [[3, 1]], "references": ["w3"]})
     trainer = SCSTTrainer(model=model, args=args, train_dataset=placeholder, processing_class=tok,
                           reward_funcs="chrf")

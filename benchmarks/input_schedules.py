@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import speed  # noqa: E402  (the model builder of the speed benchmark)
+from speed_lib import models as speed_models  # noqa: E402  (the model builder of the speed benchmark)
 
 # A model smaller than the speed benchmark's, for --quick; added to its shapes when this benchmark runs.
 T5_MINI = dict(arch="t5", d_model=64, layers=2, heads=2, ffn=128, vocab=1000)
@@ -51,17 +51,17 @@ def build_trainer(kind: str, fields: dict, model, tokenizer, device: str):
     config_cls, trainer_cls = {"ks": (KStepRolloutConfig, KStepRolloutTrainer),
                                "pc": (PrefixCorruptionConfig, PrefixCorruptionTrainer),
                                "ss": (ScheduledSamplingConfig, ScheduledSamplingTrainer)}[kind]
-    args = config_cls(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=not speed.on_accelerator(device), **fields)
+    args = config_cls(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=not speed_models.on_accelerator(device), **fields)
     return trainer_cls(model=model, args=args, processing_class=tokenizer)
 
 
 def time_step(trainer, model, batch, device: str) -> tuple[float, float]:
     """Returns (seconds of loss + backward, decoder rows per source) of one step."""
     model.zero_grad(set_to_none=True)
-    speed.synchronize(device)
+    speed_models.synchronize(device)
     start = time.perf_counter()
     trainer.compute_loss(model, dict(batch)).backward()
-    speed.synchronize(device)
+    speed_models.synchronize(device)
     seconds = time.perf_counter() - start
     rows = trainer._metrics["train"].get("ks/rows_per_source", [1.0])[-1]
     trainer._metrics["train"].clear()
@@ -69,9 +69,9 @@ def time_step(trainer, model, batch, device: str) -> tuple[float, float]:
 
 
 def run_shape(shape: str, batch_size: int, target_length: int, repeats: int, device: str) -> list[dict]:
-    model, tokenizer = speed.build(shape, device)
-    speed.TASKS["input_schedules"] = dict(src_len=32, tgt_len=target_length)
-    src, attn, labels, _ = speed.batch_for("input_schedules", batch_size, speed.SHAPES[shape]["vocab"], device)
+    model, tokenizer = speed_models.build(shape, device)
+    speed_models.TASKS["input_schedules"] = dict(src_len=32, tgt_len=target_length)
+    src, attn, labels, _ = speed_models.batch_for("input_schedules", batch_size, speed_models.SHAPES[shape]["vocab"], device)
     batch = {"input_ids": src, "attention_mask": attn, "labels": labels}
     trainers = {name: build_trainer(kind, fields, model, tokenizer, device) for name, (kind, fields) in ARMS.items()}
     times = {name: [] for name in ARMS}
@@ -99,7 +99,7 @@ def main():
     parser.add_argument("--output", default=os.path.join(HERE, "results", "input_schedules.json"))
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
-    speed.SHAPES.setdefault("t5-mini", T5_MINI)
+    speed_models.SHAPES.setdefault("t5-mini", T5_MINI)
     shapes = ["t5-mini"] if options.quick else ["t5-mini", "t5-small"]
     repeats = options.repeats or (3 if options.quick else 5)
     results = [row for shape in shapes
