@@ -8,7 +8,8 @@
 Protocol
 1. Checkpoint C: cross-entropy (plain `Seq2SeqTrainer`) until the dev metric plateaus: greedy corpus BLEU
    (translation) or ROUGE-L (summarization) on a fixed dev subset every `eval_every` steps; stop after
-   `patience` evaluations without a new best, or at the time cap; C = the best weights. C is cached in the
+   `patience` evaluations without a new best, or at its step cap (`c_max_steps`, `anneal_max_steps`: the rule counts
+   steps, never seconds); C = the best weights. C is cached in the
    work directory, so the arms can be rerun alone (`--arms`, `--seeds`).
 2. From C, four arms with the same budget of *decoder token positions* (generated plus teacher-forced,
    padding included, counted by a hook on the decoder; encoder work is not counted): (a) more cross-entropy,

@@ -34,11 +34,11 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
 
     set_seed(0)
     if stage == "C_annealed":
-        model, lr, warmup, minutes = load_model(settings, os.path.join(work_dir, "C")), settings.anneal_lr, 0, \
-            settings.anneal_max_minutes
+        model, lr, warmup, max_steps = load_model(settings, os.path.join(work_dir, "C")), settings.anneal_lr, 0, \
+            settings.anneal_max_steps
     else:
-        model, lr, warmup, minutes = build_model(settings, tokenizer), settings.c_lr, settings.c_warmup_steps, \
-            settings.c_max_minutes
+        model, lr, warmup, max_steps = build_model(settings, tokenizer), settings.c_lr, settings.c_warmup_steps, \
+            settings.c_max_steps
     metric = settings.metrics[0]
 
     def dev_score(m) -> float:
@@ -47,10 +47,9 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
         return value
 
     # Annealing starts from a good model: it is C_annealed only where it beats C on dev.
-    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, max_seconds=60 * minutes,
-                             score_at_start=stage == "C_annealed")
-    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr,
-                         settings.c_max_steps, warmup)
+    # The stopping rule counts steps, never seconds: the same C on any device.
+    stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, score_at_start=stage == "C_annealed")
+    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr, max_steps, warmup)
     trainer = xe_trainer(model, tokenizer, dataset, args)
     trainer.add_callback(stopper)
     clock = time.time()
@@ -61,8 +60,8 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
               "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(time.time() - clock),
               "parameters": sum(p.numel() for p in model.parameters()), "learning_rate": lr,
               "criterion": f"greedy dev {metric} on {len(splits['dev'])} dev rows every {settings.eval_every} steps; "
-                           f"stop after {settings.patience} evaluations without a new best, or after "
-                           f"{minutes:g} minutes; keep the best weights",
+                           f"stop after {settings.patience} evaluations without a new best, or at step "
+                           f"{max_steps}; keep the best weights",
               "settings": {name: getattr(settings, name) for name in stage_fields(stage)}}
     folder = os.path.join(work_dir, stage)
     model.save_pretrained(folder)

@@ -53,10 +53,9 @@ class Settings:
     c_warmup_steps: int = 400  # (C)
     eval_every: int = 500  # (C)
     patience: int = 2  # (C)
-    c_max_steps: int = 20000  # (C)
-    c_max_minutes: float = 40.0  # (C)
+    c_max_steps: int = 20000  # (C) the first stage's cap: C stops on its dev plateau or here, whatever the device
     anneal_lr: float | None = 2e-4  # (C) then cross-entropy at this LR until dev plateaus again (None: skip)
-    anneal_max_minutes: float = 20.0  # (C)
+    anneal_max_steps: int = 3000  # (C) the annealing stage's cap
     arm_lr: float = 2e-4
     rl_lr: float = 0.0  # learning rate of the SCST / leave-one-out arms; 0 = arm_lr
     budget_positions: int = 1_000_000  # decoder token positions per arm
@@ -90,14 +89,14 @@ class Settings:
 
 C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vocab_size", "d_model", "ffn",
             "layers", "heads", "dropout", "cross_attention_init", "batch_size", "c_lr", "c_warmup_steps",
-            "eval_every", "patience", "c_max_steps", "c_max_minutes")
-ANNEAL_FIELDS = ("anneal_lr", "anneal_max_minutes")
+            "eval_every", "patience", "c_max_steps")
+ANNEAL_FIELDS = ("anneal_lr", "anneal_max_steps")
 
-TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps=5000, c_max_minutes=90.0)
+TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps=5000)
 SUMMARIZATION = Settings(
     task="summarization", metrics=("rougeL", "rouge1", "rouge2"), dev_size=150, max_source_tokens=128,
     max_target_tokens=64, max_new_tokens=48, batch_size=8, c_lr=1e-4, c_warmup_steps=50, eval_every=125,
-    patience=4, c_max_minutes=45.0, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
+    patience=4, cross_attention_init="self", anneal_lr=None, arm_lr=2e-5,
     budget_positions=100_000, diag_examples=50, diag_horizon=8)
 
 
@@ -120,25 +119,25 @@ def demo_settings(settings: Settings) -> DemoSettings:
                         num_heads=settings.heads, num_layers=settings.layers)
 
 
-# What the demo does not set: the benchmark's truncation, time caps, budget and evaluation sizes (the demo's scheduled
+# What the demo does not set: the benchmark's truncation, budget and evaluation sizes (the demo's scheduled
 # sampling floor is 0.5 and it scores 100 rows at a time).
-DEMO_FIELDS = dict(max_source_tokens=16, max_target_tokens=16, dropout=0.0, c_warmup_steps=0, c_max_minutes=10.0,
+DEMO_FIELDS = dict(max_source_tokens=16, max_target_tokens=16, dropout=0.0, c_warmup_steps=0,
                    anneal_lr=None, budget_positions=100_000, ss_min_ratio=0.5, eval_batch=100, diag_examples=100,
                    diag_horizon=8, diag_inject=(0, 1, 2, 4))
 SETTINGS = {
     ("demo", False): demo_task(FULL, **DEMO_FIELDS),
-    ("demo", True): demo_task(QUICK, **{**DEMO_FIELDS, "c_max_minutes": 2.0, "budget_positions": 2500,
+    ("demo", True): demo_task(QUICK, **{**DEMO_FIELDS, "budget_positions": 2500,
                                         "diag_examples": 20, "diag_horizon": 4, "diag_inject": (0, 2), "seeds": (0,)}),
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
                                    d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
-                                   c_max_minutes=2.0, anneal_max_minutes=0.5, budget_positions=8000,
+                                   anneal_max_steps=80, budget_positions=8000,
                                    diag_examples=20, diag_horizon=4,
                                    diag_inject=(0, 2), seeds=(0,)),
     ("summarization", False): SUMMARIZATION,
     ("summarization", True): replace(SUMMARIZATION, train_limit=32, dev_size=8, test_limit=8, max_source_tokens=48,
                                      max_target_tokens=16, max_new_tokens=10, eval_every=2, c_max_steps=4,
-                                     c_max_minutes=2.0, anneal_max_minutes=0.5, budget_positions=400,
+                                     budget_positions=400,
                                      diag_examples=4, diag_horizon=3, diag_inject=(0,), seeds=(0,), eval_batch=8),
 }
 
