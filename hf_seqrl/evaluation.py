@@ -124,6 +124,41 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
     return outputs
 
 
+def write_teacher_outputs(model, tokenizer, rows: Sequence[dict], source_column: str, output: str, *,
+                          output_column: str = "teacher_target", num_beams: int = 4, batch_size: int = 32,
+                          chunk: int = 256, progress: bool = True, **generate_kwargs) -> int:
+    """Writes `model`'s decodes of the rows' sources (beam search: sequence-level knowledge distillation's data, Kim &
+    Rush, 2016) to the JSON lines file `output`, one line per row: every column of the row as it is, and the decode
+    in `output_column`. Returns how many rows this call wrote.
+
+    Resumable: a file already holding the first `K` rows (their sources checked against `rows`) is continued from
+    row `K`; rows are decoded and appended `chunk` at a time, so an interrupted run keeps what it wrote.
+    `generate_kwargs` go to `generate_texts` (`max_new_tokens`, `max_source_length`, ...)."""
+    from tqdm.auto import tqdm
+
+    sources = [" ".join(map(str, s)) if isinstance(s, list) else s for s in (row[source_column] for row in rows)]
+    done = 0
+    if os.path.exists(output):
+        with open(output, encoding="utf-8") as f:
+            written = [json.loads(line) for line in f if line.strip()]
+        for i, line in enumerate(written):
+            if i >= len(rows) or line.get(source_column) != rows[i][source_column] or output_column not in line:
+                raise ValueError(f"{output} holds {len(written)} rows, and row {i} is not the decode of the data's row "
+                                 f"{i}: delete the file to start again, or give the data it was written from.")
+        done = len(written)
+    with open(output, "a", encoding="utf-8") as f, tqdm(total=len(rows), initial=done, desc="teacher outputs",
+                                                       disable=not progress) as bar:
+        for start in range(done, len(rows), chunk):
+            stop = min(start + chunk, len(rows))
+            decoded = generate_texts(model, tokenizer, sources[start:stop], num_beams=num_beams, batch_size=batch_size,
+                                     progress=False, **generate_kwargs)
+            for row, text in zip(rows[start:stop], decoded):
+                f.write(json.dumps({**row, output_column: text}, ensure_ascii=False) + "\n")
+            f.flush()
+            bar.update(stop - start)
+    return len(rows) - done
+
+
 def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequence[Sequence[str]],
                    metrics: Sequence[str] = ("bleu", "chrf"), **generate_kwargs) -> tuple[dict[str, float], list[str]]:
     """Returns `(scores, predictions)`: corpus scores in [0, 100] against every reference of each source

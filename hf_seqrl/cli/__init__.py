@@ -1,4 +1,4 @@
-"""Command line: `hf-seqrl demo | train | evaluate | diagnose`, one module per subcommand.
+"""Command line: `hf-seqrl demo | train | evaluate | diagnose | distill-data`, one module per subcommand.
 
 Every subcommand parses its flags with `HfArgumentParser` from its own dataclasses (snake_case flags, as in
 `Seq2SeqTrainingArguments`); `hf-seqrl COMMAND --help` lists them. Library modules never import this package.
@@ -25,6 +25,9 @@ COMMANDS = {
                  "say otherwise.", "hf_seqrl.cli.evaluate:main"),
     "diagnose": ("Exposure-bias diagnostics of " + MODELS + ": writes diagnostics.json and diagnostics.png "
                  "(metrics 0-100).", "hf_seqrl.cli.diagnose:main"),
+    "distill-data": ("A teacher's beam decodes of a data file's sources as JSON lines (every column kept, the decode "
+                     "in teacher_target): sequence-level knowledge distillation's data; resumable.",
+                     "hf_seqrl.cli.distill_data:main"),
 }
 
 

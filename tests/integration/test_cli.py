@@ -135,3 +135,31 @@ def test_evaluate_subcommand_scores_against_every_reference(tmp_path, capsys):
     assert scores["scores"] == corpus_scores(expected, references, ("chrf", "rougeL"))
     assert scores["decoding"] == "beam 2" and scores["num_examples"] == 3
     assert "chrf" in capsys.readouterr().out
+
+
+def test_distill_data_writes_the_teachers_beams_and_continues_where_it_stopped(tmp_path, capsys):
+    """`hf-seqrl distill-data`: every column of the data kept, the teacher's beam decode beside it; a second run on a
+    longer slice continues the file (the first rows untouched), a file from other data is refused."""
+    from helpers import byt5_tokenizer, tiny_model
+
+    tiny_model("t5", seed=3).save_pretrained(tmp_path / "teacher")
+    byt5_tokenizer().save_pretrained(tmp_path / "teacher")
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"source": s, "target": t, "id": i} for i, (s, t) in enumerate(
+        [("abc", "cba"), ("dd", "dd"), ("abcd", "dcba"), ("b", "b"), ("ca", "ac")])]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = tmp_path / "teacher.jsonl"
+    common = ["distill-data", "--teacher", str(tmp_path / "teacher"), "--data", str(data), "--output", str(output),
+              "--num_beams", "2", "--max_new_tokens", "6", "--device", "cpu"]
+    assert main([*common, "--max_examples", "3"]) == 0
+    first = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["id"] for r in first] == [0, 1, 2] and all(r["target"] == rows[r["id"]]["target"] for r in first)
+    assert all(isinstance(r["teacher_target"], str) for r in first)
+    assert main(common) == 0
+    assert "wrote 2 rows" in capsys.readouterr().out
+    lines = output.read_text().splitlines()
+    assert len(lines) == 5 and [json.loads(line) for line in lines[:3]] == first
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({**row, "source": row["source"] + "x"}) + "\n" for row in rows))
+    assert main([*common[:4], str(other), *common[5:]]) == 2
+    assert "delete the file to start again" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-ORDER = {"demo": 0, "train": 1, "evaluate": 2, "diagnose": 2}
+ORDER = {"demo": 0, "train": 1, "evaluate": 2, "diagnose": 2, "distill-data": 2}
 # Flags added to a line (where the line does not set them) so that it runs in seconds.
 SHORTER = {
     "demo": [("--quick",)],
@@ -19,6 +19,7 @@ SHORTER = {
               ("--max_test_samples", "4"), ("--logging_steps", "2")],
     "evaluate": [("--max_examples", "8")],
     "diagnose": [("--max_examples", "8")],
+    "distill-data": [("--max_examples", "8")],
 }
 OUTPUTS = ("demo_out", "diag_out", "outputs/", "scores.json")
 
