@@ -135,13 +135,16 @@ class RewardValues(NamedTuple):
     parts: dict[str, list[float | None]]  # each reward function's values by name (a single reward: its own name)
     rewards: torch.Tensor  # `(N,)` float32, 0 where the sequence is left out
     left_out: torch.Tensor  # `(N,)` bool: no reward applies (None), or a non-finite one dropped
+    # `(N, T)` float32: each token's value from token-level rewards (`hf_seqrl.rewards.spans`), 0 where none; None
+    # when no reward returned any (or the tokens were not given to map them to)
+    token_values: torch.Tensor | None = None
 
     def select(self, rows: torch.Tensor) -> RewardValues:
         """Returns the values of the sequences where the bool tensor `rows` `(N,)` is true."""
         keep = rows.tolist()
         return RewardValues(_pick(self.predictions, keep), _pick(self.values, keep),
                             {name: _pick(values, keep) for name, values in self.parts.items()}, self.rewards[rows],
-                            self.left_out[rows])
+                            self.left_out[rows], None if self.token_values is None else self.token_values[rows])
 
     def missing(self) -> int:
         """Returns how many sequences no reward applies to (`None`)."""
@@ -150,8 +153,8 @@ class RewardValues(NamedTuple):
     def part_rewards(self) -> dict[str, torch.Tensor]:
         """Returns each part's values as a float32 tensor `(N,)`, NaN where that part gives no finite value (it
         returned None or NaN / inf) or the sequence is left out."""
-        def number(value):
-            return float("nan") if value is None else value
+        def number(value):  # a token-level value counts by its sentence score
+            return float("nan") if value is None else getattr(value, "score", value) or 0.0
 
         return {name: torch.tensor([number(v) for v in values], dtype=torch.float32, device=self.rewards.device)
                 .masked_fill(self.left_out, float("nan")) for name, values in self.parts.items()}

@@ -40,7 +40,7 @@ class DistillationConfig(BaselineConfig):
         as a policy gradient whose per-token advantage is `-(log p_student - log p_teacher)`
         (`hf_seqrl.losses.reverse_kl_advantages`; the on-policy distillation recipes' form); needs `beta=1` and
         `lmbda=1` (it is unbiased on the student's own samples only).
-    token_reward_to_go (`bool`, *optional*, defaults to `False`):
+    token_reward_to_go (`bool`, *optional*, defaults to `False`, a [`BaselineConfig`] field):
         With `divergence_estimator="sampled"`, each token's advantage sums the log-ratios from it to the end of the
         sample: its expectation is then the exact gradient of the sequence-level reverse KL. `False` keeps each
         token's own log-ratio (the prefixes' distribution held fixed; lower variance).
@@ -57,8 +57,6 @@ class DistillationConfig(BaselineConfig):
     seq_kd_num_beams: int = field(default=4, metadata={"help": "Beam width of the teacher's decodes (seq_kd)."})
     divergence_estimator: str = field(default="full", metadata={
         "help": "full (over the vocabulary) | sampled (reverse KL at the sampled tokens, as a policy gradient)."})
-    token_reward_to_go: bool = field(default=False, metadata={
-        "help": "sampled estimator: each token's advantage sums the log-ratios to the end of the sample."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,8 +72,6 @@ class DistillationConfig(BaselineConfig):
                 f"{name}.divergence_estimator='sampled' estimates the reverse KL at the student's own samples: it "
                 f"needs beta=1.0 and lmbda=1.0 (got beta={self.beta}, lmbda={self.lmbda}). Use "
                 "divergence_estimator='full' for other divergences or off-policy steps.")
-        if self.token_reward_to_go and self.divergence_estimator != "sampled":
-            raise ValueError(f"{name}.token_reward_to_go=True applies to divergence_estimator='sampled' only.")
         if self.seq_kd and self.lmbda == 1.0:
             raise ValueError(f"{name}.seq_kd=True trains the off-policy steps on the teacher's decodes, but "
                              "lmbda=1.0 leaves none: lower lmbda (0 for sequence-level KD alone).")

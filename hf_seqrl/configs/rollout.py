@@ -229,6 +229,12 @@ class BaselineConfig(RolloutConfig):
         `forced_eos_token_id` forces at the limit counts as a cut) out of the loss and its normalisation, entropy bonus
         and KL term included (TRL's name): their reward judges an unfinished output. They still count in
         `rl/frac_truncated`, and they leave their siblings' leave-one-out baselines as samples without a reward do.
+    token_reward_to_go (`bool`, *optional*, defaults to `False`):
+        What a token-level reward (docs/rewards.md, "Token-level rewards") adds to each token's advantage: its own
+        value (`False`: credit where the reward points), or the sum of the values from it to the end of the sample
+        (`True`: the unbiased estimate of the gradient of the expected total, since a token moves the ones after it).
+        The sentence part's advantage, over the baseline, is on every token either way. `DistillationTrainer`'s
+        sampled estimator reads it too.
     """
 
     baseline: str | None = field(
@@ -242,6 +248,8 @@ class BaselineConfig(RolloutConfig):
         "help": "sum_then_normalize | normalize_then_sum (each reward's advantages normalized, then weighted)."})
     mask_truncated_completions: bool = field(default=False, metadata={
         "help": "Leave samples cut at the length limit (no EOS) out of the loss."})
+    token_reward_to_go: bool = field(default=False, metadata={
+        "help": "Per-token values (token-level rewards, distillation's log-ratios) summed to the end of the sample."})
 
     def __post_init__(self):
         super().__post_init__()

@@ -229,6 +229,22 @@ def sample_advantages(rewards: torch.Tensor, left_out: torch.Tensor, num_samples
     return Advantages(adv, baselines, ~bad)
 
 
+def token_level_advantages(sample_advantages: torch.Tensor, token_values: torch.Tensor, token_mask: torch.Tensor,
+                           reward_to_go: bool = False) -> torch.Tensor:
+    """Returns per-token advantages `(N, T)`: each sample's sentence advantage `(N,)` (its reward over its baseline) on
+    every one of its tokens, plus each token's own value `token_values` `(N, T)` (a token-level reward's), or with
+    `reward_to_go` the sum of the values from that token to the end of the sample; 0 outside `token_mask` `(N, T)`.
+
+    With `reward_to_go`, a reward that is a sum of per-token terms has the policy gradient over these advantages as
+    an unbiased estimate of the gradient of its expectation (a token's log-prob moves the tokens after it, not the
+    ones before); each token's own value alone credits the token and holds the rest of the sample fixed."""
+    mask = token_mask.to(token_values.dtype)
+    values = token_values * mask
+    if reward_to_go:
+        values = values.flip(-1).cumsum(-1).flip(-1) * mask
+    return (sample_advantages.unsqueeze(-1).to(values.dtype) + values) * mask
+
+
 def advantage_metrics(adv: torch.Tensor, baselines: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
     """Returns what the loss sees of the advantages `(N,)` and baselines `(N,)` of the kept samples `(N,)` bool:
     `rl/baseline_reward`, `rl/advantage_abs`, `rl/advantage_mean` and `rl/frac_zero_advantage` (an advantage under

@@ -94,6 +94,17 @@ class Positions:
             return Positions(logits=self.logits[index])
         return Positions(self.hidden[index], self.layer)
 
+    def narrowed(self, width: int | None) -> "Positions":
+        """Returns these positions over the first `width` entries of the vocabulary (a wider output layer's padding
+        rows left out); themselves for `width` None."""
+        if width is None:
+            return self
+        if self.logits is not None:
+            return Positions(logits=self.logits[:, :width])
+        layer = self.layer
+        return Positions(self.hidden, OutputLayer(layer.weight[:width], None if layer.bias is None else layer.bias[:width],
+                                                  layer.scale, layer.softcap))
+
 
 class PositionStats(NamedTuple):
     """What `position_stats` returns, each `(P,)` in float32 (float64 for float64 logits), None where not asked.

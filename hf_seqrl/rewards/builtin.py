@@ -7,6 +7,11 @@
 - `"length_ratio"`: a guard, not a metric (`guards.length_ratio_reward` with its defaults): 1.0 while the output is
   0.8 to 1.2 times as long as its reference in words, falling linearly outside. It is no corpus metric, so it is in
   `GUARD_REWARDS`, not `BUILTIN_REWARDS` (the names evaluation reports); `REWARD_NAMES` holds both.
+- `"repetition"`, `"source_copy"`: the guards against repeated phrases and against copying the source
+  (`guards.repetition_reward`, `guards.source_copy_reward`, with their defaults). `guards.target_language_reward(lang)`
+  takes the target language, so it has no name here.
+- `"token_match"`: a token-level reward (`token_match.token_match_reward`): sentence chrF, and a penalty on each
+  prediction word that no reference word aligns to (docs/rewards.md, "Token-level rewards").
 
 An empty (or whitespace-only) prediction scores 0.0.
 """
@@ -17,13 +22,15 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .guards import length_ratio_reward
+from .guards import length_ratio_reward, repetition_reward, source_copy_reward
+from .token_match import token_match_reward
 
 RewardFn = Callable[..., Sequence[float]]
 
 BUILTIN_REWARDS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum")
-GUARD_REWARDS = ("length_ratio",)
-REWARD_NAMES = BUILTIN_REWARDS + GUARD_REWARDS
+GUARD_REWARDS = ("length_ratio", "repetition", "source_copy")
+TOKEN_REWARDS = ("token_match",)
+REWARD_NAMES = BUILTIN_REWARDS + GUARD_REWARDS + TOKEN_REWARDS
 
 
 def _unit(score: float) -> float:
@@ -134,6 +141,12 @@ def get_reward(name: str) -> RewardFn:
         return rouge_reward(name)
     if name == "length_ratio":
         return length_ratio_reward()
+    if name == "repetition":
+        return repetition_reward()
+    if name == "source_copy":
+        return source_copy_reward()
+    if name == "token_match":
+        return token_match_reward()
     if ":" in name:
         # Imported only because the user named it explicitly.
         module_name, _, attr = name.partition(":")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from .convention import (call_rewards, check_reward_spec, is_comet_checkpoint, i
                          reward_name, takes_predictions)
 from .modules import EvaluateReward
 from .neural import CometReward, ModelReward, model_reward
+from .spans import sentence_score, weighted_sum
 
 
 def as_reward(item: Any) -> RewardFn:
@@ -79,16 +81,70 @@ class WeightedReward:
     def combine(self, parts: dict[str, list[float | None]]) -> list[float | None]:
         """Returns the weighted sum of `parts` (from `parts`): what calling this reward returns. A part that is `None`
         for a prediction (it does not apply) is left out of that prediction's sum, as TRL sums rewards; a
-        prediction to which no part applies gets `None`."""
+        prediction to which no part applies gets `None`. Token-level values (`spans.TokenScore`) are weighted and
+        kept beside the sentence scores (`spans.weighted_sum`)."""
         columns = [parts[key] for key in self.part_names]
-        total: list[float | None] = []
+        total: list = []
         for values in zip(*columns):
             present = [(weight, value) for weight, value in zip(self.weights, values) if value is not None]
-            total.append(sum(weight * value for weight, value in present) if present else None)
+            total.append(weighted_sum(present) if present else None)
         return total
+
+    def part_weights(self) -> dict[str, float]:
+        """Returns each reward's weight, by its part name."""
+        return dict(zip(self.part_names, self.weights))
 
     def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
         return self.combine(self.parts(predictions, references, sources, **columns))
+
+
+class GuardedReward:
+    """A reward gated by guards (as WALAR gates a quality-estimation metric by a language guard): per prediction,
+    the reward's value times each guard's (`guards.target_language_reward`, `source_copy`, `repetition`,
+    `length_ratio`, or any reward in [0, 1]). A prediction the reward does not apply to gets None; a guard that does
+    not apply to it leaves its value as it is. Each part is scored once and logged on its own
+    (`rl/rewards/<name>/*`): a `CombinedReward`.
+
+    `multi_objective_aggregation="normalize_then_sum"` weighs parts that add up; a gate multiplies them, so it is
+    refused (the default `"sum_then_normalize"` normalizes the gated value)."""
+
+    def __init__(self, reward: Any, guards: Sequence[Any]):
+        if not guards:
+            raise ValueError("GuardedReward needs at least one guard: e.g. guard(comet, target_language_reward('en')).")
+        check_reward_spec([reward, *guards])
+        self.rewards = [as_reward(part) for part in (reward, *guards)]
+        self.names = [reward_name(part) for part in self.rewards]
+        self.part_names = unique_names(self.names)
+        self.__name__ = "*".join(self.names)
+
+    def parts(self, predictions, references, sources=None, **columns) -> dict[str, list[float | None]]:
+        """Returns the reward's and each guard's values, keyed by `part_names`."""
+        values = call_rewards(list(zip(self.names, self.rewards)), predictions, references, sources, columns)
+        return dict(zip(self.part_names, values))
+
+    def combine(self, parts: dict[str, list[float | None]]) -> list[float | None]:
+        """Returns the reward's values times the guards' (a guard's None counts as 1; the reward's None stays; a
+        token-level value is scaled whole: `spans.TokenScore.scaled`)."""
+        main, *gates = (parts[key] for key in self.part_names)
+        total: list = []
+        for value, *factors in zip(main, *gates):
+            gate = math.prod(sentence_score(f) for f in factors if f is not None)
+            total.append(None if value is None else weighted_sum([(gate, value)]))
+        return total
+
+    def part_weights(self) -> dict[str, float]:
+        raise ValueError(f"reward {self.__name__!r} is a gate (a product of its parts), which "
+                         "multi_objective_aggregation='normalize_then_sum' cannot weigh: use 'sum_then_normalize'.")
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float | None]:
+        return self.combine(self.parts(predictions, references, sources, **columns))
+
+
+def guard(reward: Any, *guards: Any) -> GuardedReward:
+    """Returns `reward` gated by `guards` (`GuardedReward`): e.g. `guard(CometReward("Unbabel/wmt22-cometkiwi-da"),
+    target_language_reward("en"), "source_copy")` for a quality-estimation reward that a copied source or an
+    off-target output cannot game."""
+    return GuardedReward(reward, guards)
 
 
 def unique_names(names: Sequence[str]) -> list[str]:

@@ -23,9 +23,28 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .builtin import REWARD_NAMES, RewardFn
+from .spans import TokenScore, sentence_score, token_score
+
+
+@runtime_checkable
+class CombinedReward(Protocol):
+    """A reward made of several, each scored once and logged on its own (`WeightedReward`, `PooledReward`): what the
+    trainers read of one, besides calling it."""
+
+    def parts(self, predictions, references, sources=None, **columns) -> dict[str, list[float | None]]:
+        """Returns each part's values, by the part's name (the keys of `part_weights`)."""
+
+    def combine(self, parts: dict[str, list[float | None]]) -> list[float | None]:
+        """Returns what calling the reward returns, from the values `parts` returned."""
+
+    def part_weights(self) -> dict[str, float]:
+        """Returns each part's weight in the reward's value, by the part's name."""
+
+    def __call__(self, predictions, references, sources=None, **columns) -> list[float | None]:
+        """Returns `combine(parts(...))`."""
 
 
 def is_number(value: Any) -> bool:
@@ -160,7 +179,7 @@ def call_reward(
     name = name or reward_name(reward_fn)
     where = call_site(step, predictions, sources)
     values = _awaited(_invoke(reward_fn, name, where, predictions, references, sources, columns), name, where)
-    return _checked_values(values, len(predictions), name, where)
+    return _checked_values(values, predictions, name, where)
 
 
 def call_reward_parts(
@@ -180,20 +199,20 @@ def call_reward_parts(
     once.
     """
     name = name or reward_name(reward_fn)
-    if not callable(getattr(reward_fn, "parts", None)):
+    if not isinstance(reward_fn, CombinedReward):
         return {name: call_reward(reward_fn, predictions, references, sources, columns, name, step)}
     where = call_site(step, predictions, sources)
     parts = _awaited(_invoke(reward_fn.parts, name, where, predictions, references, sources, columns), name, where)
     if not isinstance(parts, dict) or not parts:
         raise TypeError(f"reward {name!r}: parts() must return a non-empty dict of name -> values{where}, got "
                         f"{type(parts).__name__}.")
-    return {part: _checked_values(values, len(predictions), part, where) for part, values in parts.items()}
+    return {part: _checked_values(values, predictions, part, where) for part, values in parts.items()}
 
 
 def combine_parts(reward_fn: RewardFn, parts: dict[str, list[float]]) -> list[float]:
     """Returns the reward values that `parts` (from `call_reward_parts(reward_fn, ...)`) make: the reward's own
     `combine(parts)` (a weighted sum), or the one part of a single reward."""
-    if callable(getattr(reward_fn, "parts", None)):
+    if isinstance(reward_fn, CombinedReward):
         return reward_fn.combine(parts)
     (values,) = parts.values()
     return values
@@ -201,11 +220,9 @@ def combine_parts(reward_fn: RewardFn, parts: dict[str, list[float]]) -> list[fl
 
 def part_weights(reward_fn: RewardFn, parts: dict[str, list[float]]) -> dict[str, float]:
     """Returns the weight of each part of `parts` (from `call_reward_parts(reward_fn, ...)`) in the reward's value:
-    the combined reward's own `weights` by its `part_names` (a pooled reward: those of its in-process copy), or 1.0
-    for the one part of a single reward."""
-    reward_fn = getattr(reward_fn, "local", reward_fn)
-    if callable(getattr(reward_fn, "parts", None)):
-        return dict(zip(reward_fn.part_names, reward_fn.weights))
+    a combined reward's own (`CombinedReward.part_weights`), or 1.0 for the one part of a single reward."""
+    if isinstance(reward_fn, CombinedReward):
+        return reward_fn.part_weights()
     (name,) = parts
     return {name: 1.0}
 
@@ -248,7 +265,7 @@ def call_rewards(
         raise
     if pending is not None:
         for i, result in zip(waiting, _results(pending)):
-            values[i] = _checked_values(result, len(predictions), rewards[i][0], where)
+            values[i] = _checked_values(result, predictions, rewards[i][0], where)
     return values
 
 
@@ -365,9 +382,10 @@ def _reward_error(err: Exception, name: str, where: str) -> RuntimeError:
     return RewardError(f"reward {name!r} raised {type(err).__name__}{where}: {err}{hint}")
 
 
-def _checked_values(values, count: int, name: str, where: str) -> list[float | None]:
-    """Returns `values` (a reward's output for `count` predictions) as a list of floats and Nones, or raises a clear
-    error."""
+def _checked_values(values, predictions: Sequence[str], name: str, where: str) -> list:
+    """Returns `values` (a reward's output for `predictions`) as a list of floats, Nones and `TokenScore`s (a
+    prediction's value with token-level parts, `hf_seqrl.rewards.spans`), or raises a clear error."""
+    count = len(predictions)
     if hasattr(values, "detach"):
         values = values.detach().cpu()
     if hasattr(values, "ndim") and values.ndim != 1:
@@ -383,12 +401,18 @@ def _checked_values(values, count: int, name: str, where: str) -> list[float | N
             f"reward {name!r} returned {len(values)} values for {count} predictions{where}: it must return "
             "exactly one float per prediction."
         )
+    checked = []
     for i, value in enumerate(values):
-        if value is not None and not is_number(value):
+        if isinstance(value, (dict, list, tuple, TokenScore)):
+            checked.append(value if isinstance(value, TokenScore) else token_score(value, predictions[i], name, i, where))
+        elif value is not None and not is_number(value):
             raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}) at index {i}{where}: every "
-                            "value must be a real number (int or float; not a string or a bool), or None where the "
-                            "reward does not apply.")
-    return [None if v is None else float(v) for v in values]
+                            "value must be a real number (int or float; not a string or a bool), None where the "
+                            "reward does not apply, or a token-level value (docs/rewards.md, \"Token-level "
+                            "rewards\").")
+        else:
+            checked.append(None if value is None else float(value))
+    return checked
 
 
 def reference_pairs(references: Sequence[Sequence[str]]) -> tuple[list[int], list[str]]:
@@ -410,7 +434,7 @@ def best_per_owner(values: Sequence[float], owners: Sequence[int], count: int) -
 def check_finite(values: Sequence[float | None], name: str, config: str = "the trainer's config") -> None:
     """Raises a clear error if any reward value is NaN or inf (`None`, a reward that does not apply, is fine);
     `config` names the config class whose `nonfinite_rewards` the message suggests."""
-    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
+    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(sentence_score(v))]
     if bad:
         raise ValueError(
             f"reward {name!r} returned non-finite values (NaN or inf) at sample indices {bad[:10]}: fix the reward, "

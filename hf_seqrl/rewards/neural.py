@@ -12,6 +12,7 @@ partitioning it). A model handed to `reward_funcs` directly becomes one of these
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -312,10 +313,18 @@ class CometReward(ModelReward):
             checkpoint's `pretrained_model` (a local copy of `xlm-roberta-large`, say).
         use_references (`bool`, *optional*): `False` scores a unified model or xCOMET from the source alone (quality
             estimation); by default a model reads the references when it can.
+        token_rewards (`bool`, *optional*, defaults to `False`): xCOMET only: each prediction's value is its score
+            with its error spans, each span's value the weight of its severity (`severity_weights`): a token-level
+            reward (docs/rewards.md, "Token-level rewards"; Ramos et al., 2026).
+        severity_weights (`dict[str, float]`, *optional*): the value of a minor, major and critical span; by default
+            xCOMET's own MQM penalties (1, 5, 10 points) over its 25-point scale, negated: -0.04, -0.2, -0.4.
     """
 
+    SEVERITY_WEIGHTS = {"minor": -1 / 25, "major": -5 / 25, "critical": -10 / 25}
+
     def __init__(self, model="Unbabel/wmt22-comet-da", batch_size: int = 32, device=None, dtype=None,
-                 pretrained_model=None, use_references: bool | None = None):
+                 pretrained_model=None, use_references: bool | None = None, token_rewards: bool = False,
+                 severity_weights: dict[str, float] | None = None):
         from .comet import CometModel, load_comet
 
         if isinstance(model, (str, os.PathLike)):
@@ -328,6 +337,14 @@ class CometReward(ModelReward):
         if use_references and not model.reads_references or use_references is False and model.needs_references:
             raise ValueError(f"CometReward: this COMET model ({model.kind}) cannot run with use_references="
                              f"{use_references}.")
+        if token_rewards and model.kind != "xcomet_metric":
+            raise ValueError(f"CometReward(token_rewards=True) needs an xCOMET checkpoint, whose error spans say which "
+                             f"tokens are wrong; this model is a {model.kind}.")
+        weights = {**self.SEVERITY_WEIGHTS, **(severity_weights or {})}
+        if set(weights) != set(self.SEVERITY_WEIGHTS) or not all(math.isfinite(w) for w in weights.values()):
+            raise ValueError(f"CometReward: severity_weights={severity_weights!r} must give finite values to some of "
+                             f"{sorted(self.SEVERITY_WEIGHTS)}.")
+        self.token_rewards, self.severity_weights = token_rewards, weights
         self.model = model
         self.uses_references = model.reads_references and use_references is not False
         self.reuses_embeddings = not model.unified
@@ -335,8 +352,9 @@ class CometReward(ModelReward):
         self.__name__ = "comet"
         super().__init__(batch_size, device)
 
-    def __call__(self, predictions, references, sources=None, **columns) -> list[float | None]:
-        """Returns each prediction's COMET score (with references, its best; `None` for a prediction without any)."""
+    def __call__(self, predictions, references, sources=None, **columns) -> list:
+        """Returns each prediction's COMET score (with references, its best; `None` for a prediction without any);
+        with `token_rewards`, `{"score": score, "spans": [(start, end, severity weight), ...]}` instead."""
         import torch
 
         if not predictions:
@@ -356,7 +374,12 @@ class CometReward(ModelReward):
                 best[owner] = row
         if result.error_spans is not None:
             self.last_error_spans = [result.error_spans[best[i]] if i in best else [] for i in range(len(predictions))]
-        return [result.scores[best[i]] if i in best else None for i in range(len(predictions))]
+        scores = [result.scores[best[i]] if i in best else None for i in range(len(predictions))]
+        if not self.token_rewards:
+            return scores
+        return [None if score is None else {"score": score, "spans": [
+            (span["start"], span["end"], self.severity_weights[span["severity"]]) for span in found]}
+                for score, found in zip(scores, self.last_error_spans)]
 
 
 def model_reward(model) -> ModelReward:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .builtin import RewardFn
 from .combine import build_reward
-from .convention import call_reward_parts, combine_parts, reward_name
+from .convention import call_reward_parts, combine_parts, part_weights, reward_name
 
 
 _WORKER_REWARDS: dict[str, RewardFn] = {}
@@ -82,6 +82,10 @@ class PooledReward:
     def combine(self, parts: dict[str, list[float]]) -> list[float]:
         """Returns the reward values that `parts` make (the in-process reward's weighted sum)."""
         return combine_parts(self.local, parts)
+
+    def part_weights(self) -> dict[str, float]:
+        """Returns each part's weight: the in-process reward's, or 1.0 for a single reward."""
+        return part_weights(self.local, {self.__name__: []})
 
     def __call__(self, predictions, references, sources=None, **columns) -> list[float]:
         return self.combine(self.parts(predictions, references, sources, **columns))

@@ -237,17 +237,19 @@ class CompletionLog:
             self.rows, self.step = [], step
         self.rows.extend(rows)
 
-    def add_samples(self, step: int, process_index: int, tokenizer, text, samples, sample_cut, sources=None,
+    def add_samples(self, step: int, process_index: int, tokenizer, text, samples, sample_cut, prompts=None,
                     baselines=None, advantages=None, greedy_ids=None) -> None:
         """Keeps the rows of a micro-batch's samples (`completion_rows`) for optimizer step `step` (0-based).
 
         Args:
             text (`BatchText`): the batch's `B` rows; samples (`RewardValues`): the `B*n` samples'.
             sample_cut (`torch.BoolTensor` of shape `(B*n,)`): the samples cut at the length limit.
-            sources (`list[str]`, *optional*): each row's source text, when `text` has none.
+            prompts (`torch.LongTensor` of shape `(B, P)`, *optional*): each row's source or prompt ids, decoded as its
+                source when `text` has none.
             baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
         """
         n = sample_cut.shape[0] // len(text.references)
+        sources = None if prompts is None else tokenizer.batch_decode(prompts, skip_special_tokens=True)
         greedy = None if greedy_ids is None else tokenizer.batch_decode(greedy_ids, skip_special_tokens=True)
         per_sample = repeat_rows(text._replace(sources=text.sources if text.sources is not None else sources), n)
         self.add(step, completion_rows(

@@ -20,7 +20,7 @@ from ..configs.distillation import DistillationConfig
 from ..functional.lm_head import Divergence
 from ..hub import Method, Paper
 from ..models import family_for
-from ..models.base import ScoreOptions, decode_budget, pad_id
+from ..models.base import decode_budget, pad_id
 from ..types import BatchText, Rollout, RolloutBatch, ScoredRollout
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
@@ -147,8 +147,9 @@ class DistillationTrainer(RolloutTrainer):
             teacher = self.score_frozen("teacher", inputs, ids, group, args.temperature)
             batch.extra["teacher_logprobs"] = teacher.token_logprobs
             return self.score_policy(model, inputs, ids, group, self.gold_labels(inputs))
-        with self.frozen_models["teacher"].running(self.accelerator, self.model.training) as teacher:
-            positions = self.family.reference_positions(teacher, inputs, ids, group)
+        frozen = self.frozen_models["teacher"]
+        with frozen.running(self.accelerator, self.model.training) as teacher:
+            positions = self.family.reference_positions(teacher, inputs, ids, group).narrowed(frozen.width)
         return self.score_policy(model, inputs, ids, group, self.gold_labels(inputs),
                                  divergence=Divergence(positions, args.beta, args.temperature))
 

@@ -25,6 +25,21 @@ def vocabulary_size(model) -> int | None:
     return None if weight is None else int(weight.shape[0])
 
 
+def same_vocabulary(model, tokenizer) -> bool:
+    """Returns whether the tokenizer saved with `model` (at its `name_or_path`) has `tokenizer`'s vocabulary: False
+    when the model names no folder or Hub id, or none loads from there."""
+    from transformers import AutoTokenizer
+
+    name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
+    if not name:
+        return False
+    try:
+        own = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except (OSError, ValueError):
+        return False
+    return own.get_vocab() == tokenizer.get_vocab()
+
+
 class FrozenModel:
     """A model the trainer scores without training it.
 
@@ -37,8 +52,10 @@ class FrozenModel:
         follow_policy (`bool`): run in the policy's mode, replaying its random draws (the KL reference); else eval mode.
     """
 
-    def __init__(self, name: str, model=None, policy=None, adapter: str | None = None, follow_policy: bool = False):
+    def __init__(self, name: str, model=None, policy=None, adapter: str | None = None, follow_policy: bool = False,
+                 width: int | None = None):
         self.name, self.model, self.policy, self.adapter, self.follow_policy = name, model, policy, adapter, follow_policy
+        self.width = width  # the policy's vocabulary, where this model's output layer pads it with more rows
 
     @classmethod
     def reference_of(cls, policy_model, device, policy) -> FrozenModel:
@@ -50,16 +67,22 @@ class FrozenModel:
         return cls("reference", copy.deepcopy(policy_model).to(device).requires_grad_(False), follow_policy=True)
 
     @classmethod
-    def teacher(cls, model, device, policy_model, name: str = "teacher") -> FrozenModel:
-        """Returns `model` frozen in eval mode on `device`, after checking it reads the policy's tokens (its output
-        layer as wide as `policy_model`'s)."""
+    def teacher(cls, model, device, policy_model, name: str = "teacher", tokenizer=None) -> FrozenModel:
+        """Returns `model` frozen in eval mode on `device`, after checking it reads the policy's tokens: its output
+        layer as wide as `policy_model`'s, or wider where it was saved with the policy's `tokenizer` (the same
+        vocabulary, `same_vocabulary`) whose tokens both layers cover: the extra rows only pad it (Qwen2.5-7B's
+        152,064 rows against Qwen2.5-0.5B's 151,936), and a divergence compares its distribution over the policy's
+        rows (`width`)."""
         width, policy_width = vocabulary_size(model), vocabulary_size(policy_model)
-        if width is not None and policy_width is not None and width != policy_width:
+        padded = (width is not None and policy_width is not None and width > policy_width and tokenizer is not None
+                  and len(tokenizer) <= policy_width and same_vocabulary(model, tokenizer))
+        if width is not None and policy_width is not None and width != policy_width and not padded:
             raise ValueError(
                 f"{name}_model has an output layer of {width} tokens and the policy one of {policy_width}: a {name} "
                 "scores the policy's tokens, so it needs the policy's tokenizer (the same vocabulary). Pass a model "
-                "trained with that tokenizer.")
-        return cls(name, model.to(device).requires_grad_(False).eval())
+                "trained with that tokenizer; a wider output layer whose extra rows only pad it is taken when the "
+                f"{name} comes as a folder or Hub id holding that tokenizer.")
+        return cls(name, model.to(device).requires_grad_(False).eval(), width=policy_width if padded else None)
 
     @property
     def card_name(self) -> str:

@@ -18,6 +18,7 @@ from ..configs import MRTConfig
 from ..hub import Method, Paper
 from ..models.base import cut_at_limit, decode_budget, eos_ids, pad_id, right_pad
 from ..models.beam import cap_lengths, length_limits
+from ..rewards.spans import TokenScore
 from ..types import BatchText, RolloutBatch, ScoredRollout, repeat_rows
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
@@ -159,6 +160,10 @@ class MRTTrainer(RolloutTrainer):
         k = candidates.group
         per_candidate = repeat_rows(text, k)
         values = self.reward_values(candidates.token_ids, per_candidate)
+        if any(isinstance(value, TokenScore) for value in values.values):
+            raise ValueError(f"reward {self.reward_label!r} returns token-level values, which MRT cannot use: its risk "
+                             "weighs whole candidates. Use a policy-gradient trainer (SCSTTrainer, ReinforceTrainer) "
+                             "for token-level rewards, or return a number per prediction.")
         keep = losses.first_occurrence_mask(candidates.token_ids, k) & ~values.left_out
         drawn = candidates.is_drawn
         samples = values.select(drawn)

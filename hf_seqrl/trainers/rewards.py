@@ -13,8 +13,9 @@ import math
 import torch
 
 from ..hub import reward_label
-from ..rewards import (PooledReward, build_reward, call_reward_parts, check_finite, combine_parts,
+from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, combine_parts,
                        model_rewards, part_weights, place_on, reward_name)
+from ..rewards.spans import TokenScore, sentence_score, token_char_spans
 from ..rewards.combine import set_attention
 from ..rewards.guards import LengthRatioReward
 from ..types import BatchText, RewardValues
@@ -56,22 +57,48 @@ class RewardScorer:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
         return reward_label(self.reward_funcs, self.weights)
 
-    def score(self, token_ids: torch.Tensor, text: BatchText, tokenizer, step: int) -> RewardValues:
+    def score(self, token_ids: torch.Tensor, text: BatchText, tokenizer, step: int,
+              token_mask: torch.Tensor | None = None) -> RewardValues:
         """Returns the decoded `token_ids` `(N, T)`, their rewards and each reward function's values (scored once;
         the rewards are the parts' combination). `text` holds one row per sequence (see `repeat_rows`); `step` is
         the optimizer step the values are for (1 for the first). A sequence no reward applies to (`None`) is left
         out, and so is a non-finite reward with `nonfinite_rewards="drop"`. Raises `RewardError` when a reward
-        fails."""
+        fails. With `token_mask` `(N, T)` (the tokens each sequence counts, EOS included), the token-level values
+        rewards return are mapped to the tokens (`RewardValues.token_values`, `token_values`); the rewards are the
+        sentence scores."""
         predictions = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         parts = call_reward_parts(self.fn, predictions, text.references, text.sources, text.columns,
                                   name=self.label, step=step)
         values = combine_parts(self.fn, parts)
         if self.nonfinite == "error":
             check_finite(values, self.label, self.config_name)
-        numbers = [float("nan") if value is None else value for value in values]
+        numbers = [float("nan") if value is None else sentence_score(value) for value in values]
         rewards = torch.tensor(numbers, dtype=torch.float32, device=token_ids.device)
         left_out = ~torch.isfinite(rewards)
-        return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out)
+        token_values = None
+        if token_mask is not None and any(isinstance(value, TokenScore) for value in values):
+            token_values = self.token_values(values, token_ids, token_mask, predictions, tokenizer, step)
+        return RewardValues(predictions, values, parts, rewards.masked_fill(left_out, 0.0), left_out, token_values)
+
+    def token_values(self, values: list, token_ids: torch.Tensor, token_mask: torch.Tensor, predictions: list[str],
+                     tokenizer, step: int) -> torch.Tensor:
+        """Returns `(N, T)` float32: each counted token's value from the `TokenScore`s among `values`, through the
+        text each token adds to the decoded prediction (`spans.token_char_spans`; tokenizer-independent), 0
+        elsewhere. Raises a `RewardError` when per-token values are not one per counted token."""
+        out = torch.zeros(token_ids.shape, dtype=torch.float32)
+        lengths = token_mask.sum(dim=1).tolist()
+        for i, value in enumerate(values):
+            if not isinstance(value, TokenScore) or not lengths[i]:
+                continue
+            ids = token_ids[i, :lengths[i]].tolist()
+            prefixes = tokenizer.batch_decode([ids[:t] for t in range(1, len(ids) + 1)], skip_special_tokens=True)
+            try:
+                row = value.token_values(token_char_spans(prefixes, predictions[i]))
+            except ValueError as error:
+                raise RewardError(f"reward {self.label!r} at step {step}, prediction {i} ({predictions[i][:60]!r}): "
+                                  f"{error}.") from error
+            out[i, :lengths[i]] = torch.tensor(row, dtype=torch.float32)
+        return out.to(token_ids.device)
 
     def part_tensors(self, values: RewardValues) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns each reward function's values `(K, N)` (NaN where it gives none) and their weights `(K,)`, for the
@@ -111,6 +138,11 @@ class RewardScorer:
             ratios = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
             if ratios:
                 metrics["rl/length_ratio"] = sum(ratios) / len(ratios)
+        if samples.token_values is not None:  # what the token-level rewards said of the counted tokens
+            counted = sample_mask & ~left_out.unsqueeze(1)
+            if counted.any():
+                metrics["rl/token_reward"] = samples.token_values[counted].mean().item()
+                metrics["rl/frac_tokens_rewarded"] = (samples.token_values[counted] != 0).float().mean().item()
         missing = samples.missing()
         metrics["rl/missing_rewards"] = float(missing)
         if self.nonfinite == "drop":

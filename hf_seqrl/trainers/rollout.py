@@ -85,7 +85,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 unwrapped, self.args.device, lambda: self.accelerator.unwrap_model(self.model))
         if teacher_model is not None:
             teacher = load_model(teacher_model, self.args, "teacher_model_init_kwargs")
-            self.frozen_models["teacher"] = FrozenModel.teacher(teacher, self.args.device, unwrapped)
+            self.frozen_models["teacher"] = FrozenModel.teacher(teacher, self.args.device, unwrapped,
+                                                                tokenizer=self.processing_class)
         self.baseline = (self.args.baseline or self.default_baseline) if isinstance(self.args, BaselineConfig) else None
         self.baseline_ema: float | None = None  # the moving-average baseline's state
         self._rollout_config = None
@@ -306,11 +307,12 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     # ---- rewards --------------------------------------------------------------------------------
 
-    def reward_values(self, token_ids, text: BatchText) -> RewardValues:
+    def reward_values(self, token_ids, text: BatchText, token_mask=None) -> RewardValues:
         """Returns the rewards of the decoded `token_ids` `(N, T)` (`RewardScorer.score`; `text` holds one row per
-        sequence); a failing reward first saves a checkpoint of the steps done (`save_on_error`)."""
+        sequence; with `token_mask`, token-level values too); a failing reward first saves a checkpoint of the steps
+        done (`save_on_error`)."""
         try:
-            return self.rewards.score(token_ids, text, self.processing_class, self.state.global_step + 1)
+            return self.rewards.score(token_ids, text, self.processing_class, self.state.global_step + 1, token_mask)
         except RewardError as error:
             raise self.checkpoint_on_error(error) from error.__cause__
 
@@ -319,7 +321,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return checkpoint_on_error(error, self.args, self.state.global_step, self.model.training,
                                    lambda: self._save_checkpoint(self.model, trial=None))
 
-    # ---- advantages -------------------------------------------------------------------------------
+    # ---- advantages and sample logs ---------------------------------------------------------------
 
     def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
         """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
@@ -329,7 +331,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
         processes."""
         args, n = self.args, rollout.num_samples
-        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n))
+        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n), rollout.sample_mask)
         greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
         settings = args.advantage_settings(self.baseline)
         parts = greedy_parts = weights = None
@@ -349,6 +351,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
         if self.completions is not None:
             self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
                                     rollout.greedy_ids)
+        if samples.token_values is not None:  # token-level rewards: each token's value beside the sentence's
+            adv = functional_advantages.token_level_advantages(adv, samples.token_values, rollout.sample_mask,
+                                                               args.token_reward_to_go)
         return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept, group=n,
                             rewards=samples.rewards)
 
@@ -356,18 +361,13 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
         return self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
 
-    # ---- sample logs ------------------------------------------------------------------------------
-
     def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_cut, unwrapped,
                            baselines=None, advantages=None, greedy_ids=None) -> None:
         """Keeps the rows of a micro-batch's samples for the sample log (`CompletionLog.add_samples`); without a
         `sources` column, the model's own input, decoded, is the source."""
-        sources = None
-        if text.sources is None and inputs is not None:
-            sources = self.processing_class.batch_decode(self.family.prompts(unwrapped, inputs)[0],
-                                                         skip_special_tokens=True)
+        prompts = self.family.prompts(unwrapped, inputs)[0] if text.sources is None and inputs is not None else None
         self.completions.add_samples(self.state.global_step, self.args.process_index, self.processing_class, text,
-                                     samples, sample_cut, sources, baselines, advantages, greedy_ids)
+                                     samples, sample_cut, prompts, baselines, advantages, greedy_ids)
 
     def log(self, logs, start_time=None):
         """`SeqRLBaseTrainer.log`; with `log_completions`, a periodic training log first publishes the samples of

@@ -190,3 +190,27 @@ def test_a_comet_model_given_to_reward_funcs_becomes_a_comet_reward(models):
 
     reward = build_reward(models["referenceless"])
     assert isinstance(reward, CometReward) and reward.model is models["referenceless"]
+
+
+def test_xcomet_token_rewards_are_its_scores_and_its_error_spans_by_severity(models):
+    """`CometReward(token_rewards=True)` on the xCOMET fixture: each value is the score unbabel-comet gave with the
+    spans it found, valued by severity; every span lies inside its prediction, so the trainers map it to tokens."""
+    recorded = RECORD["models"]["xcomet"]["with_references"]["8"]
+    weights = {"minor": -0.1, "major": -0.5, "critical": -1.0}
+    reward = CometReward(models["xcomet"], batch_size=8, token_rewards=True, severity_weights=weights)
+    predictions = [t["mt"] for t in TRIPLES]
+    values = reward(predictions, [[t["ref"]] for t in TRIPLES], [t["src"] for t in TRIPLES])
+    assert [v["score"] for v in values] == pytest.approx(recorded["scores"], abs=1e-5)
+    expected = [[(s["start"], s["end"], weights[s["severity"]]) for s in found]
+                for found in recorded["metadata"]["error_spans"]]
+    assert [v["spans"] for v in values] == expected
+    from hf_seqrl.rewards import call_reward
+
+    checked = call_reward(reward, predictions, [[t["ref"]] for t in TRIPLES], [t["src"] for t in TRIPLES])
+    assert sum(len(v.spans) for v in checked) > 50  # every span inside its prediction: none refused
+    default = CometReward(models["xcomet"], batch_size=8, token_rewards=True)
+    assert default.severity_weights == {"minor": -0.04, "major": -0.2, "critical": -0.4}
+    with pytest.raises(ValueError, match="needs an xCOMET checkpoint"):
+        CometReward(models["regression"], token_rewards=True)
+    with pytest.raises(ValueError, match="severity_weights"):
+        CometReward(models["xcomet"], token_rewards=True, severity_weights={"fatal": -1.0})

@@ -1,4 +1,5 @@
-"""The `length_ratio` guard: the ratio, the band, the closest reference, the source fallback, by name and by factory."""
+"""The guards: `length_ratio` (the ratio, the band, the closest reference, the source fallback, by name and by
+factory), `repetition`, `source_copy` and `target_language` on hand-made outputs, and a reward gated by them."""
 
 import math
 import pickle
@@ -7,7 +8,8 @@ import pytest
 
 from hf_seqrl.rewards import (BUILTIN_REWARDS, GUARD_REWARDS, build_reward, check_reward_spec, get_reward, length_ratio,
                               length_ratio_reward)
-from hf_seqrl.rewards.guards import band_value, closest_length, text_length
+from hf_seqrl.rewards.guards import (SOURCE_COPY_THRESHOLD, band_value, closest_length, overlap_penalty,
+                                     repetition_rate, text_length)
 
 
 def test_length_counts_words_or_characters_other_than_whitespace():
@@ -86,3 +88,64 @@ def test_length_ratio_is_a_reward_name_but_no_corpus_metric():
     assert combined(["a b c"], [["a b c d"]]) == [pytest.approx(0.9375)]
     with pytest.raises(ValueError, match="length_ratio"):
         get_reward("length_ratios")
+
+
+def test_repetition_rate_counts_the_ngrams_that_repeat_an_earlier_one():
+    # "the cat sat on" x 3: 10 trigrams, 4 distinct -> 6 repeats / 10
+    assert repetition_rate("the cat sat on the cat sat on the cat sat on") == pytest.approx(0.6)
+    assert repetition_rate("a dog runs in the park") == 0.0 and repetition_rate("two words") == 0.0
+    assert repetition_rate("go go go go", n=1) == pytest.approx(0.75)
+    reward = get_reward("repetition")
+    # "a bike" x 4: 6 trigrams, 2 distinct -> 4 repeats / 6, the reward 1 - 2/3
+    assert reward(["a man rides a bike", "a bike a bike a bike a bike"], [["x"], ["x"]]) == [1.0, pytest.approx(1 / 3)]
+    assert pickle.loads(pickle.dumps(reward)).n == 3
+
+
+def test_source_copy_penalizes_overlap_with_the_source_above_the_threshold():
+    assert overlap_penalty(0.2, 0.4) == 1.0 and overlap_penalty(1.0, 0.4) == 0.0
+    assert overlap_penalty(0.7, 0.4) == pytest.approx(0.5)  # halfway from the threshold to a full copy
+    reward = get_reward("source_copy")
+    source = "Ein Mann fährt mit dem Fahrrad die Straße entlang."
+    copied, translated = reward([source, "A man rides his bike down the street."], [["x"], ["x"]], [source, source])
+    assert copied == 0.0 and translated == 1.0
+    assert reward(["a"], [["x"]], [""]) == [None]  # no source: nothing to compare with
+    with pytest.raises(ValueError, match="add a `sources` column"):
+        reward(["a"], [["x"]])
+    assert 0 < SOURCE_COPY_THRESHOLD < 1
+
+
+def test_target_language_is_the_share_of_letters_in_target_language_sentences():
+    pytest.importorskip("py3langid")
+    from hf_seqrl.rewards import target_language_reward
+
+    reward = target_language_reward("en")
+    german = "Ein Mann fährt mit dem Fahrrad die Straße entlang."
+    english = "A man rides his bike down the street."
+    values = reward([english, german, f"{english} {german}", "Hund", ""], [["x"]] * 5)
+    letters = (sum(c.isalpha() for c in english), sum(c.isalpha() for c in german))
+    assert values[:2] == [1.0, 0.0]
+    assert values[2] == pytest.approx(letters[0] / sum(letters))  # half the output in the wrong language
+    assert values[3:] == [1.0, 1.0]  # too short to tell: no penalty
+    restricted = pickle.loads(pickle.dumps(target_language_reward("de", ["en", "de"])))
+    assert restricted([german], [["x"]]) == [1.0] and restricted.languages == ["en", "de"]
+    with pytest.raises(ValueError, match="not among py3langid"):
+        target_language_reward("xx")
+
+
+def test_a_gated_reward_multiplies_by_its_guards_and_logs_each_part():
+    from hf_seqrl.rewards import CombinedReward, call_reward_parts, guard
+
+    def quality(predictions, references, sources=None, **columns):
+        return [0.8, 0.6, None]
+
+    gated = guard(quality, "source_copy", "repetition")
+    assert isinstance(gated, CombinedReward) and gated.__name__ == "quality*source_copy*repetition"
+    source = "Zwei Hunde spielen im Schnee."
+    predictions = ["Two dogs play in the snow.", source, "Two dogs."]
+    parts = call_reward_parts(gated, predictions, [["x"]] * 3, [source, source, ""])
+    assert parts == {"quality": [0.8, 0.6, None], "source_copy": [1.0, 0.0, None], "repetition": [1.0, 1.0, 1.0]}
+    assert gated.combine(parts) == [0.8, 0.0, None]  # the copy scores 0; the reward's None stays None
+    with pytest.raises(ValueError, match="normalize_then_sum"):
+        gated.part_weights()
+    with pytest.raises(ValueError, match="at least one guard"):
+        guard(quality)

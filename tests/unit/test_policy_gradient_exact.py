@@ -230,3 +230,45 @@ def test_reverse_kl_estimator_expectation_is_the_exact_sequence_level_gradient()
             torch.testing.assert_close(estimate, target, atol=1e-6, rtol=1e-5)
         else:
             assert (estimate - target).norm() > 1e-3
+
+
+def token_term(t, prev, tok):
+    # an arbitrary fixed per-token reward: likes 'b' after 'a', dislikes EOS early
+    return (1.0 if (prev, tok) == (1, 2) else 0.0) - (0.5 if tok == EOS and t == 0 else 0.0) + 0.1 * t * (tok == 1)
+
+
+def token_values(seqs):
+    """(N, L) per-token rewards of padded sequences."""
+    rows = []
+    for seq in seqs:
+        prev, row = 3, []
+        for t, tok in enumerate(seq):
+            row.append(token_term(t, prev, tok))
+            prev = tok
+        rows.append(row + [0.0] * (L - len(seq)))
+    return torch.tensor(rows)
+
+
+def test_token_level_estimator_expectation_is_the_gradient_of_the_expected_total_reward():
+    """A reward that is a sum of per-token terms: the per-token advantages summed to the end of the sample
+    (`token_level_advantages(..., reward_to_go=True)`, no sentence part) through `policy_gradient_loss`, weighted by
+    each sequence's probability, give the exact gradient of -E[sum of the terms]; each token's own term alone does not
+    (it leaves out what a token does to the terms after it)."""
+    from hf_seqrl.functional.advantages import token_level_advantages
+
+    theta = make_theta()
+    seqs = all_sequences()
+    lp, mask = token_logprobs(theta, seqs)
+    values = token_values(seqs)
+    probs = losses.masked_sum(lp, mask).exp()
+    expected = (probs * losses.masked_sum(values, mask)).sum()
+    (target,) = torch.autograd.grad(-expected, theta, retain_graph=True)
+    weights = (probs.detach() * len(seqs)).unsqueeze(1)
+    for to_go in (True, False):
+        adv = token_level_advantages(torch.zeros(len(seqs)), values, mask, reward_to_go=to_go)
+        (estimate,) = torch.autograd.grad(losses.policy_gradient_loss(lp, mask, adv * weights), theta,
+                                          retain_graph=True)
+        if to_go:
+            torch.testing.assert_close(estimate, target, atol=1e-6, rtol=1e-5)
+        else:
+            assert (estimate - target).norm() > 1e-3

@@ -231,3 +231,17 @@ def pooled_trainer(reward_funcs):
 def test_pooled_reward_needs_a_picklable_reward():
     with pytest.raises(ValueError, match="reward_workers=2 needs a picklable reward"):
         pooled_trainer(lambda predictions, **_: [0.0] * len(predictions))
+
+
+def test_combined_rewards_declare_the_protocol_the_trainers_read():
+    """`WeightedReward` and `PooledReward` are `CombinedReward`s (parts, combine, part_weights); a plain callable is
+    its own single part with weight 1."""
+    weighted = rewards.WeightedReward(["bleu", "chrf"], [0.25, 0.75])
+    pooled = rewards.PooledReward(["bleu", "chrf"], [0.25, 0.75], workers=2)
+    assert isinstance(weighted, rewards.CombinedReward) and isinstance(pooled, rewards.CombinedReward)
+    assert weighted.part_weights() == pooled.part_weights() == {"bleu_reward": 0.25, "chrf_reward": 0.75}
+    assert not isinstance(rewards.get_reward("bleu"), rewards.CombinedReward)
+    single = rewards.PooledReward("bleu", None, workers=2)
+    assert rewards.part_weights(single, {"bleu_reward": [0.5]}) == {"bleu_reward": 1.0}
+    parts = rewards.call_reward_parts(weighted, ["a b c"], [["a b c"]])
+    assert rewards.combine_parts(weighted, parts) == weighted(["a b c"], [["a b c"]])

@@ -136,8 +136,37 @@ def test_a_teacher_of_another_vocabulary_or_family_or_none_is_refused(tmp_path):
     (dict(lmbda=-0.1), "lmbda=-0.1 must be in"),
     (dict(divergence_estimator="sampled", beta=0.5), "needs beta=1.0 and lmbda=1.0"),
     (dict(seq_kd=True), "lower lmbda"),
-    (dict(token_reward_to_go=True), "applies to divergence_estimator='sampled'"),
 ])
 def test_config_refuses_settings_that_do_not_go_together(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **fields)
+
+
+def test_a_teacher_whose_output_layer_pads_the_tokenizer_further_distills_over_the_students_rows(tmp_path):
+    """A teacher with more output rows than the student, the extra ones beyond the tokenizer (as Qwen2.5-7B's 152,064
+    against Qwen2.5-0.5B's 151,936): the divergence compares its distribution over the student's rows, as the same
+    teacher with its extra rows cut off does."""
+    import copy
+
+    tok = byt5_tokenizer()
+    wide = build_tiny_model("llama", vocab_size=400, d_model=32, layers=2, max_positions=128, pad_token_id=0,
+                            eos_token_id=1, seed=2)
+    cut = copy.deepcopy(wide)
+    cut.resize_token_embeddings(384)  # the first 384 rows of the embedding and the output layer
+    wide.save_pretrained(tmp_path / "wide")
+    tok.save_pretrained(tmp_path / "wide")  # saved with the student's tokenizer: its extra rows only pad it
+    divergences = []
+    for teacher in (str(tmp_path / "wide"), cut):
+        trainer = DistillationTrainer(model=tiny_causal_model(seed=1), args=config(tmp_path, max_steps=1, beta=0.5,
+                                                                                   learning_rate=0.0),
+                                      train_dataset=text_pairs(True), processing_class=tok, teacher_model=teacher)
+        stage = trainer.algorithm_loss
+        trainer.algorithm_loss = lambda scored, batch, inputs, stage=stage: (
+            divergences.append(scored.divergence[batch.sample_mask].detach()) or stage(scored, batch, inputs))
+        trainer.train()
+    torch.testing.assert_close(divergences[0], divergences[1])
+    narrow = build_tiny_model("llama", vocab_size=300, d_model=32, layers=1, pad_token_id=0, eos_token_id=1)
+    for refused in (narrow, wide):  # narrower; or wider without the tokenizer that says its extra rows are padding
+        with pytest.raises(ValueError, match="the policy one of 384"):
+            DistillationTrainer(model=tiny_causal_model(), args=config(tmp_path), train_dataset=text_pairs(True),
+                                processing_class=tok, teacher_model=refused)
