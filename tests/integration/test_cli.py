@@ -86,6 +86,7 @@ def test_train_subcommand_runs_a_yaml_config(tmp_path, monkeypatch):
     assert any(key.startswith("test_") for key in results)
 
 
+@pytest.mark.slow
 def test_train_distills_from_a_teacher_folder(tmp_path, monkeypatch, capsys):
     """`--algorithm distill --teacher_model FOLDER` on the tiny YAML: a student trained toward a saved teacher (with
     the YAML's chrF reward beside it), whose card names the teacher; a teacher given to a trainer that takes none and
@@ -137,6 +138,7 @@ def test_evaluate_subcommand_scores_against_every_reference(tmp_path, capsys):
     assert "chrf" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_distill_data_writes_the_teachers_beams_and_continues_where_it_stopped(tmp_path, capsys):
     """`hf-seqrl distill-data`: every column of the data kept, the teacher's beam decode beside it; a second run on a
     longer slice continues the file (the first rows untouched), a file from other data is refused."""

@@ -51,10 +51,11 @@ def heldout_kl(student, teacher, tok, causal: bool) -> float:
 
 
 @pytest.mark.parametrize("arch,causal,settings", [
-    ("t5", False, dict(beta=1.0)),  # on-policy reverse KL over the vocabulary
-    ("marian", False, dict(beta=0.5, lmbda=0.5)),  # GKD's mixed setting
+    pytest.param("t5", False, dict(beta=1.0), marks=pytest.mark.slow),  # on-policy reverse KL over the vocabulary
+    pytest.param("marian", False, dict(beta=0.5, lmbda=0.5), marks=pytest.mark.slow),  # GKD's mixed setting
     ("llama", True, dict(beta=0.0, lmbda=0.0)),  # word-level KD on gold prefixes
-    ("t5", False, dict(divergence_estimator="sampled", num_samples=4)),  # the reverse KL at the sampled tokens
+    # the reverse KL at the sampled tokens
+    pytest.param("t5", False, dict(divergence_estimator="sampled", num_samples=4), marks=pytest.mark.slow),
 ], ids=["t5-reverse", "marian-jsd", "llama-forward", "t5-sampled"])
 def test_distillation_halves_the_heldout_kl_to_the_teacher(tmp_path, arch, causal, settings):
     tok = byt5_tokenizer()
