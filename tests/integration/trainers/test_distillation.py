@@ -171,3 +171,21 @@ def test_a_teacher_whose_output_layer_pads_the_tokenizer_further_distills_over_t
         with pytest.raises(ValueError, match="the policy one of 384"):
             DistillationTrainer(model=tiny_causal_model(), args=config(tmp_path), train_dataset=text_pairs(True),
                                 processing_class=tok, teacher_model=refused)
+
+
+def test_tokens_the_students_generation_config_bans_are_out_of_both_distributions(tmp_path):
+    """A student that bans tokens (as every opus-mt Marian bans pad): they are out of the student's and the
+    teacher's distributions alike, so the divergence stays finite and no sample holds them."""
+    tok = byt5_tokenizer()
+    student = tiny_model("marian", seed=1, dropout=0.1)
+    student.generation_config.bad_words_ids = [[5], [6]]
+    seen = []
+    trainer = DistillationTrainer(model=student, args=config(tmp_path, max_steps=1, beta=0.0),
+                                  train_dataset=text_pairs(False), processing_class=tok,
+                                  teacher_model=tiny_model("marian", seed=2))
+    stage = trainer.algorithm_loss
+    trainer.algorithm_loss = lambda scored, batch, inputs: seen.append((scored, batch)) or stage(scored, batch, inputs)
+    trainer.train()
+    ((scored, batch),) = seen
+    assert torch.isfinite(scored.divergence).all() and scored.divergence[batch.sample_mask].gt(0).all()
+    assert not torch.isin(batch.sample_ids[batch.sample_mask], torch.tensor([5, 6])).any()
