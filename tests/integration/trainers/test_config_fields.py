@@ -30,7 +30,7 @@ MRT = dict(**SEQUENCE, mrt_candidates="sample+beam", mrt_beam_size=3, max_len_a=
            mrt_include_greedy=True, mrt_include_reference=True)
 MIXER = dict(baseline="mean", baseline_ema_decay=0.5, center_advantages=True, scale_rewards="group",
              multi_objective_aggregation="normalize_then_sum", mask_truncated_completions=True, mixer_delta=1,
-             mixer_increment_steps=1)
+             mixer_increment_steps=1, token_reward_to_go=True)
 INHERITED = {f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)}
 
 
