@@ -262,6 +262,7 @@ def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
     assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite,runs", [
     ("input_schedules", (("noise_level", "pc/replaced_fraction"), ("kstep", "ks/own_token_accuracy"))),
     ("causal_trainers", (("causal_mrt", "mrt/risk"), ("causal_kstep", "ks/own_token_accuracy"))),

@@ -211,6 +211,7 @@ def test_gold_is_the_reference_the_model_writes(copy_model, heldout):
 
 # ---- outputs: plot, files, data, CLI, callback -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_importing_the_package_leaves_matplotlib_unloaded():
     import subprocess
     import sys

@@ -325,6 +325,7 @@ def test_card_settings_keep_token_counts_but_drop_credentials():
 
 # ---- packaging -----------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
     # Build from a copy: an in-tree build writes build/ and *.egg-info into the checkout, and a stale build/lib
     # could hand the wheel files the checkout no longer has. The copy keeps hf_seqrl/model_cards a link.

@@ -198,7 +198,9 @@ def test_token_logprobs_equal_full_log_softmax_gather():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("block_elements", [1, 60, 1 << 18, None])
+# Blocks of 1 and 60 elements take ~30 s each (thousands of blocks): the slow tier.
+@pytest.mark.parametrize("block_elements", [pytest.param(1, marks=pytest.mark.slow),
+                                            pytest.param(60, marks=pytest.mark.slow), 1 << 18, None])
 def test_blockwise_token_logprobs_on_a_strided_view(monkeypatch, temperature, block_elements):
     # The scoring pass hands a slice of a larger (B, rows per source, T, V) logits tensor: the sample rows of each
     # source and their first T positions. Values and the gradient reaching the whole tensor equal those of a full

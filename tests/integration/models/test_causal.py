@@ -386,6 +386,7 @@ def test_misaligned_labels_are_rejected(tmp_path, tokenizer):
 # ---- learning: SCST raises held-out greedy chrF above the warm-up checkpoint ---------------------------------
 
 
+@pytest.mark.slow
 def test_causal_scst_raises_heldout_greedy_chrf_on_reversal(tmp_path):
     tokenizer = byt5_tokenizer()
     model = tiny_causal_model("llama", seed=0)

@@ -102,6 +102,7 @@ def test_partial_checkpoint_is_not_picked(tmp_path):
     assert last_complete_checkpoint(str(tmp_path / "missing")) is None
 
 
+@pytest.mark.slow
 def test_resume_true_skips_a_partial_checkpoint(tmp_path):
     """A real run, then a half-written newer checkpoint: resume picks the complete one."""
     proc = worker(tmp_path)

@@ -40,6 +40,7 @@ def warm_copy_model(tmp_path_factory):
     return model, toy_dataset(tok, src, tgt), toy_pairs(64, seed=99, alphabet="abcd", lengths=(2, 5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["greedy", "mean"])
 def test_rl_raises_heldout_greedy_reward(warm_copy_model, tmp_path, baseline):
     warm, train_ds, (h_src, h_tgt) = warm_copy_model
