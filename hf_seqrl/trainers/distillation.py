@@ -127,6 +127,22 @@ class DistillationTrainer(RolloutTrainer):
         return Rollout(ids, mask.bool(), None, None, 1, torch.zeros(ids.shape[0], dtype=torch.bool,
                                                                     device=ids.device))
 
+    def gold_step(self) -> bool:
+        """Returns whether this step's rows are the gold targets themselves (off-policy, no `seq_kd`) and their scoring
+        pass gives the cross-entropy too (temperature 1, no label smoothing): the gold rows are then scored once."""
+        return (not self.args.seq_kd and self.args.temperature == 1.0 and self.label_smoother is None
+                and not self.on_policy())
+
+    def gold_labels(self, inputs):
+        return None if self.gold_step() else super().gold_labels(inputs)
+
+    def cross_entropy_term(self, scored: ScoredRollout, batch: RolloutBatch, inputs):
+        """The cross-entropy of the gold targets: on a gold step, from the log-probs of the rows the divergence was
+        taken over (the same tokens); else from the gold rows the scoring pass added."""
+        if self.args.rl_weight < 1 and self.gold_step():
+            return self.cross_entropy_of(scored.token_logprobs, self.family.target_labels(inputs))
+        return super().cross_entropy_term(scored, batch, inputs)
+
     def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
         """The rewards and advantages of the student's samples when a reward is given (`RolloutTrainer`'s); else
         (or off-policy) the tokens alone, with no advantage."""

@@ -189,3 +189,27 @@ def test_tokens_the_students_generation_config_bans_are_out_of_both_distribution
     ((scored, batch),) = seen
     assert torch.isfinite(scored.divergence).all() and scored.divergence[batch.sample_mask].gt(0).all()
     assert not torch.isin(batch.sample_ids[batch.sample_mask], torch.tensor([5, 6])).any()
+
+
+@pytest.mark.parametrize("arch,causal", [("t5", False), ("llama", True)])
+def test_word_level_kd_scores_each_gold_row_once_with_the_loss_of_two_passes(tmp_path, arch, causal):
+    tok = byt5_tokenizer()
+    build = tiny_causal_model if causal else tiny_model
+    student, teacher = build(arch, seed=1), build(arch, seed=2)
+    args = config(tmp_path, lmbda=0.0, beta=0.0, rl_weight=0.5, max_steps=1, disable_dropout=True)
+    trainer = DistillationTrainer(model=student, args=args, train_dataset=text_pairs(causal), processing_class=tok,
+                                  teacher_model=teacher)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    rows = []
+    hook = student.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append((kwargs.get("input_ids", args[0] if args else None)
+                                                  if kwargs.get("input_ids", args[0] if args else None) is not None
+                                                  else kwargs["inputs_embeds"]).shape[0]), with_kwargs=True)
+    assert trainer.gold_step()
+    once = trainer.compute_loss(student, dict(batch))
+    trainer.gold_step = lambda: False  # the gold rows scored a second time for the cross-entropy, as before
+    twice = trainer.compute_loss(student, dict(batch))
+    hook.remove()
+    sources = len(batch["input_ids"])
+    assert rows == [sources, 2 * sources]
+    torch.testing.assert_close(once, twice, rtol=1e-5, atol=1e-6)
