@@ -13,8 +13,8 @@ import math
 import torch
 
 from ..hub import reward_label
-from ..rewards import (PooledReward, RewardError, build_reward, call_reward_parts, check_finite, combine_parts,
-                       model_rewards, part_weights, place_on, reward_name)
+from ..rewards import (CombinedReward, PooledReward, RewardError, build_reward, call_reward_parts, check_finite,
+                       combine_parts, model_rewards, part_weights, place_on, reward_name)
 from ..rewards.spans import TokenScore, sentence_score, token_char_spans
 from ..rewards.combine import set_attention
 from ..rewards.guards import LengthRatioReward
@@ -52,6 +52,9 @@ class RewardScorer:
         if attention is not None:  # the model rewards attend as the policy does
             set_attention(self.local, attention)
         self.label = reward_name(self.fn)
+        if getattr(args, "multi_objective_aggregation", None) == "normalize_then_sum" and \
+                isinstance(self.local, CombinedReward):
+            self.local.part_weights()  # a gate has no weights to normalize by: refused here, not at the first step
 
     def card_label(self) -> str:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""

@@ -149,3 +149,16 @@ def test_a_gated_reward_multiplies_by_its_guards_and_logs_each_part():
         gated.part_weights()
     with pytest.raises(ValueError, match="at least one guard"):
         guard(quality)
+
+
+def test_a_trainer_refuses_a_gated_reward_with_normalize_then_sum_when_built(tmp_path):
+    from helpers import TRAIN_DEFAULTS, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+    from hf_seqrl import SCSTTrainer, SeqRLConfig
+    from hf_seqrl.rewards import guard
+
+    tok = byt5_tokenizer()
+    args = SeqRLConfig(output_dir=str(tmp_path), **{**TRAIN_DEFAULTS, "max_steps": 1}, baseline="mean", num_samples=2,
+                       multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(ValueError, match="is a gate.*sum_then_normalize"):
+        SCSTTrainer(model=tiny_model(), args=args, reward_funcs=guard("chrf", "repetition"),
+                    train_dataset=toy_dataset(tok, *toy_pairs(4)), processing_class=tok)
