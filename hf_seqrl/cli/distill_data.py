@@ -26,6 +26,10 @@ class DistillDataArguments:
     max_new_tokens: int | None = field(default=None, metadata={"help": "Decode budget (default: the teacher's)."})
     max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
     max_examples: int | None = field(default=None, metadata={"help": "Use only the first rows of the file."})
+    src_lang: str | None = field(default=None, metadata={
+        "help": "Multilingual teachers (NLLB deu_Latn, mBART de_DE, M2M100 de): the sources' language code."})
+    tgt_lang: str | None = field(default=None, metadata={
+        "help": "The language code the decodes start with (the generation config's forced_bos_token_id)."})
     device: str | None = field(default=None, metadata={"help": "Default: cuda if available, else cpu."})
 
     def __post_init__(self):
@@ -42,6 +46,7 @@ def distill_data(args: DistillDataArguments) -> int:
     from ..data.files import load_text_files
     from ..evaluation import write_teacher_outputs
     from ..models import load_pretrained
+    from ..models.auto import set_language_codes
 
     dataset = load_text_files({"data": args.data}, args.source_column)["data"]
     if args.source_column not in dataset.column_names:
@@ -52,6 +57,10 @@ def distill_data(args: DistillDataArguments) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_pretrained(args.teacher, trust_remote_code=False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(args.teacher, trust_remote_code=False)
+    try:
+        set_language_codes(model, tokenizer, args.src_lang, args.tgt_lang, "DistillDataArguments")
+    except ValueError as error:
+        raise UsageError(str(error)) from error
     try:
         written = write_teacher_outputs(model, tokenizer, list(dataset), args.source_column, args.output,
                                         output_column=args.output_column, num_beams=args.num_beams,

@@ -85,6 +85,11 @@ class ScriptArguments:
     test_file: str | None = field(default=None, metadata={"help": "Test file (final evaluation)."})
     source_lang: str | None = field(default=None, metadata={"help": "Source key of a translation column."})
     target_lang: str | None = field(default=None, metadata={"help": "Target key of a translation column."})
+    src_lang: str | None = field(default=None, metadata={
+        "help": "Multilingual tokenizers (NLLB deu_Latn, mBART de_DE, M2M100 de): the sources' language code."})
+    tgt_lang: str | None = field(default=None, metadata={
+        "help": "The targets' language code: it marks the targets, and the decode starts with it (the generation "
+                "config's forced_bos_token_id) unless the model forces another."})
     source_prefix: str = field(default="", metadata={"help": "Prepended to every source (T5 task prefix)."})
     prompt_template: str | None = field(default=None, metadata={
         "help": "Decoder-only models: the prompt, with a {prompt} field that receives the source."})
@@ -232,6 +237,7 @@ def load_model_and_tokenizer(script_args: ScriptArguments, training_args=None):
     from transformers import AutoTokenizer, ByT5Tokenizer
 
     from ..models import load_pretrained
+    from ..models.auto import set_language_codes
     from ..models.tiny import build_tiny_model
 
     remote = bool(script_args.trust_remote_code)
@@ -243,11 +249,16 @@ def load_model_and_tokenizer(script_args: ScriptArguments, training_args=None):
         positions = max(1024, *lengths) + 2
         model = build_tiny_model(script_args.tiny_model, tokenizer=tokenizer, d_model=script_args.tiny_d_model,
                                  layers=script_args.tiny_layers, max_positions=positions)
-        return model, tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path,
-                                              trust_remote_code=remote)
-    model = load_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path,
+                                                  trust_remote_code=remote)
+        model = load_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
+    try:
+        set_language_codes(model, tokenizer, script_args.src_lang, script_args.tgt_lang)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
     return model, tokenizer
+
 
 
 def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_start_token_id: int | None = None,
