@@ -17,7 +17,9 @@ Protocol
    baseline, 1 sample, (d) leave-one-out baseline with 4 samples; with `--arms`, also (e) `scst_clip`: SCST whose
    rollouts each serve `clip_iterations` clipped optimizer steps, (f) `mrt`: minimum risk training over
    `mrt_samples` samples plus the greedy decode, and the input-schedule, MIXER and professor-forcing arms of
-   `benchmarks/exposure.py`. The sequence-level arms mix in cross-entropy on the gold target:
+   `benchmarks/exposure.py`; the token-level reward arms (`scst_tokens`, `loo4_tokens`: `token_match`); and the
+   distillation arms (`kd_word`, `kd_seq`, `distill`, `gkd`, `distill_bleu`) from a teacher trained by step 1's
+   protocol at the `teacher_*` sizes. The sequence-level arms mix in cross-entropy on the gold target:
    loss = rl_weight * RL + (1 - rl_weight) * XE, as Edunov et al. (2018) and Paulus et al. (2017) do.
    All arms share the learning rate, batch size and data order.
 3. Test corpus BLEU and chrF (translation) or mean best-reference ROUGE-1/2/L F1 (summarization, against

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 from hf_seqrl.demo import xe_trainer
 
@@ -100,3 +101,21 @@ def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir:
     if settings.anneal_lr is not None:
         record = {**checkpoint(settings, splits, tokenizer, dataset, work_dir, "C_annealed"), "phase1": record}
     return record, c_folder(settings, work_dir)
+
+
+def teacher_settings(settings: Settings) -> Settings:
+    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes."""
+    return replace(settings, d_model=settings.teacher_d_model, ffn=settings.teacher_ffn,
+                   layers=settings.teacher_layers, heads=settings.teacher_heads)
+
+
+def teacher_dir(settings: Settings, work_dir: str) -> str:
+    """Returns the work directory of the teacher, inside C's (it shares C's tokenizer and data)."""
+    return os.path.join(work_dir, f"teacher_d{settings.teacher_d_model}_f{settings.teacher_ffn}"
+                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}")
+
+
+def teacher_checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:
+    """Returns the record and folder of the teacher: trained by C's protocol (both stages) at the teacher's sizes, on
+    C's tokenizer, unless its work directory holds it."""
+    return checkpoint_c(teacher_settings(settings), splits, tokenizer, dataset, teacher_dir(settings, work_dir))

@@ -12,12 +12,12 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-from .checkpoint import checkpoint_c
-from .metrics import evaluate, score
+from .checkpoint import checkpoint_c, teacher_checkpoint
+from .metrics import evaluate, flagged_changes, score
 from .pool import cached, run_units
 from .report import format_markdown, format_table, summarize, write_dev_results, write_json
-from .settings import (ANNEAL_FIELDS, ARMS, C_FIELDS, DEFAULT_DATA, HERE, SETTINGS, apply_overrides, default_work_dir,
-                       run_tag)
+from .settings import (ANNEAL_FIELDS, ARMS, C_FIELDS, DEFAULT_DATA, HERE, SETTINGS, TEACHER_ARMS, TEACHER_FIELDS,
+                       apply_overrides, default_work_dir, run_tag)
 from .task import load_model, task_data
 from .units import ARM_TRAINERS, run_arm
 
@@ -88,10 +88,14 @@ def main(argv: list[str] | None = None) -> dict:
     splits, tokenizer, dataset = task_data(settings, args.data_dir, work_dir)
     torch.set_num_threads(args.c_threads)
     c_record, c_folder = checkpoint_c(settings, splits, tokenizer, dataset, work_dir)
+    # The distillation arms' teacher: trained here (alone, as C) before the units that read it start.
+    teacher = teacher_checkpoint(settings, splits, tokenizer, dataset, work_dir) \
+        if any(arm in TEACHER_ARMS for arm in args.arms) else None
     torch.set_num_threads(args.threads)
     suffix = "_dev" if args.dev_only else ""
     # C's scores are cached per set of extra metrics and of beam widths (they define what is scored).
-    extra_tag = run_tag(None, {k: v for k, v in overrides.items() if k in ("extra_metrics", "beams")})
+    extra_tag = run_tag(None, {k: v for k, v in overrides.items()
+                               if k in ("extra_metrics", "beams", "record_predictions")})
     units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}{suffix}.json"))
              for seed in settings.seeds for arm in args.arms]
     pool = None
@@ -109,6 +113,11 @@ def main(argv: list[str] | None = None) -> dict:
     elif not args.runs_only:
         c_eval = cached(os.path.join(work_dir, "runs", f"C{extra_tag}.json"),
                         lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings, "C"))
+    if teacher is not None and not args.runs_only:
+        teacher_tag = run_tag(None, {k: v for k, v in overrides.items() if k in TEACHER_FIELDS})
+        teacher_eval = cached(os.path.join(work_dir, "runs", f"teacher{teacher_tag}{extra_tag}.json"),
+                              lambda: evaluate(load_model(settings, teacher[1]), tokenizer, splits, settings,
+                                               "teacher"))
     if pool is not None:
         pool.result()
     runs = []
@@ -129,6 +138,14 @@ def main(argv: list[str] | None = None) -> dict:
                "budget": "decoder token positions (generated + teacher-forced, padding included) per arm",
                "checkpoint_c": c_record, **summary, "markdown": format_markdown(settings, summary), "runs": runs,
                "wall_seconds": round(time.time() - start)}
+    if teacher is not None:
+        results["teacher"] = {"checkpoint": teacher[0], "scores": teacher_eval}
+    if settings.record_predictions:
+        # Where the outputs moved, per run, against C's: the words token_match penalizes in C's output and the rest.
+        references = [r["references"] for r in splits["test"]]
+        results["flagged_changes"] = [
+            {"arm": run["arm"], "seed": run["seed"],
+             **flagged_changes(c_eval["greedy_predictions"], run["greedy_predictions"], references)} for run in runs]
     print(format_table(settings, summary))
     print()
     print(format_markdown(settings, summary))

@@ -47,6 +47,9 @@ def summarize(settings: Settings, c_eval: dict, runs: list[dict]) -> dict:
             arms[arm][decoding] = {m: _spread([r[decoding][m] for r in mine])
                                    for m in (*scored_metrics(settings), "length_ratio")}
         arms[arm]["training"] = training_means(mine)
+        arms[arm]["positions"] = _spread([r["positions"] for r in mine])
+        if all("teacher_positions" in r for r in mine):  # the distillation arms: the teacher's decoder positions
+            arms[arm]["teacher_positions"] = _spread([r["teacher_positions"] for r in mine])
         arms[arm]["diagnostics"] = {key: _spread([r["diagnostics"][key] for r in mine])
                                     for key in ("free_metric", "horizon_gap", "recovery_rate", "metric_drop",
                                                 "jacobian_growth")
@@ -91,8 +94,10 @@ def format_markdown(settings: Settings, summary: dict) -> str:
     """Returns the README table: test scores as mean (min-max over seeds), dev score and diagnostics per arm."""
     decodings = ["greedy" if b == 1 else f"beam{b}" for b in settings.beams]
     diag = ("horizon_gap", "recovery_rate", "metric_drop")
+    # With a teacher: its decoder positions and each arm's training minutes (the cost distillation adds).
+    costs = any("teacher_positions" in row for row in summary["arms"].values())
     head = (["arm", "seeds", "steps"] + [f"{d} {m}" for d in decodings for m in scored_metrics(settings)]
-            + [f"dev {settings.metrics[0]}"] + list(diag))
+            + [f"dev {settings.metrics[0]}"] + list(diag) + (["teacher positions", "train min"] if costs else []))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(x):
@@ -104,12 +109,14 @@ def format_markdown(settings: Settings, summary: dict) -> str:
     lines.append("| " + " | ".join([TITLES["C"], "–", "–"]
                                    + [cell(c[d][m]) for d in decodings for m in scored_metrics(settings)]
                                    + [cell(c["dev"][settings.metrics[0]])]
-                                   + [cell(c["diagnostics"].get(k)) for k in diag]) + " |")
+                                   + [cell(c["diagnostics"].get(k)) for k in diag] + ["–", "–"] * costs) + " |")
     for arm, row in summary["arms"].items():
         diagnostics = [cell(row["diagnostics"].get(k)) for k in diag]
+        cost = [f"{row['teacher_positions']['mean']:,.0f}" if "teacher_positions" in row else "0",
+                f"{row['train_seconds']['mean'] / 60:.1f}"] if costs else []
         lines.append("| " + " | ".join([TITLES[arm], str(len(row["seeds"])), f"{row['steps']['mean']:.0f}"]
                                        + [cell(row[d][m]) for d in decodings for m in scored_metrics(settings)]
-                                       + [cell(row["dev"][settings.metrics[0]])] + diagnostics) + " |")
+                                       + [cell(row["dev"][settings.metrics[0]])] + diagnostics + cost) + " |")
     return "\n".join(lines)
 
 

@@ -20,9 +20,22 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "scst": "C + SCST (greedy baseline)", "loo4": "C + leave-one-out (4 samples)",
           "scst_clip": "C + SCST, clipped multi-update", "loo4_clip": "C + leave-one-out (4), clipped multi-update",
           "mrt": "C + minimum risk training",
-          "mrt_beam": "C + MRT over the beam's n-best"}
+          "mrt_beam": "C + MRT over the beam's n-best",
+          "scst_tokens": "C + SCST, token_match (token-level)", "loo4_tokens": "C + leave-one-out (4), token_match",
+          "kd_word": "C + word-level KD (gold prefixes)", "kd_seq": "C + sequence-level KD (teacher beams)",
+          "distill": "C + on-policy distillation (reverse KL)", "gkd": "C + GKD (λ 0.5, JSD β 0.5)",
+          "distill_bleu": "C + on-policy distillation + BLEU"}
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
-           "scst_clip": {"baseline": "greedy", "num_samples": 1}, "loo4_clip": {"baseline": "mean", "num_samples": 4}}
+           "scst_clip": {"baseline": "greedy", "num_samples": 1}, "loo4_clip": {"baseline": "mean", "num_samples": 4},
+           "scst_tokens": {"baseline": "greedy", "num_samples": 1},
+           "loo4_tokens": {"baseline": "mean", "num_samples": 4}}
+# The RL arms rewarded with `token_match` (sentence chrF plus a penalty on each word the reference does not align to,
+# mapped to its tokens) instead of `reward`: token-level advantages.
+TOKEN_ARMS = ("scst_tokens", "loo4_tokens")
+# The arms that distill from the teacher (a C of `teacher_*` sizes trained by the same protocol on the same
+# tokenizer): (lmbda, beta) of `DistillationConfig`. `kd_seq` is cross-entropy on the teacher's beam decodes.
+DISTILL_ARMS = {"kd_word": (0.0, 0.0), "distill": (1.0, 1.0), "gkd": (0.5, 0.5), "distill_bleu": (1.0, 1.0)}
+TEACHER_ARMS = (*DISTILL_ARMS, "kd_seq")
 # The arms that take several optimizer steps per rollout (`clip_iterations`, the clipped surrogate).
 CLIPPED_ARMS = ("scst_clip", "loo4_clip")
 # The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
@@ -67,7 +80,11 @@ class Settings:
     mask_truncated_completions: bool = False  # RL arms: samples cut at rl_max_new_tokens leave the loss
     multi_objective_aggregation: str = "sum_then_normalize"  # RL arms, several rewards: or normalize_then_sum
     reward: str = ""  # rewarded arms: "" = metrics[0]; else names joined by "+" (their mean): a metric, embedding, bertscore
-    extra_metrics: tuple[str, ...] = ()  # also scored on every split: embedding, bertscore (MiniLM), source_copy
+    extra_metrics: tuple[str, ...] = ()  # also scored on every split: embedding, bertscore (MiniLM), source_copy,
+    # target_language (% of letters in guard_lang), repetition (% repeated word 3-grams)
+    guards: tuple[str, ...] = ()  # rewarded arms: the reward gated by these (rewards.guard): source_copy, repetition,
+    # length_ratio, target_language (guard_lang)
+    guard_lang: str = "en"  # the target_language guard's and metric's language
     ss_min_ratio: float = 0.75
     clip_iterations: int = 2  # clipped arms: optimizer steps per rollout (the ratio clipped to 1 ± clip_epsilon)
     clip_epsilon: float = 0.2  # clipped arms
@@ -83,6 +100,14 @@ class Settings:
     diag_examples: int = 200
     diag_horizon: int = 12
     diag_inject: tuple[int, ...] = (0, 1, 2, 4, 8)  # positions of the injected mistakes
+    token_penalty: float = 0.1  # token arms: token_match's value on each unaligned prediction word
+    token_reward_to_go: bool = False  # token arms: each token's value summed from it to the end of the sample
+    record_predictions: bool = False  # keep the greedy test outputs of C and of every unit (token arms' analysis)
+    teacher_d_model: int = 256  # (T) the teacher's sizes: a C of these trained by C's protocol, C's tokenizer
+    teacher_ffn: int = 1024  # (T)
+    teacher_layers: int = 3  # (T)
+    teacher_heads: int = 4  # (T)
+    kd_weight: float = 0.5  # kd_word: the divergence's share beside cross-entropy (Kim & Rush); on-policy: rl_weight
     seeds: tuple[int, ...] = (0, 1)
     device: str = "cpu"  # where every phase runs (--device); the budget counts positions, not seconds
 
@@ -91,6 +116,7 @@ C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vo
             "layers", "heads", "dropout", "cross_attention_init", "batch_size", "c_lr", "c_warmup_steps",
             "eval_every", "patience", "c_max_steps")
 ANNEAL_FIELDS = ("anneal_lr", "anneal_max_steps")
+TEACHER_FIELDS = ("teacher_d_model", "teacher_ffn", "teacher_layers", "teacher_heads")
 
 TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps=5000)
 SUMMARIZATION = Settings(
@@ -131,7 +157,8 @@ SETTINGS = {
     ("translation", False): TRANSLATION,
     ("translation", True): replace(TRANSLATION, train_limit=3000, dev_size=100, test_limit=100, vocab_size=1000,
                                    d_model=64, ffn=128, layers=1, eval_every=40, c_max_steps=200, c_warmup_steps=20,
-                                   anneal_max_steps=80, budget_positions=8000,
+                                   anneal_max_steps=80, budget_positions=8000, teacher_d_model=128,
+                                   teacher_ffn=256, teacher_layers=1,
                                    diag_examples=20, diag_horizon=4,
                                    diag_inject=(0, 2), seeds=(0,)),
     ("summarization", False): SUMMARIZATION,
@@ -158,15 +185,21 @@ def stage_fields(stage: str) -> tuple[str, ...]:
 
 
 # The arms that sample and reward (MIXER's sampled suffix is trained as the SCST arm's samples are).
-REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer")
+REWARDED_ARMS = (*SEQUENCE_ARMS, "mixer", "distill", "gkd", "distill_bleu")
 # Fields that only some arms read: runs of the other arms are shared with the unchanged settings.
 ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_ARMS),
-            "center_advantages": (*RL_ARMS, "mixer"), "ss_min_ratio": ("ss",), "disable_dropout": SEQUENCE_ARMS,
+            "center_advantages": (*RL_ARMS, "mixer", "distill_bleu"), "ss_min_ratio": ("ss",),
+            "disable_dropout": (*SEQUENCE_ARMS, *DISTILL_ARMS),
             "rl_max_new_tokens": REWARDED_ARMS,
             **dict.fromkeys(("mask_truncated_completions", "multi_objective_aggregation", "length_normalize"), RL_ARMS),
             **dict.fromkeys(("clip_iterations", "clip_epsilon", "clip_epsilon_high", "importance_sampling_level"), CLIPPED_ARMS),
             **dict.fromkeys(("mrt_alpha", "mrt_samples"), ("mrt", "mrt_beam")), "mrt_beam_size": ("mrt_beam",),
-            "pf_adversarial_weight": ("pf",), "reward": REWARDED_ARMS}
+            "pf_adversarial_weight": ("pf",),
+            **dict.fromkeys(("reward", "guards"), tuple(a for a in REWARDED_ARMS
+                                                         if a not in (*TOKEN_ARMS, "distill", "gkd"))),
+            "guard_lang": REWARDED_ARMS,
+            **dict.fromkeys(("token_penalty", "token_reward_to_go"), TOKEN_ARMS), "kd_weight": ("kd_word",),
+            **dict.fromkeys(TEACHER_FIELDS, TEACHER_ARMS)}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:

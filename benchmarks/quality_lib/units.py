@@ -10,16 +10,18 @@ from dataclasses import dataclass
 
 from hf_seqrl.demo import xe_trainer
 
-from .checkpoint import training_args
+from .checkpoint import teacher_checkpoint, teacher_dir, training_args
 from .metrics import arm_reward, evaluate, score
-from .settings import CLIPPED_ARMS, RL_ARMS, SEQUENCE_ARMS, Settings, rollout_tokens
-from .task import load_model
+from .settings import (CLIPPED_ARMS, DISTILL_ARMS, RL_ARMS, SEQUENCE_ARMS, TEACHER_ARMS, TOKEN_ARMS, Settings,
+                       rollout_tokens)
+from .task import load_model, to_dataset
 
 # Logged RL metrics kept per logging step: the baseline's reward against the samples' shows the advantages' offset.
 CURVE_KEYS = ("step", "rl/reward", "rl/baseline_reward", "rl/advantage_abs", "rl/sample_length", "rl/entropy",
               "rl/pg_loss", "rl/clip_fraction", "rl/ratio_mean", "rl/ratio_min", "rl/ratio_max", "rl/frac_truncated",
               "rl/length_ratio", "mrt/risk", "mrt/q_entropy",
-              "mrt/distinct_candidates", "loss")
+              "mrt/distinct_candidates", "rl/token_reward", "rl/frac_tokens_rewarded", "distill/divergence",
+              "distill/on_policy", "loss")
 
 
 class DecoderPositions:
@@ -74,6 +76,7 @@ def _ss_arm(ctx: "ArmContext"):
 def _rl_arm(arm: str):
     def build(ctx: "ArmContext"):
         from hf_seqrl.configs import SeqRLConfig
+        from hf_seqrl.rewards.token_match import token_match_reward
         from hf_seqrl.trainers import SCSTTrainer
 
         settings = ctx.settings
@@ -85,8 +88,10 @@ def _rl_arm(arm: str):
                         temperature=settings.rl_temperature, disable_dropout=settings.disable_dropout,
                         mask_truncated_completions=settings.mask_truncated_completions,
                         multi_objective_aggregation=settings.multi_objective_aggregation,
-                        length_normalize=settings.length_normalize, **RL_ARMS[arm], **clipped)
-        return SCSTTrainer(model=ctx.model, args=args, reward_funcs=arm_reward(settings), train_dataset=ctx.dataset,
+                        length_normalize=settings.length_normalize, **RL_ARMS[arm], **clipped,
+                        **({"token_reward_to_go": settings.token_reward_to_go} if arm in TOKEN_ARMS else {}))
+        reward = token_match_reward(settings.token_penalty) if arm in TOKEN_ARMS else arm_reward(settings)
+        return SCSTTrainer(model=ctx.model, args=args, reward_funcs=reward, train_dataset=ctx.dataset,
                            processing_class=ctx.tokenizer)
 
     return build
@@ -110,6 +115,37 @@ def _mrt_arm(candidates: str):
                           processing_class=ctx.tokenizer)
 
     return build
+
+
+def _distill_arm(arm: str):
+    def build(ctx: "ArmContext"):
+        from hf_seqrl.configs import DistillationConfig
+        from hf_seqrl.trainers import DistillationTrainer
+
+        # Word-level KD trains on gold prefixes beside cross-entropy at `kd_weight` (Kim & Rush, 2016), at the
+        # cross-entropy arm's learning rate; the on-policy arms sample as the SCST arm does (one sample per source,
+        # `rl_weight`, `rl_lr`), `distill_bleu` with the SCST arm's reward and greedy baseline too.
+        settings = ctx.settings
+        lmbda, beta = DISTILL_ARMS[arm]
+        off_policy = lmbda == 0.0
+        rewarded = {"reward_funcs": arm_reward(settings)} if arm == "distill_bleu" else {}
+        args = ctx.args(DistillationConfig, lr=None if off_policy else settings.rl_lr or settings.arm_lr,
+                        lmbda=lmbda, beta=beta, rl_weight=settings.kd_weight if off_policy else settings.rl_weight,
+                        max_new_tokens=rollout_tokens(settings), temperature=settings.rl_temperature,
+                        disable_dropout=settings.disable_dropout, num_samples=1,
+                        **({"baseline": "greedy", "center_advantages": settings.center_advantages} if rewarded
+                           else {}))
+        return DistillationTrainer(model=ctx.model, args=args, teacher_model=ctx.teacher, train_dataset=ctx.dataset,
+                                   processing_class=ctx.tokenizer, **rewarded)
+
+    return build
+
+
+def _kd_seq_arm(ctx: "ArmContext"):
+    from transformers import Seq2SeqTrainingArguments
+
+    # Sequence-level KD (Kim & Rush, 2016): cross-entropy on the teacher's beam decodes of the training sources.
+    return xe_trainer(ctx.model, ctx.tokenizer, ctx.teacher_dataset, ctx.args(Seq2SeqTrainingArguments))
 
 
 def _mixer_arm(ctx: "ArmContext"):
@@ -160,6 +196,8 @@ class ArmContext:
     output_dir: str
     seed: int
     mean_target_positions: float
+    teacher: object = None  # the distillation arms' teacher model
+    teacher_dataset: object = None  # kd_seq: the training sources with the teacher's beam decodes as targets
 
     def args(self, config_class, lr: float | None = None, **extra):
         """Returns `config_class` with the arguments every arm shares (learning rate, batch, data order)."""
@@ -177,37 +215,83 @@ ARM_TRAINERS = {
                                  per_token_levels=True),
     "kstep2": _input_schedule_arm("KStepRolloutConfig", "KStepRolloutTrainer", rollout_steps=2),
     "kstep4": _input_schedule_arm("KStepRolloutConfig", "KStepRolloutTrainer", rollout_steps=4),
+    "scst_tokens": _rl_arm("scst_tokens"), "loo4_tokens": _rl_arm("loo4_tokens"),
+    **{arm: _distill_arm(arm) for arm in DISTILL_ARMS}, "kd_seq": _kd_seq_arm,
 }
 
 
 def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_dir: str, seed: int,
-                mean_target_positions: float):
+                mean_target_positions: float, teacher=None, teacher_dataset=None):
     """Returns the trainer of one arm, started from `model` (checkpoint C)."""
-    return ARM_TRAINERS[arm](ArmContext(model, tokenizer, dataset, settings, output_dir, seed, mean_target_positions))
+    return ARM_TRAINERS[arm](ArmContext(model, tokenizer, dataset, settings, output_dir, seed, mean_target_positions,
+                                        teacher, teacher_dataset))
 
 
-def train_arm(arm: str, seed: int, settings: Settings, tokenizer, dataset, work_dir: str, c_folder: str):
-    """Trains one arm from C (in `c_folder`) for the position budget; returns the model and its training record."""
+def teacher_outputs(settings: Settings, splits: dict, tokenizer, teacher, folder: str) -> tuple[list[dict], dict]:
+    """Returns the training rows with the teacher's beam-4 decodes as targets (sequence-level KD's data, written by
+    `hf_seqrl.evaluation.write_teacher_outputs` to `folder/beam4_train.jsonl` unless there) and the decode's record:
+    its teacher decoder positions and seconds."""
+    import json
+
+    from hf_seqrl.evaluation import write_teacher_outputs
+
+    path, record_path = os.path.join(folder, "beam4_train.jsonl"), os.path.join(folder, "beam4_train.json")
+    if not os.path.exists(record_path):
+        counter, clock = DecoderPositions(teacher), time.time()
+        resumed = os.path.exists(path)
+        write_teacher_outputs(teacher, tokenizer, splits["train"], "source", path, num_beams=4,
+                              batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                              max_source_length=settings.max_source_tokens)
+        counter.remove()
+        with open(record_path, "w") as f:
+            json.dump({"teacher_positions": counter.count, "teacher_seconds": round(time.time() - clock),
+                       "resumed": resumed, "rows": len(splits["train"])}, f)
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    with open(record_path) as f:
+        return [{**row, "target": row["teacher_target"]} for row in rows], json.load(f)
+
+
+def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str,
+              c_folder: str):
+    """Trains one arm from C (in `c_folder`) for the position budget; returns the model and its training record.
+    The distillation arms' teacher is trained first unless cached; its decoder positions are counted apart."""
     from transformers import set_seed
 
+    teacher = teacher_dataset = None
+    extra = {}
+    if arm in TEACHER_ARMS:
+        _, folder = teacher_checkpoint(settings, splits, tokenizer, dataset, work_dir)
+        teacher = load_model(settings, folder).eval()
+        if arm == "kd_seq":
+            rows, extra = teacher_outputs(settings, splits, tokenizer, teacher, teacher_dir(settings, work_dir))
+            teacher_dataset = to_dataset(rows, tokenizer, settings)
+    if settings.guards or "source" in settings.reward:  # the rewards that read the sources get them as text
+        assert len(dataset) == len(splits["train"])
+        dataset = dataset.add_column("sources", [r["source"] for r in splits["train"]])
     set_seed(seed)
     model = load_model(settings, c_folder)
     lengths = [len(x) for x in dataset["labels"]]
     trainer = arm_trainer(arm, model, tokenizer, dataset, settings, os.path.join(work_dir, "tmp"), seed,
-                          statistics.mean(lengths))
+                          statistics.mean(lengths), teacher, teacher_dataset)
     counter = DecoderPositions(model)
+    teacher_counter = DecoderPositions(teacher) if arm in DISTILL_ARMS else None
     trainer.add_callback(position_budget(counter, settings.budget_positions))
     clock = time.time()
     trainer.train()
     train_seconds = time.time() - clock
     counter.remove()
+    if teacher_counter is not None:
+        teacher_counter.remove()
+        extra["teacher_positions"] = teacher_counter.count
     history = trainer.state.log_history
     # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
-    curve = [{key: entry[key] for key in CURVE_KEYS if key in entry} for entry in history if "rl/reward" in entry]
+    curve = [{key: entry[key] for key in CURVE_KEYS if key in entry} for entry in history
+             if "rl/reward" in entry or "distill/divergence" in entry]
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
               "train_seconds": round(train_seconds), "train_seconds_exact": round(train_seconds, 3),
-              "first_logged_reward": curve[0]["rl/reward"] if curve else None,
-              "last_logged_reward": curve[-1]["rl/reward"] if curve else None, "curve": curve}
+              "first_logged_reward": curve[0].get("rl/reward") if curve else None,
+              "last_logged_reward": curve[-1].get("rl/reward") if curve else None, "curve": curve, **extra}
     if arm in SEQUENCE_ARMS:  # what the trainer sampled with, as it read it
         record["sampling"] = sampling_record(trainer.args)
     return model, record
@@ -227,7 +311,7 @@ def run_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, da
             c_folder: str, dev_only: bool = False) -> dict:
     """Trains one arm from C (in `c_folder`) for the position budget and evaluates it (on dev only with
     `dev_only`); returns its record."""
-    model, record = train_arm(arm, seed, settings, tokenizer, dataset, work_dir, c_folder)
+    model, record = train_arm(arm, seed, settings, splits, tokenizer, dataset, work_dir, c_folder)
     if dev_only:
         record["dev"] = score(model, tokenizer, splits["dev"], settings, 1, f"{arm} seed {seed}: dev")
     else:

@@ -223,3 +223,83 @@ def test_quality_dev_results_keep_the_length_and_the_training_means(tmp_path):
     assert row == out["arms"]["loo4_clip"]
     assert row["dev"]["bleu"]["mean"] == 31.0 and row["dev"]["length_ratio"]["mean"] == 1.0
     assert row["training"]["rl/clip_fraction"]["values"] == [0.5, 0.5] and row["training"]["rl/ratio_max"]["max"] == 1.25
+
+
+def test_quality_flagged_changes_count_the_penalized_words_that_moved():
+    # C wrote "a dog runs fast" for "a cat runs"; token_match penalizes "dog" and "fast" (outside the LCS).
+    before, refs = ["a dog runs fast", "the man"], [["a cat runs"], ["the man"]]
+    # after training: "dog" became "cat", "fast" stayed; the second output lost "man"
+    out = quality.flagged_changes(before, ["a cat runs fast", "the"], refs)
+    assert (out["flagged_words"], out["unflagged_words"]) == (2, 4)
+    assert out["flagged_changed"] == 50.0 and out["unflagged_changed"] == 25.0 and out["ratio"] == 2.0
+    assert quality.flagged_changes(before, before, refs)["ratio"] is None  # nothing unflagged changed
+
+
+def test_quality_token_distillation_and_guarded_arms_build_their_trainers(tmp_path):
+    from helpers import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+    from hf_seqrl import DistillationTrainer
+    from hf_seqrl.rewards import GuardedReward
+    from hf_seqrl.rewards.token_match import TokenMatchReward
+
+    settings = quality.SETTINGS[("translation", True)]
+    changed, overrides = quality.apply_overrides(settings, [
+        "token_penalty=0.3", "token_reward_to_go=true", "guards=source_copy,repetition", "kd_weight=0.4",
+        "teacher_d_model=96"])
+    # each arm's run is named by the fields it reads
+    assert quality.run_tag("scst_tokens", overrides) == "_token_penalty0.3_token_reward_to_goTrue"
+    assert quality.run_tag("scst", overrides) == "_guardssource_copy-repetition"
+    assert quality.run_tag("kd_word", overrides) == "_kd_weight0.4_teacher_d_model96"
+    assert quality.run_tag("distill", overrides) == "_teacher_d_model96" and quality.run_tag("xe", overrides) == ""
+    tokenizer = byt5_tokenizer()
+    dataset = toy_dataset(tokenizer, *toy_pairs(8))
+
+    def trainer(arm, teacher=None):
+        return quality.arm_trainer(arm, tiny_model(), tokenizer, dataset, changed, str(tmp_path), 0, 5.0, teacher)
+
+    tokens = trainer("loo4_tokens")
+    assert isinstance(tokens.reward_funcs, TokenMatchReward) and tokens.reward_funcs.word_penalty == 0.3
+    assert tokens.args.token_reward_to_go and (tokens.args.baseline, tokens.args.num_samples) == ("mean", 4)
+    guarded = trainer("scst").reward_funcs
+    assert isinstance(guarded, GuardedReward) and guarded.part_names[1:] == ["source_copy", "repetition"]
+    teacher = tiny_model(seed=3)
+    for arm, (lmbda, beta, weight, lr) in {"kd_word": (0.0, 0.0, 0.4, settings.arm_lr),
+                                           "gkd": (0.5, 0.5, settings.rl_weight, settings.arm_lr),
+                                           "distill_bleu": (1.0, 1.0, settings.rl_weight, settings.arm_lr)}.items():
+        built = trainer(arm, teacher)
+        assert isinstance(built, DistillationTrainer) and built.frozen_models["teacher"].model is teacher
+        assert (built.args.lmbda, built.args.beta, built.args.rl_weight, built.args.learning_rate) == \
+            (lmbda, beta, weight, lr)
+        assert (built.rewards is not None) == (arm == "distill_bleu")
+    teacher_settings = quality.teacher_settings(changed)
+    assert (teacher_settings.d_model, teacher_settings.ffn, teacher_settings.layers) == (96, 256, 1)
+    assert quality.teacher_dir(changed, "w") == os.path.join("w", "teacher_d96_f256_l1_h4")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
+                    reason="../shared/data/multi30k is absent")
+def test_quality_quick_teacher_token_and_guard_arms(tmp_path):
+    pytest.importorskip("py3langid", reason="pip install py3langid")
+    out = tmp_path / "q.json"
+    argv = ["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir", str(tmp_path / "w"),
+            "--output", str(out), "--jobs", "1", "--arms", "kd_seq", "distill_bleu", "scst_tokens", "scst", "--set",
+            "record_predictions=true", "budget_positions=2000", "guards=source_copy,target_language",
+            "extra_metrics=source_copy,target_language,repetition",
+            # a smaller C and teacher than --quick's: 400 training rows, 40 + 20 steps, greedy scores only
+            "train_limit=400", "c_max_steps=40", "anneal_max_steps=20", "eval_every=20", "beams=1"]
+    results = quality.main(argv)
+    teacher = results["teacher"]
+    # the teacher: C's protocol at its own sizes, on C's tokenizer, scored as C is
+    assert teacher["checkpoint"]["parameters"] > 2 * results["checkpoint_c"]["parameters"]
+    assert 0 <= teacher["scores"]["greedy"]["bleu"] <= 100 and "greedy_predictions" in teacher["scores"]
+    runs = {r["arm"]: r for r in results["runs"]}
+    # sequence-level KD: the teacher's beam decodes of every training source, their positions counted once
+    assert runs["kd_seq"]["teacher_positions"] > 0 and runs["kd_seq"]["rows"] == results["data"]["train"]
+    assert runs["distill_bleu"]["teacher_positions"] > 0 and "distill/divergence" in runs["distill_bleu"]["curve"][0]
+    assert "rl/token_reward" in runs["scst_tokens"]["curve"][0]
+    assert "teacher positions" in results["markdown"]
+    for run in runs.values():
+        assert len(run["greedy_predictions"]) == results["data"]["test"]
+        assert {"source_copy", "target_language", "repetition"} <= set(run["greedy"])
+    changes = {c["arm"]: c for c in results["flagged_changes"]}
+    assert set(changes) == set(runs) and all(c["flagged_words"] + c["unflagged_words"] > 0 for c in changes.values())
