@@ -260,7 +260,6 @@ def load_model_and_tokenizer(script_args: ScriptArguments, training_args=None):
     return model, tokenizer
 
 
-
 def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_start_token_id: int | None = None,
                 family=None) -> dict:
     """Returns the tokenized splits present among train / validation / test (with `references`, `sources`), their
