@@ -6,10 +6,17 @@ from a half-trained one, more cross-entropy wins trivially. `PlateauStopper` mak
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Callable
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+# What the stopper writes into each Trainer checkpoint, so that a resumed run stops where an uninterrupted one would.
+STATE_FILE = "plateau_stopper.json"
+BEST_FILE = "plateau_stopper_best.safetensors"
 
 
 class PlateauStopper(TrainerCallback):
@@ -29,6 +36,10 @@ class PlateauStopper(TrainerCallback):
     After training, `best_state` holds the best weights (load them with `model.load_state_dict`), `best_step` and
     `best_score` say where they came from, `history` lists `(step, score)`, and `stop_reason` is `"plateau"`,
     `"time cap"` or `None` (the run ended on `max_steps`).
+
+    With a `save_strategy`, each Trainer checkpoint also holds the stopper's state (its history, best score and
+    weights, and the training seconds so far); `load_state(checkpoint)` before `train(resume_from_checkpoint=...)`
+    takes it back, so a killed and resumed run scores, stops and restores as an uninterrupted one.
     """
 
     def __init__(self, score_fn: Callable, every: int, patience: int, max_seconds: float | None = None,
@@ -41,12 +52,46 @@ class PlateauStopper(TrainerCallback):
         self.history: list[tuple[int, float]] = []
         self.best_score, self.best_step, self.best_state, self.stale = float("-inf"), 0, None, 0
         self.stop_reason: str | None = None
-        self._start = None
+        self._start, self._resumed_seconds = None, 0.0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._start = time.monotonic()
-        if self.score_at_start and model is not None:
+        self._start = time.monotonic() - self._resumed_seconds
+        if self.score_at_start and model is not None and not self.history:
             self._score(state.global_step, model)
+
+    @property
+    def seconds(self) -> float:
+        """Training seconds so far, those of the runs this one resumed included."""
+        return self._resumed_seconds if self._start is None else time.monotonic() - self._start
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not state.is_world_process_zero or not os.path.isdir(folder):
+            return
+        from safetensors.torch import save_file
+
+        if self.best_state is not None:
+            save_file({k: v.contiguous() for k, v in self.best_state.items()}, os.path.join(folder, BEST_FILE))
+        with open(os.path.join(folder, STATE_FILE), "w") as f:
+            json.dump({"history": self.history, "best_score": self.best_score, "best_step": self.best_step,
+                       "stale": self.stale, "seconds": self.seconds}, f)
+
+    def load_state(self, checkpoint: str) -> None:
+        """Takes back the state saved in the Trainer checkpoint folder `checkpoint` (see the class docstring)."""
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{checkpoint} holds no {STATE_FILE}: it was saved without this PlateauStopper "
+                                    f"among the callbacks; resume from a checkpoint saved with it, or start over.")
+        with open(path) as f:
+            saved = json.load(f)
+        self.history = [tuple(h) for h in saved["history"]]
+        self.best_score, self.best_step, self.stale = saved["best_score"], saved["best_step"], saved["stale"]
+        self._resumed_seconds = saved["seconds"]
+        best = os.path.join(checkpoint, BEST_FILE)
+        if os.path.exists(best):
+            from safetensors.torch import load_file
+
+            self.best_state = load_file(best)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
-import time
 from dataclasses import replace
 
 from hf_seqrl.demo import xe_trainer
@@ -17,11 +17,37 @@ from .task import build_model, load_model
 
 def training_args(config_class, settings: Settings, output_dir: str, seed: int, lr: float, max_steps: int,
                   warmup_steps: int = 0, **extra):
-    """Returns the arguments every phase shares: batch, data order, device, nothing saved or reported."""
-    return config_class(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=settings.batch_size,
-                        learning_rate=lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup_steps,
-                        seed=seed, data_seed=seed, logging_steps=10, save_strategy="no", report_to=[],
-                        use_cpu=settings.device == "cpu", dataloader_pin_memory=False, disable_tqdm=False, **extra)
+    """Returns the arguments every phase shares: batch, data order, device, nothing reported (nor saved, unless
+    `extra` says so)."""
+    return config_class(**{"output_dir": output_dir, "max_steps": max_steps,
+                           "per_device_train_batch_size": settings.batch_size, "learning_rate": lr,
+                           "lr_scheduler_type": "constant_with_warmup", "warmup_steps": warmup_steps, "seed": seed,
+                           "data_seed": seed, "logging_steps": 10, "save_strategy": "no", "report_to": [],
+                           "use_cpu": settings.device == "cpu", "dataloader_pin_memory": False,
+                           "disable_tqdm": False, **extra})
+
+
+def resume_point(settings: Settings, stage: str, partial: str) -> str | None:
+    """Returns the last checkpoint of an interrupted training of `stage` in `partial` (None: start over), after
+    checking it was trained with the same settings; records those settings when starting over."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    wanted = {name: getattr(settings, name) for name in stage_fields(stage)}
+    path = os.path.join(partial, "settings.json")
+    last = get_last_checkpoint(partial) if os.path.isdir(partial) else None
+    if last is not None and os.path.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+        if stored != wanted:
+            sys.exit(f"{partial} holds an interrupted {stage} trained with other settings "
+                     f"({', '.join(sorted(k for k in wanted if stored.get(k) != wanted[k]))}): delete it to start "
+                     f"over.")
+        print(f"Resuming {stage} from {last}.", flush=True)
+        return last
+    os.makedirs(partial, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(wanted, f)
+    return None
 
 
 def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str, stage: str) -> dict:
@@ -50,15 +76,21 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
     # Annealing starts from a good model: it is C_annealed only where it beats C on dev.
     # The stopping rule counts steps, never seconds: the same C on any device.
     stopper = PlateauStopper(dev_score, settings.eval_every, settings.patience, score_at_start=stage == "C_annealed")
-    args = training_args(Seq2SeqTrainingArguments, settings, os.path.join(work_dir, "tmp"), 0, lr, max_steps, warmup)
+    # A checkpoint at every score, the last one kept: a killed run resumes where it stopped (a teacher of several
+    # times C's size trains for hours on CPU).
+    partial = os.path.join(work_dir, f"{stage}.partial")
+    resume = resume_point(settings, stage, partial)
+    args = training_args(Seq2SeqTrainingArguments, settings, partial, 0, lr, max_steps, warmup,
+                         save_strategy="steps", save_steps=settings.eval_every, save_total_limit=1)
     trainer = xe_trainer(model, tokenizer, dataset, args)
     trainer.add_callback(stopper)
-    clock = time.time()
-    trainer.train()
+    if resume is not None:
+        stopper.load_state(resume)
+    trainer.train(resume_from_checkpoint=resume)
     stopper.restore_best(model)
     record = {"steps_run": trainer.state.global_step, "best_step": stopper.best_step,
               f"best_dev_{metric}": stopper.best_score, "dev_history": [list(h) for h in stopper.history],
-              "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(time.time() - clock),
+              "stop_reason": stopper.stop_reason or "max_steps", "train_seconds": round(stopper.seconds),
               "parameters": sum(p.numel() for p in model.parameters()), "learning_rate": lr,
               "criterion": f"greedy dev {metric} on {len(splits['dev'])} dev rows every {settings.eval_every} steps; "
                            f"stop after {settings.patience} evaluations without a new best, or at step "
@@ -69,6 +101,7 @@ def train_stage(settings: Settings, splits: dict, tokenizer, dataset, work_dir: 
     tokenizer.save_pretrained(folder)
     with open(os.path.join(folder, "record.json"), "w") as f:
         json.dump(record, f, indent=2)
+    shutil.rmtree(partial, ignore_errors=True)
     return record
 
 

@@ -303,3 +303,51 @@ def test_quality_quick_teacher_token_and_guard_arms(tmp_path):
         assert {"source_copy", "target_language", "repetition"} <= set(run["greedy"])
     changes = {c["arm"]: c for c in results["flagged_changes"]}
     assert set(changes) == set(runs) and all(c["flagged_words"] + c["unflagged_words"] > 0 for c in changes.values())
+
+
+@pytest.mark.slow
+def test_quality_checkpoint_killed_mid_stage_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch):
+    """C (and the teacher, hours on CPU) checkpoints at every dev score: a run killed after one resumes from it and
+    ends with the weights, dev history and stopping step of a run never killed."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    from helpers import byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
+    from quality_lib import checkpoint as ckpt
+
+    tokenizer = byt5_tokenizer()
+    dataset = toy_dataset(tokenizer, *toy_pairs(16))
+    settings = replace(quality.SETTINGS[("translation", False)], c_max_steps=6, eval_every=2, patience=5,
+                       c_warmup_steps=0, batch_size=4, anneal_lr=None)
+    monkeypatch.setattr(ckpt, "build_model", lambda s, t: tiny_model(dropout=0.1))
+    # A dev "score" that is a function of the weights: equal weights, equal history.
+    monkeypatch.setattr(ckpt, "score", lambda m, *a, **k: {"bleu": float(sum(p.detach().double().sum()
+                                                                             for p in m.parameters()))})
+
+    class Kill(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                raise KeyboardInterrupt
+
+    make = ckpt.xe_trainer
+    monkeypatch.setattr(ckpt, "xe_trainer", lambda *a: (lambda t: (t.add_callback(Kill()), t)[1])(make(*a)))
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.train_stage(settings, {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"), "C")
+    assert os.listdir(tmp_path / "killed" / "C.partial") != []
+    monkeypatch.setattr(ckpt, "xe_trainer", make)
+    resumed = ckpt.train_stage(settings, {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"), "C")
+    whole = ckpt.train_stage(settings, {"dev": []}, tokenizer, dataset, str(tmp_path / "whole"), "C")
+    assert [s for s, _ in resumed["dev_history"]] == [2, 4, 6]
+    for key in ("steps_run", "best_step", "dev_history", "best_dev_bleu"):
+        assert resumed[key] == whole[key], key
+    assert not os.path.exists(tmp_path / "killed" / "C.partial")
+    a, b = (load_file(str(tmp_path / d / "C" / "model.safetensors")) for d in ("killed", "whole"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # An interrupted stage of other settings is refused, naming the field.
+    (tmp_path / "killed" / "C.partial" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "killed" / "C.partial" / "settings.json").write_text(
+        json.dumps({name: getattr(settings, name) for name in ckpt.stage_fields("C")}))
+    with pytest.raises(SystemExit, match="other settings \\(eval_every\\)"):
+        ckpt.train_stage(replace(settings, eval_every=3), {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"),
+                         "C")

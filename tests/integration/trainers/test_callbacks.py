@@ -58,3 +58,41 @@ def test_score_at_start_keeps_the_starting_weights_when_training_never_beats_the
 def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="every >= 1 and patience >= 1"):
         PlateauStopper(lambda m: 0.0, every=0, patience=2)
+
+
+def test_a_stopper_saved_in_a_checkpoint_and_loaded_again_stops_and_restores_as_an_uninterrupted_one(tmp_path):
+    from types import SimpleNamespace
+
+    scores = [1.0, 3.0, 5.0, 4.0, 5.0, 9.0]
+    model = torch.nn.Linear(1, 1, bias=False)
+    whole = PlateauStopper(None, every=2, patience=2)
+    assert drive(whole, model, scores, every=2) == 10
+
+    # The first run scores at steps 2, 4 and 6, the Trainer saves checkpoint-6, and the run is killed.
+    first = PlateauStopper(None, every=2, patience=2)
+    assert drive(first, model, scores[:3], every=2) is None
+    (tmp_path / "checkpoint-6").mkdir()
+    state = TrainerState(global_step=6, is_world_process_zero=True)
+    first.on_save(SimpleNamespace(output_dir=str(tmp_path)), state, TrainerControl())
+    assert first.seconds > 0
+
+    resumed = PlateauStopper(None, every=2, patience=2)
+    resumed.load_state(str(tmp_path / "checkpoint-6"))
+    assert resumed.seconds == pytest.approx(first.seconds, abs=0.5)
+    control, values = TrainerControl(), iter(scores[3:])
+    resumed.score_fn = lambda m: next(values)
+    resumed.on_train_begin(None, state, control, model=model)
+    for step in (7, 8, 9, 10):
+        state.global_step = step
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        resumed.on_step_end(None, state, control, model=model)
+    assert control.should_training_stop and resumed.stop_reason == "plateau"
+    assert resumed.history == whole.history and resumed.best_step == whole.best_step == 6
+    resumed.restore_best(model)
+    assert model.weight.item() == 6.0
+
+
+def test_loading_a_checkpoint_saved_without_the_stopper_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="saved without this PlateauStopper"):
+        PlateauStopper(None, every=1, patience=1).load_state(str(tmp_path))
