@@ -38,11 +38,15 @@ MODEL_REWARDS = ("embedding", "source_embedding", "bertscore", "reward_model")
 
 
 def guard_part(name: str, settings: Settings):
-    """Returns the guard `name` (`settings.guards`): a reward name, or the target-language guard in `guard_lang`."""
+    """Returns the guard `name` (`settings.guards`): a reward name, or the target-language guard in `guard_lang`
+    (its language identifier loaded once per process and language)."""
     if name == "target_language":
-        from hf_seqrl.rewards import target_language_reward
+        key = f"target_language:{settings.guard_lang}"
+        if key not in _MODEL_METRICS:
+            from hf_seqrl.rewards import target_language_reward
 
-        return target_language_reward(settings.guard_lang)
+            _MODEL_METRICS[key] = target_language_reward(settings.guard_lang)
+        return _MODEL_METRICS[key]
     return name
 
 

@@ -351,3 +351,17 @@ def test_quality_checkpoint_killed_mid_stage_resumes_to_the_uninterrupted_model(
     with pytest.raises(SystemExit, match="other settings \\(eval_every\\)"):
         ckpt.train_stage(replace(settings, eval_every=3), {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"),
                          "C")
+
+
+def test_quality_target_language_guard_is_built_once_per_language(monkeypatch):
+    import hf_seqrl.rewards
+    from quality_lib import metrics
+
+    built = []
+    monkeypatch.setattr(hf_seqrl.rewards, "target_language_reward", lambda lang: built.append(lang) or object())
+    monkeypatch.setattr(metrics, "_MODEL_METRICS", {})
+    settings = replace(quality.SETTINGS[("translation", False)], guard_lang="en")
+    first = metrics.guard_part("target_language", settings)
+    assert metrics.guard_part("target_language", settings) is first and built == ["en"]
+    assert metrics.guard_part("target_language", replace(settings, guard_lang="de")) is not first
+    assert built == ["en", "de"] and metrics.guard_part("source_copy", settings) == "source_copy"
