@@ -136,6 +136,27 @@ def token_char_spans(prefix_texts: Sequence[str], text: str) -> list[tuple[int, 
         end = max(end, previous)
         spans.append((previous, end))
         previous = end
+    return _lend_to_empty(spans)
+
+
+def piece_char_spans(pieces: Sequence[str], text: str) -> list[tuple[int, int]] | None:
+    """Returns each token's `(start, end)` in the prediction's `text` from `pieces`, the text each token adds when the
+    tokens are decoded one after another (an incremental decoder's chunks, "" where a token completes no character
+    yet): the spans `token_char_spans` gives from the prefixes, in one pass instead of one decode per prefix. Returns
+    None where the pieces do not spell `text` (a tokenizer that cleans spaces after decoding): then the prefixes
+    tell."""
+    if "".join(pieces) != text:
+        return None
+    spans, start = [], 0
+    for piece in pieces:
+        spans.append((start, start + len(piece)))
+        start += len(piece)
+    return _lend_to_empty(spans)
+
+
+def _lend_to_empty(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Gives a token that adds nothing the span of the next token when that one adds the character where both
+    stand (the first bytes of a character split over tokens); an empty span at the end stays."""
     for t in range(len(spans) - 2, -1, -1):
         start, end = spans[t]
         if start == end and spans[t + 1][0] == start and spans[t + 1][1] > start:

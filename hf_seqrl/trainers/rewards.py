@@ -15,7 +15,7 @@ import torch
 from ..hub import reward_label
 from ..rewards import (CombinedReward, PooledReward, RewardError, build_reward, call_reward_parts, check_finite,
                        combine_parts, model_rewards, part_weights, place_on, reward_name)
-from ..rewards.spans import TokenScore, sentence_score, token_char_spans
+from ..rewards.spans import TokenScore, piece_char_spans, sentence_score, token_char_spans
 from ..rewards.combine import set_attention
 from ..rewards.guards import LengthRatioReward
 from ..types import BatchText, RewardValues
@@ -86,17 +86,15 @@ class RewardScorer:
     def token_values(self, values: list, token_ids: torch.Tensor, token_mask: torch.Tensor, predictions: list[str],
                      tokenizer, step: int) -> torch.Tensor:
         """Returns `(N, T)` float32: each counted token's value from the `TokenScore`s among `values`, through the
-        text each token adds to the decoded prediction (`spans.token_char_spans`; tokenizer-independent), 0
-        elsewhere. Raises a `RewardError` when per-token values are not one per counted token."""
+        text each token adds to the decoded prediction (`char_spans`; tokenizer-independent), 0 elsewhere. Raises a `RewardError` when per-token values are not one per counted token."""
         out = torch.zeros(token_ids.shape, dtype=torch.float32)
         lengths = token_mask.sum(dim=1).tolist()
         for i, value in enumerate(values):
             if not isinstance(value, TokenScore) or not lengths[i]:
                 continue
             ids = token_ids[i, :lengths[i]].tolist()
-            prefixes = tokenizer.batch_decode([ids[:t] for t in range(1, len(ids) + 1)], skip_special_tokens=True)
             try:
-                row = value.token_values(token_char_spans(prefixes, predictions[i]))
+                row = value.token_values(char_spans(tokenizer, ids, predictions[i]))
             except ValueError as error:
                 raise RewardError(f"reward {self.label!r} at step {step}, prediction {i} ({predictions[i][:60]!r}): "
                                   f"{error}.") from error
@@ -168,3 +166,20 @@ def references_from_labels(labels, tokenizer) -> list[list[str]]:
                 f"Row {i} of the batch has no reference: its labels are all -100/padding. Fix or drop that row."
             )
     return [[t] for t in texts]
+
+
+def char_spans(tokenizer, ids: list[int], text: str) -> list[tuple[int, int]]:
+    """Returns each of `ids`' `(start, end)` in `text`, their decoded prediction: from a fast tokenizer's incremental
+    decoder in one pass where its chunks spell `text` (`spans.piece_char_spans`), else from the decoded prefixes
+    (`spans.token_char_spans`, one decode per token). Bytes that form no character (U+FFFD in `text`) take the
+    prefixes too: the incremental decoder holds them back, a prefix writes each as U+FFFD at once."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and "\ufffd" not in text:
+        from tokenizers.decoders import DecodeStream
+
+        stream = DecodeStream(skip_special_tokens=True)
+        spans = piece_char_spans([stream.step(backend, i) or "" for i in ids], text)
+        if spans is not None:
+            return spans
+    prefixes = tokenizer.batch_decode([ids[:t] for t in range(1, len(ids) + 1)], skip_special_tokens=True)
+    return token_char_spans(prefixes, text)

@@ -150,3 +150,21 @@ def test_mrt_refuses_token_level_rewards(tmp_path):
                          processing_class=byt5_tokenizer(), reward_funcs=penalize_vowels)
     with pytest.raises(ValueError, match="token-level values, which MRT cannot use"):
         trainer.train()
+
+
+@pytest.mark.parametrize("make_tokenizer", [bpe, sentencepiece], ids=["bpe", "sentencepiece"])
+def test_one_pass_of_the_incremental_decoder_gives_the_spans_of_the_decoded_prefixes(make_tokenizer):
+    from hf_seqrl.rewards.spans import piece_char_spans, token_char_spans
+    from hf_seqrl.trainers.rewards import char_spans
+
+    tok = make_tokenizer()
+    # Unknown and multi-byte characters, doubled spaces, a leading space; and a random token sequence.
+    texts = TEXTS + ["élan vital, 猫!  two  spaces", " the mat", "ca\u0301fe\u0301 猫猫"]
+    rows = [tok(text)["input_ids"] for text in texts] + [torch.randint(3, len(tok), (12,)).tolist() + [1]]
+    for ids in rows:
+        text = tok.decode(ids, skip_special_tokens=True)
+        prefixes = tok.batch_decode([ids[:t] for t in range(1, len(ids) + 1)], skip_special_tokens=True)
+        assert char_spans(tok, ids, text) == token_char_spans(prefixes, text), text
+    # Pieces that do not spell the text (a decoder that cleaned spaces afterwards) leave it to the prefixes.
+    assert piece_char_spans(["a", " ,"], "a,") is None
+    assert piece_char_spans(["", "é", "", "b"], "éb") == [(0, 1), (0, 1), (1, 2), (1, 2)]
