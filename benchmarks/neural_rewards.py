@@ -11,6 +11,10 @@ guard, and leave-one-out over 4 samples with ROUGE-L + embedding summed before o
 quality benchmark, so processes can split the rows, and a run adds its rows to the output file's rows measured from
 the same C.
 
+`--task translation` runs the rows on Multi30k de->en from the quality benchmark's translation C: the guards against
+a reward that a copied source wins (MiniLM similarity to the German source), scored with BLEU, chrF, the copy share,
+the share in the target language and the repetition rate.
+
 `--timing` measures instead one SCST step from C per reward and batch size, each in a fresh process: the step time
 and the time inside the reward (decoding the samples and scoring them), median over the timed steps. `--timed comet`
 times COMET at its real size (`random_comet`), which the default `--timing` leaves out.
@@ -20,6 +24,8 @@ times COMET at its real size (`random_comet`), which the default `--timing` leav
     python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1 \
         --rewards embedding embedding+length_ratio loo4:rougeL+embedding loo4:rougeL+embedding:normalize_then_sum \
         --output benchmarks/results/neural_rewards_guards.json
+    python benchmarks/neural_rewards.py --task translation --seeds 0 1 2 --rewards source_embedding \
+        scst:source_embedding:guarded --output benchmarks/results/mt_guards.json
     python benchmarks/neural_rewards.py --timing --batch-sizes 8 32
     python benchmarks/neural_rewards.py --timing --timed comet --output benchmarks/results/neural_rewards_timing_comet.json
 
@@ -58,6 +64,13 @@ ROWS = {
                                                                 "multi_objective_aggregation=normalize_then_sum"]),
     "loo4:rougeL+embedding+length_ratio:normalize_then_sum": (
         "loo4", ["reward=rougeL+embedding+length_ratio", "multi_objective_aggregation=normalize_then_sum"]),
+    # The MT guards (`rewards.guard`) where a reward can be gamed: on SciTLDR the embedding reward (copying the
+    # abstract's words, repeating the topic's), on Multi30k (`--task translation`) MiniLM similarity to the source,
+    # which a copied (German) source wins, as a referenceless quality-estimation metric can be won.
+    "scst:embedding:guarded": ("scst", ["reward=embedding", "guards=source_copy,repetition"]),
+    "source_embedding": ("scst", ["reward=source_embedding"]),
+    "scst:source_embedding:guarded": ("scst", ["reward=source_embedding",
+                                               "guards=source_copy,target_language,repetition"]),
 }
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")  # the default rows
 ROW_TITLES = {"scst": "SCST", "loo4": "leave-one-out ×4"}
@@ -74,14 +87,20 @@ COMET_HPARAMS = dict(class_identifier="regression_metric", encoder_model="XLM-Ro
                      layer_norm=False, pool="avg", hidden_sizes=[3072, 1024], activations="Tanh", final_activation=None)
 XLMR_LARGE = dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                   intermediate_size=4096, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5)
-EXTRA = "extra_metrics=embedding,bertscore,source_copy"
-COLUMNS = ("rougeL", "rouge1", "rouge2", "embedding", "bertscore", "length_ratio", "source_copy")
+# What every split is scored with beside the task's metrics (`--set extra_metrics=...` adds to it), and the table's
+# columns, per task: the guards' behaviours as rates (`source_copy`: % of output 3-grams found in the source;
+# `target_language`: % of the output in the target language; `repetition`: % of repeated 3-grams).
+EXTRA = {"summarization": "extra_metrics=embedding,bertscore,source_copy",
+         "translation": "extra_metrics=source_copy,target_language,repetition"}
+COLUMNS = {"summarization": ("rougeL", "rouge1", "rouge2", "embedding", "bertscore", "length_ratio", "source_copy",
+                             "target_language", "repetition"),
+           "translation": ("bleu", "chrf", "length_ratio", "source_copy", "target_language", "repetition")}
 
 
 def quality_args(args, row: str, output: str) -> list[str]:
     """Returns the `quality.py` arguments of the row `row` of `ROWS`."""
     arm, settings = ROWS[row]
-    argv = ["--task", "summarization", "--arms", arm, "--set", *settings, EXTRA, *args.set,
+    argv = ["--task", args.task, "--arms", arm, "--set", *settings, EXTRA[args.task], *args.set,
             "--output", output, "--jobs", str(args.jobs), "--work-dir", work_dir(args)]
     argv += ["--quick"] if args.quick else []
     argv += ["--seeds", *map(str, args.seeds)] if args.seeds else []
@@ -91,7 +110,7 @@ def quality_args(args, row: str, output: str) -> list[str]:
 
 def work_dir(args) -> str:
     """Returns the quality benchmark's work folder (C, its tokenizer, the cached arm units) that the runs share."""
-    return args.work_dir or quality.default_work_dir("summarization", args.quick)
+    return args.work_dir or quality.default_work_dir(args.task, args.quick)
 
 
 def row_title(row: str) -> str:
@@ -139,13 +158,15 @@ def cell(row: dict, decoding: str, metric: str) -> str:
     return f"{value:.2f}"
 
 
-def markdown(results: dict, decoding: str = "greedy") -> str:
-    """Returns the comparison table (test, `decoding`) in markdown."""
-    lines = ["| arm | " + " | ".join(COLUMNS) + " | dev rougeL |", "|---|" + "---|" * (len(COLUMNS) + 1)]
+def markdown(results: dict, task: str = "summarization", decoding: str = "greedy") -> str:
+    """Returns the comparison table (test, `decoding`) in markdown: the `task`'s columns that every row has."""
     rows = {"C": results["C"], **results["arms"]}
+    columns = [m for m in COLUMNS[task] if all(m in row[decoding] for row in rows.values())]
+    dev = columns[0]
+    lines = ["| arm | " + " | ".join(columns) + f" | dev {dev} |", "|---|" + "---|" * (len(columns) + 1)]
     for name, row in rows.items():
-        lines.append(f"| {name} | " + " | ".join(cell(row, decoding, m) for m in COLUMNS)
-                     + f" | {cell(row, 'dev', 'rougeL')} |")
+        lines.append(f"| {name} | " + " | ".join(cell(row, decoding, m) for m in columns)
+                     + f" | {cell(row, 'dev', dev)} |")
     return "\n".join(lines)
 
 
@@ -246,6 +267,10 @@ def timing(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=("summarization", "translation"), default="summarization",
+                        help="SciTLDR (the model rewards, their cost, the guards) or Multi30k (the guards against a "
+                             "reward a copied source wins: the rows source_embedding and "
+                             "scst:source_embedding:guarded)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--rewards", nargs="+", choices=list(ROWS), default=list(REWARDS),
@@ -265,6 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work-dir", default=None, help="the quality benchmark's work folder (C and cached units)")
     parser.add_argument("--_time", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.timing and args.task != "summarization":
+        parser.error("--timing times SciTLDR steps (--task summarization): drop --task translation.")
     if args._time:
         import torch
 
@@ -281,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     output = args.output or (os.path.join(work_dir(args), name) if args.quick else os.path.join(HERE, "results", name))
     if not args.timing:
         results = keep_other_rows(results, output)
-        results["markdown"] = markdown(results)
+        results["markdown"] = markdown(results, args.task)
         print(results["markdown"])
     return quality.write_json(results, output)
 

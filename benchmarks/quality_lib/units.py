@@ -285,9 +285,11 @@ def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, 
         teacher_counter.remove()
         extra["teacher_positions"] = teacher_counter.count
     history = trainer.state.log_history
-    # The RL arms' logged sample reward and length over training (every `logging_steps` steps).
-    curve = [{key: entry[key] for key in CURVE_KEYS if key in entry} for entry in history
-             if "rl/reward" in entry or "distill/divergence" in entry]
+    # The RL arms' logged sample reward and length over training (every `logging_steps` steps), and the mean of each
+    # part of a combined or guarded reward (`rl/rewards/<name>/mean`: how often a guard gated the samples).
+    curve = [{**{key: entry[key] for key in CURVE_KEYS if key in entry},
+              **{key: value for key, value in entry.items() if key.startswith("rl/rewards/") and key.endswith("/mean")}}
+             for entry in history if "rl/reward" in entry or "distill/divergence" in entry]
     record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
               "train_seconds": round(train_seconds), "train_seconds_exact": round(train_seconds, 3),
               "first_logged_reward": curve[0].get("rl/reward") if curve else None,

