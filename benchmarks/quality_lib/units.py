@@ -235,17 +235,22 @@ def teacher_outputs(settings: Settings, splits: dict, tokenizer, teacher, folder
 
     from hf_seqrl.evaluation import write_teacher_outputs
 
+    import fcntl
+
     path, record_path = os.path.join(folder, "beam4_train.jsonl"), os.path.join(folder, "beam4_train.json")
-    if not os.path.exists(record_path):
-        counter, clock = DecoderPositions(teacher), time.time()
-        resumed = os.path.exists(path)
-        write_teacher_outputs(teacher, tokenizer, splits["train"], "source", path, num_beams=4,
-                              batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
-                              max_source_length=settings.max_source_tokens)
-        counter.remove()
-        with open(record_path, "w") as f:
-            json.dump({"teacher_positions": counter.count, "teacher_seconds": round(time.time() - clock),
-                       "resumed": resumed, "rows": len(splits["train"])}, f)
+    # One writer: units of other seeds (other processes) wait for the decode instead of appending to it too.
+    with open(os.path.join(folder, "beam4_train.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(record_path):
+            counter, clock = DecoderPositions(teacher), time.time()
+            resumed = os.path.exists(path)
+            write_teacher_outputs(teacher, tokenizer, splits["train"], "source", path, num_beams=4,
+                                  batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                                  max_source_length=settings.max_source_tokens)
+            counter.remove()
+            with open(record_path, "w") as f:
+                json.dump({"teacher_positions": counter.count, "teacher_seconds": round(time.time() - clock),
+                           "resumed": resumed, "rows": len(splits["train"])}, f)
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     with open(record_path) as f:
