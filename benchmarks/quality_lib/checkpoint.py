@@ -27,9 +27,15 @@ def training_args(config_class, settings: Settings, output_dir: str, seed: int, 
                            "disable_tqdm": False, **extra})
 
 
+# The step caps a resumed stage may raise (a cap lowered, or any other field changed, is another run).
+CAPS = ("c_max_steps", "anneal_max_steps")
+
+
 def resume_point(settings: Settings, stage: str, partial: str) -> str | None:
     """Returns the last checkpoint of an interrupted training of `stage` in `partial` (None: start over), after
-    checking it was trained with the same settings; records those settings when starting over."""
+    checking it was trained with the same settings; records those settings when starting over. A raised step cap
+    (`c_max_steps`, `anneal_max_steps`) continues the run: the learning rate is constant after the warm-up, so the
+    steps before the old cap are those of a run with the new one."""
     from transformers.trainer_utils import get_last_checkpoint
 
     wanted = {name: getattr(settings, name) for name in stage_fields(stage)}
@@ -38,11 +44,15 @@ def resume_point(settings: Settings, stage: str, partial: str) -> str | None:
     if last is not None and os.path.exists(path):
         with open(path) as f:
             stored = json.load(f)
-        if stored != wanted:
-            sys.exit(f"{partial} holds an interrupted {stage} trained with other settings "
-                     f"({', '.join(sorted(k for k in wanted if stored.get(k) != wanted[k]))}): delete it to start "
-                     f"over.")
-        print(f"Resuming {stage} from {last}.", flush=True)
+        changed = sorted(k for k in wanted if stored.get(k) != wanted[k])
+        if any(k not in CAPS or stored.get(k) is None or stored[k] > wanted[k] for k in changed):
+            sys.exit(f"{partial} holds an interrupted {stage} trained with other settings ({', '.join(changed)}): "
+                     f"delete it to start over.")
+        if changed:
+            with open(path, "w") as f:
+                json.dump(wanted, f)
+        print(f"Resuming {stage} from {last}" + (f" with a raised cap ({', '.join(changed)})" if changed else "")
+              + ".", flush=True)
         return last
     os.makedirs(partial, exist_ok=True)
     with open(path, "w") as f:
@@ -137,15 +147,17 @@ def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir:
 
 
 def teacher_settings(settings: Settings) -> Settings:
-    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes."""
+    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes and first-stage cap."""
     return replace(settings, d_model=settings.teacher_d_model, ffn=settings.teacher_ffn,
-                   layers=settings.teacher_layers, heads=settings.teacher_heads)
+                   layers=settings.teacher_layers, heads=settings.teacher_heads,
+                   c_max_steps=settings.teacher_max_steps or settings.c_max_steps)
 
 
 def teacher_dir(settings: Settings, work_dir: str) -> str:
     """Returns the work directory of the teacher, inside C's (it shares C's tokenizer and data)."""
+    cap = f"_s{settings.teacher_max_steps}" if settings.teacher_max_steps else ""
     return os.path.join(work_dir, f"teacher_d{settings.teacher_d_model}_f{settings.teacher_ffn}"
-                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}")
+                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}{cap}")
 
 
 def teacher_checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:

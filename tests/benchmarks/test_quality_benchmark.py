@@ -336,9 +336,11 @@ def test_quality_checkpoint_killed_mid_stage_resumes_to_the_uninterrupted_model(
         ckpt.train_stage(settings, {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"), "C")
     assert os.listdir(tmp_path / "killed" / "C.partial") != []
     monkeypatch.setattr(ckpt, "xe_trainer", make)
-    resumed = ckpt.train_stage(settings, {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"), "C")
-    whole = ckpt.train_stage(settings, {"dev": []}, tokenizer, dataset, str(tmp_path / "whole"), "C")
-    assert [s for s, _ in resumed["dev_history"]] == [2, 4, 6]
+    # Resumed under a raised cap: the run goes on to it, as one started with that cap (the LR is constant).
+    longer = replace(settings, c_max_steps=8)
+    resumed = ckpt.train_stage(longer, {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"), "C")
+    whole = ckpt.train_stage(longer, {"dev": []}, tokenizer, dataset, str(tmp_path / "whole"), "C")
+    assert [s for s, _ in resumed["dev_history"]] == [2, 4, 6, 8]
     for key in ("steps_run", "best_step", "dev_history", "best_dev_bleu"):
         assert resumed[key] == whole[key], key
     assert not os.path.exists(tmp_path / "killed" / "C.partial")
@@ -348,9 +350,10 @@ def test_quality_checkpoint_killed_mid_stage_resumes_to_the_uninterrupted_model(
     (tmp_path / "killed" / "C.partial" / "checkpoint-2").mkdir(parents=True)
     (tmp_path / "killed" / "C.partial" / "settings.json").write_text(
         json.dumps({name: getattr(settings, name) for name in ckpt.stage_fields("C")}))
-    with pytest.raises(SystemExit, match="other settings \\(eval_every\\)"):
-        ckpt.train_stage(replace(settings, eval_every=3), {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"),
-                         "C")
+    for other, field in ((replace(settings, eval_every=3), "eval_every"), (replace(settings, c_max_steps=4),
+                                                                           "c_max_steps")):
+        with pytest.raises(SystemExit, match=f"other settings \\({field}\\)"):
+            ckpt.train_stage(other, {"dev": []}, tokenizer, dataset, str(tmp_path / "killed"), "C")
 
 
 def test_quality_target_language_guard_is_built_once_per_language(monkeypatch):
@@ -365,3 +368,17 @@ def test_quality_target_language_guard_is_built_once_per_language(monkeypatch):
     assert metrics.guard_part("target_language", settings) is first and built == ["en"]
     assert metrics.guard_part("target_language", replace(settings, guard_lang="de")) is not first
     assert built == ["en", "de"] and metrics.guard_part("source_copy", settings) == "source_copy"
+
+
+def test_quality_teacher_cap_defaults_to_cs_and_names_its_folder():
+    from quality_lib import checkpoint as ckpt
+
+    settings = quality.SETTINGS[("translation", False)]
+    assert ckpt.teacher_settings(settings).c_max_steps == settings.c_max_steps
+    assert ckpt.teacher_dir(settings, "w") == "w/teacher_d256_f1024_l3_h4"
+    longer = replace(settings, teacher_max_steps=12000)
+    assert ckpt.teacher_settings(longer).c_max_steps == 12000 and ckpt.teacher_settings(longer).d_model == 256
+    assert ckpt.teacher_dir(longer, "w") == "w/teacher_d256_f1024_l3_h4_s12000"
+    # the distillation arms' runs are named by it; the others' are not
+    assert "teacher_max_steps12000" in quality.run_tag("distill", {"teacher_max_steps": 12000})
+    assert quality.run_tag("scst", {"teacher_max_steps": 12000}) == ""
