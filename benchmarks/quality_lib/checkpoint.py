@@ -147,17 +147,20 @@ def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir:
 
 
 def teacher_settings(settings: Settings) -> Settings:
-    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes and first-stage cap."""
+    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes, first-stage cap and
+    learning rate."""
     return replace(settings, d_model=settings.teacher_d_model, ffn=settings.teacher_ffn,
                    layers=settings.teacher_layers, heads=settings.teacher_heads,
-                   c_max_steps=settings.teacher_max_steps or settings.c_max_steps)
+                   c_max_steps=settings.teacher_max_steps or settings.c_max_steps,
+                   c_lr=settings.teacher_lr or settings.c_lr)
 
 
 def teacher_dir(settings: Settings, work_dir: str) -> str:
     """Returns the work directory of the teacher, inside C's (it shares C's tokenizer and data)."""
     cap = f"_s{settings.teacher_max_steps}" if settings.teacher_max_steps else ""
+    lr = f"_lr{settings.teacher_lr:g}" if settings.teacher_lr else ""
     return os.path.join(work_dir, f"teacher_d{settings.teacher_d_model}_f{settings.teacher_ffn}"
-                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}{cap}")
+                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}{cap}{lr}")
 
 
 def teacher_checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:

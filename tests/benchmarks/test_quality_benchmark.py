@@ -379,6 +379,9 @@ def test_quality_teacher_cap_defaults_to_cs_and_names_its_folder():
     longer = replace(settings, teacher_max_steps=12000)
     assert ckpt.teacher_settings(longer).c_max_steps == 12000 and ckpt.teacher_settings(longer).d_model == 256
     assert ckpt.teacher_dir(longer, "w") == "w/teacher_d256_f1024_l3_h4_s12000"
+    slower = replace(settings, teacher_lr=5e-4)
+    assert (ckpt.teacher_settings(slower).c_lr, ckpt.teacher_settings(settings).c_lr) == (5e-4, settings.c_lr)
+    assert ckpt.teacher_dir(slower, "w") == "w/teacher_d256_f1024_l3_h4_lr0.0005"
     # the distillation arms' runs are named by it; the others' are not
     assert "teacher_max_steps12000" in quality.run_tag("distill", {"teacher_max_steps": 12000})
     assert quality.run_tag("scst", {"teacher_max_steps": 12000}) == ""
