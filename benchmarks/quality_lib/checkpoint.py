@@ -147,20 +147,22 @@ def checkpoint_c(settings: Settings, splits: dict, tokenizer, dataset, work_dir:
 
 
 def teacher_settings(settings: Settings) -> Settings:
-    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes, first-stage cap and
-    learning rate."""
+    """Returns the settings of the distillation arms' teacher: C's, with the `teacher_*` sizes, first-stage cap,
+    learning rate and dropout."""
     return replace(settings, d_model=settings.teacher_d_model, ffn=settings.teacher_ffn,
                    layers=settings.teacher_layers, heads=settings.teacher_heads,
                    c_max_steps=settings.teacher_max_steps or settings.c_max_steps,
-                   c_lr=settings.teacher_lr or settings.c_lr)
+                   c_lr=settings.teacher_lr or settings.c_lr,
+                   dropout=settings.dropout if settings.teacher_dropout is None else settings.teacher_dropout)
 
 
 def teacher_dir(settings: Settings, work_dir: str) -> str:
     """Returns the work directory of the teacher, inside C's (it shares C's tokenizer and data)."""
     cap = f"_s{settings.teacher_max_steps}" if settings.teacher_max_steps else ""
     lr = f"_lr{settings.teacher_lr:g}" if settings.teacher_lr else ""
+    dropout = "" if settings.teacher_dropout is None else f"_p{settings.teacher_dropout:g}"
     return os.path.join(work_dir, f"teacher_d{settings.teacher_d_model}_f{settings.teacher_ffn}"
-                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}{cap}{lr}")
+                                  f"_l{settings.teacher_layers}_h{settings.teacher_heads}{cap}{lr}{dropout}")
 
 
 def teacher_checkpoint(settings: Settings, splits: dict, tokenizer, dataset, work_dir: str) -> tuple[dict, str]:

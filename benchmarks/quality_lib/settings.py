@@ -109,6 +109,7 @@ class Settings:
     teacher_heads: int = 4  # (T)
     teacher_max_steps: int | None = None  # (T) the teacher's first-stage cap (None: c_max_steps); the plateau stops it
     teacher_lr: float | None = None  # (T) the teacher's first-stage learning rate (None: c_lr); annealing: anneal_lr
+    teacher_dropout: float | None = None  # (T) the teacher's dropout while it trains (None: dropout)
     kd_weight: float = 0.5  # kd_word: the divergence's share beside cross-entropy (Kim & Rush); on-policy: rl_weight
     seeds: tuple[int, ...] = (0, 1)
     device: str = "cpu"  # where every phase runs (--device); the budget counts positions, not seconds
@@ -119,7 +120,7 @@ C_FIELDS = ("task", "train_limit", "max_source_tokens", "max_target_tokens", "vo
             "eval_every", "patience", "c_max_steps")
 ANNEAL_FIELDS = ("anneal_lr", "anneal_max_steps")
 TEACHER_FIELDS = ("teacher_d_model", "teacher_ffn", "teacher_layers", "teacher_heads", "teacher_max_steps",
-                  "teacher_lr")
+                  "teacher_lr", "teacher_dropout")
 
 TRANSLATION = Settings(task="translation", metrics=("bleu", "chrf"), c_max_steps=5000)
 SUMMARIZATION = Settings(

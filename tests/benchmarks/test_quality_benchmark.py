@@ -382,6 +382,9 @@ def test_quality_teacher_cap_defaults_to_cs_and_names_its_folder():
     slower = replace(settings, teacher_lr=5e-4)
     assert (ckpt.teacher_settings(slower).c_lr, ckpt.teacher_settings(settings).c_lr) == (5e-4, settings.c_lr)
     assert ckpt.teacher_dir(slower, "w") == "w/teacher_d256_f1024_l3_h4_lr0.0005"
+    regularized = replace(settings, teacher_dropout=0.3, teacher_lr=5e-4, teacher_max_steps=10000)
+    assert (ckpt.teacher_settings(regularized).dropout, ckpt.teacher_settings(settings).dropout) == (0.3, 0.1)
+    assert ckpt.teacher_dir(regularized, "w") == "w/teacher_d256_f1024_l3_h4_s10000_lr0.0005_p0.3"
     # the distillation arms' runs are named by it; the others' are not
     assert "teacher_max_steps12000" in quality.run_tag("distill", {"teacher_max_steps": 12000})
     assert quality.run_tag("scst", {"teacher_max_steps": 12000}) == ""
