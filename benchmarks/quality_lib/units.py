@@ -231,11 +231,10 @@ def teacher_outputs(settings: Settings, splits: dict, tokenizer, teacher, folder
     """Returns the training rows with the teacher's beam-4 decodes as targets (sequence-level KD's data, written by
     `hf_seqrl.evaluation.write_teacher_outputs` to `folder/beam4_train.jsonl` unless there) and the decode's record:
     its teacher decoder positions and seconds."""
+    import fcntl
     import json
 
     from hf_seqrl.evaluation import write_teacher_outputs
-
-    import fcntl
 
     path, record_path = os.path.join(folder, "beam4_train.jsonl"), os.path.join(folder, "beam4_train.json")
     # One writer: units of other seeds (other processes) wait for the decode instead of appending to it too.

