@@ -19,7 +19,7 @@ from ..configs import MixerConfig
 from ..hub import Method, Paper
 from ..models.base import decode_budget, pad_id, right_pad
 from ..schedules import mixer_delta
-from ..types import BatchText, Rollout, RolloutBatch, ScoredRollout
+from ..types import Rollout, RolloutBatch, ScoredRollout
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
 RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",
@@ -67,15 +67,12 @@ class MixerTrainer(RolloutTrainer):
         plan = super().rollout_plan()
         return plan and plan._replace(from_source=False)  # continuations of each micro-batch's own gold prefixes
 
-    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
+    def rollout(self, unwrapped, inputs) -> Rollout:
+        """The continuations of each target's gold prefix of `T - Δ` tokens (`sample_continuations`)."""
         if inputs.get("labels") is None:
             raise ValueError("MixerTrainer teacher-forces a prefix of each target: the dataset needs tokenized "
                              "'labels' (tokenizer(text_target=...), or tokenize_prompt_completion for a decoder-only "
                              "model).")
-        return super().sequence_loss(model, inputs, text, num_items_in_batch)
-
-    def rollout(self, unwrapped, inputs) -> Rollout:
-        """The continuations of each target's gold prefix of `T - Δ` tokens (`sample_continuations`)."""
         labels = self.family.target_labels(inputs)  # target coordinates (causal: completions)
         return self.sample_continuations(unwrapped, inputs, labels, prefix_lengths(labels, self.delta()))
 

@@ -133,15 +133,12 @@ class MRTTrainer(RolloutTrainer):
             cuts.append(cut.view(-1, n))
         return parts, greedy, torch.cat(cuts, dim=1).flatten()
 
-    def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
+    def rollout(self, unwrapped, inputs) -> Candidates:
+        """Each source's candidate set (`draw_candidates`, then the greedy decode and the reference when asked)."""
         if self.args.mrt_include_reference and inputs.get("labels") is None:
             raise ValueError(
                 "MRTConfig.mrt_include_reference=True adds each source's tokenized label to its candidates, but the "
                 "dataset has no 'labels': add them (tokenizer(text_target=...)) or set mrt_include_reference=False.")
-        return super().sequence_loss(model, inputs, text, num_items_in_batch)
-
-    def rollout(self, unwrapped, inputs) -> Candidates:
-        """Each source's candidate set (`draw_candidates`, then the greedy decode and the reference when asked)."""
         parts, greedy, drawn_cut = self.draw_candidates(unwrapped, inputs)
         drawn = sum(m for _, _, m in parts)
         greedy_ids = None if greedy is None else greedy[0]

@@ -13,13 +13,10 @@ scoring in the model family (`hf_seqrl.models`). With `num_iterations > 1` a rol
 from __future__ import annotations
 
 import dataclasses
-from contextlib import nullcontext
-
 
 from .. import losses
 from ..configs import SeqRLConfig
 from ..hub import Method, Paper
-from ..models.base import replayed_rng
 from ..types import RolloutBatch, ScoredRollout
 from .reuse import RolloutReuse
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
@@ -119,23 +116,6 @@ class SeqRLTrainer(RolloutTrainer):
             return super()._get_train_sampler(train_dataset)
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return self.reuse.sampler(dataset, self.args, lambda: self.state.global_step)
-
-    def stored_batch(self) -> RolloutBatch | None:
-        """Returns the rollout kept for this micro-batch's slot in the current reuse cycle (`num_iterations > 1`)."""
-        return None if self.reuse is None else self.reuse.take(self.state.global_step, self.slot)
-
-    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
-        """The scoring pass; a reused rollout replays the random draws of its first pass (with dropout on, the ratios
-        then move with the weights only: exactly 1 at learning rate 0), and the first pass of a rollout kept for
-        reuse records its log-probs as `p_old`."""
-        args = self.args
-        with replayed_rng(batch.rng_state, args.device) if batch.rng_state is not None else nullcontext():
-            scored = super().score_batch(model, inputs, batch)
-        if self.reuse is not None and batch.old_token_logprobs is None:
-            # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
-            batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), self._policy_rng
-            self.reuse.keep(self.state.global_step, self.slot, batch)
-        return scored
 
     def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
         """The policy gradient over the samples' advantages (`(N,)` or `(N, T)`), clipped on reused rollouts and at

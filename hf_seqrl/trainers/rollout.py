@@ -1,14 +1,16 @@
 """`RolloutTrainer`: what every rewarded trainer (SCST, REINFORCE, MRT, MIXER) shares.
 
 The rewards and their metrics, the rollout decode (one per micro-batch, or one per `steps_per_generation`
-micro-batches decoded ahead), the scoring pass under the policy and the KL reference, the sample logs, and the tail
-of every loss: mixing with cross-entropy, entropy and KL, the metrics. `rl_loss` runs one RL step as stages in
-order; an algorithm subclass overrides the stages it changes, writes its loss (`algorithm_loss`) and says whether a
-step rolls out (`rollout_plan`); the math lives in `hf_seqrl.losses` and `hf_seqrl.functional`.
+micro-batches decoded ahead, or a rollout kept for reuse), the scoring pass under the policy and the KL reference, and
+the sample logs. `rl_loss` runs one RL step as stages in order: this file holds the head (the rollout, its rewards and
+advantages, the scoring pass), an algorithm's file its loss (`algorithm_loss`) and the stages it changes, and
+`loss_tail` the tail (the cross-entropy term, the mix with entropy and KL). An algorithm says whether a step rolls
+out (`rollout_plan`); the math lives in `hf_seqrl.losses` and `hf_seqrl.functional`.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
@@ -17,9 +19,10 @@ from .. import losses
 from ..configs import BaselineConfig, RolloutConfig
 from ..configs.rollout import check_aggregation
 from ..functional import advantages as functional_advantages
-from ..models.base import ScoreOptions, rng_state
+from ..models.base import ScoreOptions, replayed_rng, rng_state
 from ..rewards import RewardError, check_reward_spec
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
+from . import loss_tail
 from .base import SeqRLBaseTrainer
 from .checkpoints import checkpoint_on_error
 from .completions import CompletionLog
@@ -94,6 +97,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
         self.rollout_source = RolloutSource()
         self.slot = 0  # the slot of the micro-batch in training (`RolloutSource`)
+        self.reuse = None  # the rollouts kept for later steps of a cycle (`SeqRLTrainer`, `num_iterations > 1`)
         self.completions = CompletionLog() if self.args.log_completions else None
 
     @property
@@ -205,30 +209,81 @@ class RolloutTrainer(SeqRLBaseTrainer):
                                 step.metrics)  # mixed with cross-entropy, − entropy, + KL
 
     def stored_batch(self) -> RolloutBatch | None:
-        """Returns the rollout this micro-batch trains on again, or None when it rolls out (`SeqRLTrainer`'s reuse)."""
-        return None
+        """Returns the rollout kept for this micro-batch's slot in the current reuse cycle (`reuse`, a `RolloutReuse`
+        that `SeqRLTrainer` sets with `num_iterations > 1`), or None when the micro-batch rolls out."""
+        return None if self.reuse is None else self.reuse.take(self.state.global_step, self.slot)
 
     def rollout(self, unwrapped, inputs):
         """Returns this micro-batch's rollout (`take_rollout`: its samples, and greedy rows for the greedy baseline);
         an algorithm that rolls out otherwise returns what its `rollout_batch` reads."""
         return self.take_rollout(unwrapped, inputs)
 
+    def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
+        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). The advantages are
+        `hf_seqrl.functional.advantages.sample_advantages`: a sample left out (no reward applies, a dropped non-finite
+        one, or its source's greedy reward is missing) gets no advantage and no row in the loss, and counts in no
+        other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
+        processes."""
+        args, n = self.args, rollout.num_samples
+        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n), rollout.sample_mask)
+        greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
+        settings = args.advantage_settings(self.baseline)
+        parts = greedy_parts = weights = None
+        if settings.aggregation == "normalize_then_sum":
+            parts, weights = self.rewards.part_tensors(samples)
+            greedy_parts = None if greedy is None else self.rewards.part_tensors(greedy)[0]
+        adv, baselines, kept = functional_advantages.sample_advantages(
+            samples.rewards, samples.left_out, n, settings, truncated=rollout.sample_cut,
+            greedy=None if greedy is None else greedy.rewards,
+            greedy_left_out=None if greedy is None else greedy.left_out,
+            parts=parts, greedy_parts=greedy_parts, weights=weights, moving_average=self.baseline_ema,
+            add_up=self.add_up_over_processes)
+        if self.baseline == "moving_average" and kept.any():
+            self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
+                                                      args.baseline_ema_decay)
+        metrics = self.rewards.metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
+        metrics.update(functional_advantages.advantage_metrics(adv, baselines, kept))  # the left-out have none
+        if self.completions is not None:
+            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
+                                    rollout.greedy_ids)
+        if samples.token_values is not None:  # token-level rewards: each token's value beside the sentence's
+            adv = functional_advantages.token_level_advantages(adv, samples.token_values, rollout.sample_mask,
+                                                               args.token_reward_to_go)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept, group=n,
+                            rewards=samples.rewards)
+
     def gold_labels(self, inputs):
         """Returns the gold labels the cross-entropy term needs (`rl_weight < 1`), else None."""
         return inputs.get("labels") if self.args.rl_weight < 1 else None
 
     def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
-        """Returns the scoring pass of the batch's samples (and gold rows for the cross-entropy term)."""
-        return self.score_policy(model, inputs, batch.sample_ids, batch.group, self.gold_labels(inputs))
+        """Returns the scoring pass of the batch's samples (and gold rows for the cross-entropy term). A reused
+        rollout replays the random draws of its first pass (with dropout on, the ratios then move with the weights
+        only: exactly 1 at learning rate 0), and the first pass of a rollout kept for reuse records its log-probs as
+        `p_old`."""
+        replay = replayed_rng(batch.rng_state, self.args.device) if batch.rng_state is not None else nullcontext()
+        with replay:
+            scored = self.score_policy(model, inputs, batch.sample_ids, batch.group, self.gold_labels(inputs))
+        if self.reuse is not None and batch.old_token_logprobs is None:
+            # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
+            batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), self._policy_rng
+            self.reuse.keep(self.state.global_step, self.slot, batch)
+        return scored
 
     def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
         """Returns the algorithm's loss of the scored batch, the tokens its entropy and KL terms count, and its
         metrics (implemented by each algorithm, over `hf_seqrl.losses`)."""
         raise NotImplementedError
 
-    def cross_entropy_term(self, scored: ScoredRollout, batch: RolloutBatch, inputs):
-        """Returns the cross-entropy the loss mixes in (`rl_weight < 1`) from the scoring pass, else None."""
-        return self.gold_cross_entropy(scored, self.gold_labels(inputs))
+    # The step's tail (`loss_tail`): the cross-entropy term, then the mix with − entropy and + KL.
+    cross_entropy_term = loss_tail.cross_entropy_term
+    finish_loss = loss_tail.finish_loss
+    gold_cross_entropy = loss_tail.gold_cross_entropy
+    add_regularizers = loss_tail.add_regularizers
+    teacher_metrics = loss_tail.teacher_metrics
+
+    # ---- the scoring pass's helpers -----------------------------------------------------------------
 
     def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None,
                      plain: bool = False, divergence=None) -> ScoredRollout:
@@ -260,51 +315,6 @@ class RolloutTrainer(SeqRLBaseTrainer):
         with self.frozen_models[name].running(self.accelerator, self.model.training) as model:
             return self.family.score(model, inputs, token_ids, group, None, temperature)
 
-    def gold_cross_entropy(self, scored: ScoredRollout, labels):
-        """Returns the cross-entropy of the gold `labels` from the scoring pass `scored`, or None without labels."""
-        if labels is None:
-            return None
-        return self.cross_entropy_of(scored.gold_logprobs, labels, scored.raw_logprobs, scored.raw_logprob_sums,
-                                     scored.vocab_size)
-
-    def finish_loss(self, rl_loss, xe_loss, inputs, scored: ScoredRollout, token_ids, group: int, token_mask,
-                    metrics: dict):
-        """Returns the loss of a step from its algorithm's loss `rl_loss` (`algorithm_loss`): mixed with `xe_loss` by
-        `rl_weight`, minus `entropy_coef` × entropy, plus `kl_coef` × KL over `token_mask` `(N, T)` (the scoring pass's, `scored`);
-        records `metrics` with the entropy, KL and cross-entropy added."""
-        loss = losses.mix_losses(rl_loss, xe_loss, self.args.rl_weight)
-        loss = self.add_regularizers(loss, scored, token_mask, metrics)
-        if "teacher" in self.frozen_models:
-            metrics.update(self.teacher_metrics(inputs, scored, token_ids, group, token_mask))
-        if xe_loss is not None:
-            metrics["rl/xe_loss"] = xe_loss.item()
-        self._record("train", metrics)
-        return loss
-
-    def add_regularizers(self, loss, scored: ScoredRollout, token_mask, metrics: dict):
-        """Returns `loss - entropy_coef * entropy (+ kl_coef * KL)` over the counted tokens `token_mask` (the samples
-        left out of the loss are out of these too; `losses.regularize`); records both, unless no token counts. Both
-        are those of the rollout distribution (banned entries excluded)."""
-        args = self.args
-        terms = losses.regularize(loss, scored.entropy, token_mask, args.entropy_coef, scored.kl, args.kl_coef)
-        if bool(token_mask.any()):
-            metrics["rl/entropy"] = terms.entropy.item()
-            if terms.kl is not None:
-                metrics["rl/kl"] = terms.kl.item()
-        return terms.loss
-
-    def teacher_metrics(self, inputs, scored: ScoredRollout, token_ids, group: int, token_mask) -> dict[str, float]:
-        """Returns what the frozen `teacher` says of the samples `token_ids` over the counted tokens `token_mask`:
-        `rl/teacher_logprob`, its mean log-prob of the policy's tokens, and at temperature 1 `rl/teacher_kl`
-        (`losses.sampled_kl`)."""
-        if not bool(token_mask.any()):
-            return {}
-        teacher = self.score_frozen("teacher", inputs, token_ids, group).token_logprobs
-        metrics = {"rl/teacher_logprob": losses.masked_mean(teacher.flatten(), token_mask.flatten(), 0).item()}
-        if self.args.temperature == 1.0:
-            metrics["rl/teacher_kl"] = losses.sampled_kl(scored.token_logprobs, teacher, token_mask).item()
-        return metrics
-
     # ---- rewards --------------------------------------------------------------------------------
 
     def reward_values(self, token_ids, text: BatchText, token_mask=None) -> RewardValues:
@@ -320,42 +330,6 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """Returns `error` with what `save_on_error` did (`checkpoints.checkpoint_on_error`)."""
         return checkpoint_on_error(error, self.args, self.state.global_step, self.model.training,
                                    lambda: self._save_checkpoint(self.model, trial=None))
-
-    # ---- advantages and sample logs ---------------------------------------------------------------
-
-    def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
-        """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
-        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). The advantages are
-        `hf_seqrl.functional.advantages.sample_advantages`: a sample left out (no reward applies, a dropped non-finite
-        one, or its source's greedy reward is missing) gets no advantage and no row in the loss, and counts in no
-        other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
-        processes."""
-        args, n = self.args, rollout.num_samples
-        samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n), rollout.sample_mask)
-        greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
-        settings = args.advantage_settings(self.baseline)
-        parts = greedy_parts = weights = None
-        if settings.aggregation == "normalize_then_sum":
-            parts, weights = self.rewards.part_tensors(samples)
-            greedy_parts = None if greedy is None else self.rewards.part_tensors(greedy)[0]
-        adv, baselines, kept = functional_advantages.sample_advantages(
-            samples.rewards, samples.left_out, n, settings, truncated=rollout.sample_cut,
-            greedy=None if greedy is None else greedy.rewards, greedy_left_out=None if greedy is None else greedy.left_out,
-            parts=parts, greedy_parts=greedy_parts, weights=weights, moving_average=self.baseline_ema,
-            add_up=self.add_up_over_processes)
-        if self.baseline == "moving_average" and kept.any():
-            self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
-                                                      args.baseline_ema_decay)
-        metrics = self.rewards.metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
-        metrics.update(functional_advantages.advantage_metrics(adv, baselines, kept))  # the left-out have none
-        if self.completions is not None:
-            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
-                                    rollout.greedy_ids)
-        if samples.token_values is not None:  # token-level rewards: each token's value beside the sentence's
-            adv = functional_advantages.token_level_advantages(adv, samples.token_values, rollout.sample_mask,
-                                                               args.token_reward_to_go)
-        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept, group=n,
-                            rewards=samples.rewards)
 
     def add_up_over_processes(self, totals: torch.Tensor) -> torch.Tensor:
         """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""

@@ -39,7 +39,10 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             found.add(target)
             # `from package import submodule` imports the submodule.
             found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known)
-    return {module for module in found if module in known and module != name}
+    # A module's own packages are imported before it whatever it writes: `from . import sibling` is an arrow to the
+    # sibling, not back to the package.
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    return {module for module in found if module in known and module != name and module not in ancestors}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -80,6 +83,9 @@ def test_relative_imports_resolve_to_modules():
     assert "hf_seqrl.models.base" in graph["hf_seqrl.models.seq2seq"]
     assert "hf_seqrl.functional.logprobs" in graph["hf_seqrl.losses"]
     assert "hf_seqrl.trainers.policy_gradient" in graph["hf_seqrl.trainers"]
+    # `from . import loss_tail` is an arrow to the sibling module; the module's own package is loaded before it.
+    assert "hf_seqrl.trainers.loss_tail" in graph["hf_seqrl.trainers.rollout"]
+    assert "hf_seqrl.trainers" not in graph["hf_seqrl.trainers.rollout"]
 
 
 def test_the_package_has_no_import_cycle():
