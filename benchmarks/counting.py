@@ -97,36 +97,60 @@ def library_frame(site: str) -> str:
 
 COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast",
                "all_to_all_single", "barrier")
+# Where sharded models call their collectives without going through `torch.distributed`'s module attributes: FSDP2
+# gathers a module's shards with `foreach_all_gather` (counted as one all_gather), and DeepSpeed's backend calls the
+# `torch.distributed` functions it bound when it started (its methods, counted by their names).
+FSDP2_GATHERS = ("torch.distributed.fsdp._fully_shard._fsdp_collectives",
+                 "torch.distributed.fsdp._fully_shard._fsdp_param_group")
+DEEPSPEED_BACKEND = ("deepspeed.comm.torch", "TorchBackend")
+DEEPSPEED_COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_gather_coalesced", "all_reduce",
+                         "inference_all_reduce", "reduce_scatter_tensor", "broadcast", "all_to_all_single", "barrier")
 
 
 class CollectiveCounter:
-    """Within the context, counts the calls of each `torch.distributed` collective (`counts`), made by any code."""
+    """Within the context, counts the calls of each collective (`counts`), made by any code: `torch.distributed`'s
+    functions, FSDP2's gathers (`FSDP2_GATHERS`) and DeepSpeed's backend (`DEEPSPEED_BACKEND`), where they are
+    loaded. A collective that calls another counts once, by its outermost name."""
 
     def __init__(self):
         self.counts: collections.Counter = collections.Counter()
-        self._saved: dict = {}
+        self._saved: list[tuple[object, str, object]] = []
+        self._depth = 0
+
+    def _wrap(self, owner, attribute: str, name: str) -> None:
+        original = getattr(owner, attribute, None)
+        if original is None:
+            return
+        self._saved.append((owner, attribute, original))
+
+        def counted(*args, **kwargs):
+            if self._depth == 0:
+                self.counts[name] += 1
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        setattr(owner, attribute, counted)
 
     def __enter__(self):
         import torch.distributed as dist
 
         for name in COLLECTIVES:
-            original = getattr(dist, name, None)
-            if original is None:
-                continue
-            self._saved[name] = original
-
-            def counted(*args, __name=name, __original=original, **kwargs):
-                self.counts[__name] += 1
-                return __original(*args, **kwargs)
-
-            setattr(dist, name, counted)
+            self._wrap(dist, name, name)
+        for module in FSDP2_GATHERS:
+            if module in sys.modules:
+                self._wrap(sys.modules[module], "foreach_all_gather", "all_gather")
+        module, backend = DEEPSPEED_BACKEND
+        if module in sys.modules:
+            for name in DEEPSPEED_COLLECTIVES:
+                self._wrap(getattr(sys.modules[module], backend), name, name)
         return self
 
     def __exit__(self, *exc):
-        import torch.distributed as dist
-
-        for name, original in self._saved.items():
-            setattr(dist, name, original)
+        for owner, attribute, original in reversed(self._saved):
+            setattr(owner, attribute, original)
         self._saved.clear()
 
 

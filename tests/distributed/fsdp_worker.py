@@ -10,7 +10,8 @@ reduce-scatter does, so both runs follow the same trajectory. The ranks decode d
 and length limits differ), so a rank whose rows have ended must keep stepping while the other decodes.
 
 Each rank writes OUT/rank<i>.pt: per step the losses, sample lengths and the collectives of the rollout decode of
-both runs, and the final parameters.
+both runs, the collectives of one decode of the sharded model layer by layer (`decode_per_layer`), and the final
+parameters.
 
 Usage: torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT_DIR [fsdp2|zero3]
 """
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from counting import CollectiveCounter  # noqa: E402
 from helpers import byt5_tokenizer, skip_deepspeed_shm_build, tiny_model, whole_state_dict  # noqa: E402
 from hf_seqrl import losses
-from hf_seqrl.models.sharding import register_zero3
+from hf_seqrl.models.sharding import decode_per_layer, register_zero3
 from hf_seqrl.models import family_for
 from hf_seqrl.models.seq2seq import rollout_generation_config
 
@@ -108,9 +109,15 @@ def main(out: str, sharding: str = "fsdp2") -> None:
     for step in range(STEPS):
         for name, (model, opt, average, eng) in runs.items():
             history[name].append(rl_step(model, opt, batch, config, 100 * step + rank, average, eng))
+    # The control: decoding layer by layer (`ds3_gather_for_generation=False`), the sharded model gathers its weights
+    # at every decoded token, in lockstep with the other rank.
+    torch.manual_seed(rank)
+    with decode_per_layer(), CollectiveCounter() as collectives:
+        family_for(sharded).sample(sharded, {"input_ids": batch[0], "attention_mask": batch[1]}, config, 2, True)
+    per_layer = dict(collectives.counts)
     unsharded = reference.state_dict()
     params = {name: (value, unsharded[name].detach().clone()) for name, value in whole_state_dict(sharded).items()}
-    torch.save({"rank": rank, "sharding": sharding, "history": history, "params": params},
+    torch.save({"rank": rank, "sharding": sharding, "history": history, "per_layer": per_layer, "params": params},
                os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     del engine

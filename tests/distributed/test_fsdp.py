@@ -61,6 +61,12 @@ def test_ranks_decode_different_lengths(ranks):
     assert lengths == [[3, 3, 3], [9, 9, 9]]
 
 
+def gathers(collectives: dict) -> int:
+    """Returns the all-gathers among counted `collectives` (FSDP2's gathers count as all_gather, ZeRO-3's as
+    all_gather_into_tensor)."""
+    return collectives.get("all_gather", 0) + collectives.get("all_gather_into_tensor", 0)
+
+
 def test_a_rollout_gathers_the_sharded_model_once_whatever_its_length(ranks):
     # The ranks decode 3 and 9 tokens: an all-gather per token would count 6 more on rank 1. The whole model is
     # gathered once per rollout (FSDP2: one all-gather per sharded module; ZeRO-3: GatheredParameters), with no
@@ -68,9 +74,24 @@ def test_a_rollout_gathers_the_sharded_model_once_whatever_its_length(ranks):
     for step in range(3):
         decodes = [rank["history"]["sharded"][step]["decode"] for rank in ranks]
         assert decodes[0] == decodes[1], decodes
+        assert gathers(decodes[0]) > 0, decodes  # the counter sees the sharded model's gathers
         assert decodes[0].get("all_reduce", 0) == 0
         if ranks[0]["sharding"] == "fsdp2":
-            assert sum(decodes[0].values()) <= 5  # the 4 blocks and the root
+            assert gathers(decodes[0]) <= 5  # the 4 blocks and the root
+
+
+def test_a_layer_by_layer_decode_runs_in_lockstep_and_fsdp2_gathers_at_every_token(ranks):
+    # The control of the test above: with `decode_per_layer` (ds3_gather_for_generation=False) the ranks decode in
+    # lockstep to the longer rank's 9 tokens (all-reduces); FSDP2 gathers its blocks again at each token, which the
+    # counter sees. ZeRO-3 keeps a gathered parameter while it is reused soon (`stage3_max_reuse_distance`), so its
+    # gathers do not grow with the length on a model this small.
+    once = gathers(ranks[1]["history"]["sharded"][0]["decode"])
+    assert ranks[0]["per_layer"] == ranks[1]["per_layer"]
+    for rank in ranks:
+        assert rank["per_layer"].get("all_reduce", 0) > 0, rank["per_layer"]
+        assert gathers(rank["per_layer"]) > 0
+        if rank["sharding"] == "fsdp2":
+            assert gathers(rank["per_layer"]) > once + 9, (rank["per_layer"], once)
 
 
 def test_sharded_training_follows_the_unsharded_reference(ranks):
