@@ -93,6 +93,17 @@ def whole_state_dict(model) -> dict:
     return whole()
 
 
+def shard_t5(model):
+    """Shards a T5 with FSDP2's `fully_shard`, each block and then the root (as accelerate's TRANSFORMER_BASED_WRAP
+    does), in place; returns it. Needs an initialized process group."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in [*model.encoder.block, *model.decoder.block]:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
 def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2):
     """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
     from hf_seqrl.models.tiny import build_tiny_model

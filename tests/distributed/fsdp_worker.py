@@ -24,12 +24,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 from counting import CollectiveCounter  # noqa: E402
-from helpers import byt5_tokenizer, skip_deepspeed_shm_build, tiny_model, whole_state_dict  # noqa: E402
+from helpers import byt5_tokenizer, shard_t5, skip_deepspeed_shm_build, tiny_model, whole_state_dict  # noqa: E402
 from hf_seqrl import losses
 from hf_seqrl.models.sharding import decode_per_layer, register_zero3
 from hf_seqrl.models import family_for
@@ -98,9 +97,7 @@ def main(out: str, sharding: str = "fsdp2") -> None:
         engine = zero3_engine(sharded, lr=0.5)
         assert register_zero3(sharded, engine)
     else:
-        for block in [*sharded.encoder.block, *sharded.decoder.block]:
-            fully_shard(block)
-        fully_shard(sharded)
+        shard_t5(sharded)
         optimizer = torch.optim.SGD(sharded.parameters(), lr=0.5)
     config = rollout_generation_config(reference, max_new_tokens=MAX_NEW_TOKENS[rank])
     runs = {"sharded": (sharded, optimizer, False, engine),

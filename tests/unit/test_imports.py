@@ -25,6 +25,8 @@ def modules() -> dict[str, Path]:
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """Returns the hf_seqrl modules that the module `name` (file `path`) imports, anywhere in its body."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    # A module's own packages are imported before it whatever it writes.
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -36,13 +38,14 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
             # `from package import submodule` imports the submodule.
-            found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known)
-    # A module's own packages are imported before it whatever it writes: `from . import sibling` is an arrow to the
-    # sibling, not back to the package.
-    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
-    return {module for module in found if module in known and module != name and module not in ancestors}
+            submodules = {f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known}
+            found.update(submodules)
+            # `from . import sibling` is an arrow to the sibling only; a name of the package itself, or any other
+            # package, is an arrow to the package.
+            if target not in ancestors or len(submodules) < len(node.names):
+                found.add(target)
+    return {module for module in found if module in known and module != name}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -86,6 +89,15 @@ def test_relative_imports_resolve_to_modules():
     # `from . import loss_tail` is an arrow to the sibling module; the module's own package is loaded before it.
     assert "hf_seqrl.trainers.loss_tail" in graph["hf_seqrl.trainers.rollout"]
     assert "hf_seqrl.trainers" not in graph["hf_seqrl.trainers.rollout"]
+
+
+def test_a_name_of_the_own_package_is_still_an_arrow_to_it(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text("from . import sibling, NAME_OF_THE_PACKAGE\n", encoding="utf-8")
+    known = {"pkg", "pkg.sub", "pkg.sub.sibling", "pkg.sub.mod"}
+    assert imports_of("pkg.sub.mod", path, known) == {"pkg.sub", "pkg.sub.sibling"}
+    path.write_text("from . import sibling\n", encoding="utf-8")
+    assert imports_of("pkg.sub.mod", path, known) == {"pkg.sub.sibling"}
 
 
 def test_the_package_has_no_import_cycle():

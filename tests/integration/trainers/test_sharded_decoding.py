@@ -7,22 +7,13 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
 
-from helpers import byt5_tokenizer, make_config, overlap_reward, tiny_model, toy_dataset, toy_pairs
+from helpers import byt5_tokenizer, make_config, overlap_reward, shard_t5, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.models import family_for
 from hf_seqrl.models.seq2seq import rollout_generation_config
 
 config = partial(make_config, SeqRLConfig, max_steps=1, num_samples=2)
-
-
-def sharded_t5():
-    model = tiny_model("t5", seed=0, layers=2)
-    for block in [*model.encoder.block, *model.decoder.block]:
-        fully_shard(block)
-    fully_shard(model)
-    return model
 
 
 def test_ds3_gather_for_generation_false_keeps_the_sharded_model_sharded_for_its_decodes(tmp_path):
@@ -34,7 +25,7 @@ def test_ds3_gather_for_generation_false_keeps_the_sharded_model_sharded_for_its
                 for gather in (True, False)}
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
     try:
-        model = sharded_t5()
+        model = shard_t5(tiny_model("t5", seed=0, layers=2))
         batch = dict(tok(["abc def", "a longer source here"], return_tensors="pt", padding=True))
         generation = rollout_generation_config(model, max_new_tokens=9)
         samples = {}
