@@ -25,19 +25,23 @@ def vocabulary_size(model) -> int | None:
     return None if weight is None else int(weight.shape[0])
 
 
-def same_vocabulary(model, tokenizer) -> bool:
-    """Returns whether the tokenizer saved with `model` (at its `name_or_path`) has `tokenizer`'s vocabulary: False
-    when the model names no folder or Hub id, or none loads from there."""
+def saved_vocabulary(model) -> dict | None:
+    """Returns the vocabulary of the tokenizer saved with `model` (at its `name_or_path`), None when the model names no
+    folder or Hub id, or no tokenizer loads from there."""
     from transformers import AutoTokenizer
 
     name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
     if not name:
-        return False
+        return None
     try:
-        own = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False).get_vocab()
     except (OSError, ValueError):
-        return False
-    return own.get_vocab() == tokenizer.get_vocab()
+        return None
+
+
+def same_vocabulary(model, tokenizer) -> bool:
+    """Returns whether the tokenizer saved with `model` has `tokenizer`'s vocabulary: False when none is saved with it."""
+    return saved_vocabulary(model) == tokenizer.get_vocab()
 
 
 class FrozenModel:
@@ -72,16 +76,27 @@ class FrozenModel:
         layer as wide as `policy_model`'s, or wider where it was saved with the policy's `tokenizer` (the same
         vocabulary, `same_vocabulary`) whose tokens both layers cover: the extra rows only pad it (Qwen2.5-7B's
         152,064 rows against Qwen2.5-0.5B's 151,936), and a divergence compares its distribution over the policy's
-        rows (`width`)."""
+        rows (`width`). A teacher saved with another tokenizer (its folder or Hub id holds one whose vocabulary
+        differs from `tokenizer`'s) is refused at any width; a model object without a folder is checked by width
+        only."""
         width, policy_width = vocabulary_size(model), vocabulary_size(policy_model)
+        vocabulary = saved_vocabulary(model) if tokenizer is not None else None
+        same = vocabulary is not None and vocabulary == tokenizer.get_vocab()
         padded = (width is not None and policy_width is not None and width > policy_width and tokenizer is not None
-                  and len(tokenizer) <= policy_width and same_vocabulary(model, tokenizer))
+                  and len(tokenizer) <= policy_width and same)
         if width is not None and policy_width is not None and width != policy_width and not padded:
             raise ValueError(
                 f"{name}_model has an output layer of {width} tokens and the policy one of {policy_width}: a {name} "
                 "scores the policy's tokens, so it needs the policy's tokenizer (the same vocabulary). Pass a model "
                 "trained with that tokenizer; a wider output layer whose extra rows only pad it is taken when the "
                 f"{name} comes as a folder or Hub id holding that tokenizer.")
+        if vocabulary is not None and not same:
+            # As wide, but saved with another tokenizer: the same ids would name other tokens.
+            raise ValueError(
+                f"{name}_model was saved with a tokenizer whose vocabulary differs from the policy's "
+                f"(processing_class): its token ids name other tokens, so it cannot score the policy's. Pass a "
+                f"{name} trained with the policy's tokenizer; for a {name} with another tokenizer, reward with "
+                "rewards.TeacherLikelihoodReward.")
         return cls(name, model.to(device).requires_grad_(False).eval(), width=policy_width if padded else None)
 
     @property

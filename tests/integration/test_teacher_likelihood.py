@@ -66,7 +66,15 @@ def test_a_teacher_with_another_tokenizer_rewards_a_student(tmp_path):
     teacher_tok = bpe_tokenizer(sources + targets)
     teacher = build_tiny_model("llama", tokenizer=teacher_tok, d_model=32, layers=1, seed=4)
     assert teacher.config.vocab_size != 384  # the student's ByT5 vocabulary
-    reward = TeacherLikelihoodReward(teacher, teacher_tok)
+    calls = []
+
+    class Recorded(TeacherLikelihoodReward):
+        def __call__(self, predictions, references, sources=None, **columns):
+            values = super().__call__(predictions, references, sources, **columns)
+            calls.append((list(predictions), list(sources), values))
+            return values
+
+    reward = Recorded(teacher, teacher_tok)
     args = make_config(SeqRLConfig, tmp_path, max_steps=2, num_samples=2, baseline="mean", logging_steps=1)
     trainer = SCSTTrainer(model=tiny_model("marian", seed=1, dropout=0.1), args=args, reward_funcs=reward,
                           train_dataset=Dataset.from_dict({"source": sources, "target": targets}),
@@ -74,3 +82,8 @@ def test_a_teacher_with_another_tokenizer_rewards_a_student(tmp_path):
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/rewards/teacher_likelihood/mean" in h]
     assert len(logs) == 2 and all(h["rl/rewards/teacher_likelihood/mean"] < 0 for h in logs)
+    # Each sample's reward is the teacher's own likelihood of the student's text, through the teacher's tokenizer.
+    assert calls and sum(len(p) for p, _, _ in calls) >= 8
+    for predictions, call_sources, values in calls:
+        for prediction, source, value in zip(predictions, call_sources, values):
+            assert value == pytest.approx(by_hand(teacher, teacher_tok, source, prediction, True), abs=1e-5)

@@ -130,6 +130,15 @@ def test_a_teacher_of_another_vocabulary_or_family_or_none_is_refused(tmp_path):
         build(model=tiny_model("t5"), teacher_model=tiny_causal_model())
     with pytest.raises(ValueError, match="DistillationTrainer needs teacher_model="):
         build(model=tiny_model("t5"))
+    # As wide as the student's output layer, but saved with another tokenizer: the same ids name other tokens.
+    from transformers import ByT5Tokenizer
+
+    tiny_model("t5", seed=2).save_pretrained(tmp_path / "other_tokenizer")
+    ByT5Tokenizer(extra_ids=0).save_pretrained(tmp_path / "other_tokenizer")
+    with pytest.raises(ValueError, match="saved with a tokenizer whose vocabulary differs from the policy's"):
+        build(model=tiny_model("t5"), teacher_model=str(tmp_path / "other_tokenizer"))
+    tok.save_pretrained(tmp_path / "other_tokenizer")  # the student's own tokenizer: taken
+    assert build(model=tiny_model("t5"), teacher_model=str(tmp_path / "other_tokenizer")).frozen_models["teacher"]
 
 
 @pytest.mark.parametrize("fields,message", [
