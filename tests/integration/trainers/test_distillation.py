@@ -222,3 +222,46 @@ def test_word_level_kd_scores_each_gold_row_once_with_the_loss_of_two_passes(tmp
     sources = len(batch["input_ids"])
     assert rows == [sources, 2 * sources]
     torch.testing.assert_close(once, twice, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch,causal", [("t5", False), ("marian", False), ("llama", True)])
+def test_the_trainers_divergence_is_the_full_logits_formula_at_temperature_with_bans(tmp_path, arch, causal):
+    """The scoring pass reduces the divergence a slice of the vocabulary at a time from hidden states; at each of the
+    student's sampled tokens it equals `losses.generalized_jsd` of the two models' whole logits, at the temperature,
+    with the student's banned tokens out of both distributions."""
+    tok = byt5_tokenizer()
+    build = tiny_causal_model if causal else tiny_model
+    student, teacher = build(arch, seed=1), sharp(build(arch, seed=2))
+    student.generation_config.bad_words_ids = [[5], [6]]
+    seen = []
+    args = config(tmp_path, max_steps=1, beta=0.5, temperature=0.7, learning_rate=0.0)  # the weights stay as scored
+    trainer = DistillationTrainer(model=student, args=args,
+                                  train_dataset=text_pairs(causal), processing_class=tok, teacher_model=teacher)
+    stage = trainer.algorithm_loss
+    trainer.algorithm_loss = lambda scored, batch, inputs: seen.append((scored, batch, inputs)) or stage(
+        scored, batch, inputs)
+    trainer.train()
+    ((scored, batch, inputs),) = seen
+    ids, mask = batch.sample_ids, batch.sample_mask
+    student.eval()  # dropout is off in the trainer's passes (disable_dropout)
+    with torch.no_grad():
+        if causal:  # the prompt (the gold completion cut off), then the sample
+            from hf_seqrl.models.causal import split_prompts
+
+            prompt, prompt_mask = split_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["labels"],
+                                                tok.pad_token_id)
+            width = prompt.shape[1]
+            full = torch.cat([prompt.repeat_interleave(batch.group, 0), ids.masked_fill(~mask, tok.pad_token_id)], 1)
+            attention = torch.cat([prompt_mask.repeat_interleave(batch.group, 0).long(), mask.long()], 1)
+            positions = (attention.cumsum(1) - 1).clamp(min=0)  # the prompts are padded on the left
+            logits = [m(input_ids=full, attention_mask=attention, position_ids=positions).logits[:, width - 1:-1]
+                      for m in (student, teacher)]
+        else:
+            sources = {k: inputs[k].repeat_interleave(batch.group, 0) for k in ("input_ids", "attention_mask")}
+            labels = ids.masked_fill(~mask, tok.pad_token_id)
+            logits = [m(**sources, labels=labels).logits for m in (student, teacher)]
+    banned = torch.zeros(logits[0].shape[-1], dtype=torch.bool)
+    banned[[5, 6]] = True
+    expected = losses.generalized_jsd(*logits, beta=0.5, temperature=0.7, banned=banned)
+    assert mask.any() and scored.divergence.shape == expected.shape
+    torch.testing.assert_close(scored.divergence[mask], expected[mask], rtol=1e-4, atol=1e-5)
