@@ -53,7 +53,16 @@ def test_temperature_divides_both_logits_and_bans_renormalize():
     a = math.exp(2) / (math.exp(2) + 1)
     assert math.isclose(losses.reverse_kl(s, t, banned=banned).item(), kl([a, 1 - a], [1 - a, a]), rel_tol=1e-12)
     assert math.isclose(losses.forward_kl(s, t, banned=banned).item(), kl([1 - a, a], [a, 1 - a]), rel_tol=1e-12)
-    assert torch.isfinite(losses.generalized_jsd(s, t, 0.5, banned=banned)).all()
+    # JSD(0.5) with token 2 out: m = (1/2, 1/2), and both KLs to m are KL((a, 1-a) || (1/2, 1/2)) by symmetry
+    half = kl([a, 1 - a], [0.5, 0.5])
+    assert math.isclose(losses.generalized_jsd(s, t, 0.5, banned=banned).item(), half, rel_tol=1e-12)
+    # at temperature 2 with the ban: a = e^1 / (e^1 + 1); beta 0.25 mixes m = (3/4) p_s + (1/4) p_t
+    b = math.exp(1) / (math.exp(1) + 1)
+    ps, pt = [b, 1 - b], [1 - b, b]
+    m = [0.75 * x + 0.25 * y for x, y in zip(ps, pt)]
+    expected = 0.25 * kl(pt, m) + 0.75 * kl(ps, m)
+    value = losses.generalized_jsd(s, t, 0.25, temperature=2.0, banned=banned).item()
+    assert math.isclose(value, expected, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
