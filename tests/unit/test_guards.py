@@ -151,6 +151,21 @@ def test_a_gated_reward_multiplies_by_its_guards_and_logs_each_part():
         guard(quality)
 
 
+def test_a_reward_gated_by_the_target_language_scores_a_german_output_zero():
+    pytest.importorskip("py3langid")
+    from hf_seqrl.rewards import call_reward_parts, guard, target_language_reward
+
+    def quality(predictions, references, sources=None, **columns):
+        return [0.9, 0.7]
+
+    gated = guard(quality, target_language_reward("en"), "source_copy")
+    source = "Ein Mann fährt mit dem Fahrrad die Straße entlang."
+    predictions = ["A man rides his bike down the street.", "Ein Mann fährt mit seinem Rad die Straße hinunter."]
+    parts = call_reward_parts(gated, predictions, [["x"]] * 2, [source, source])
+    assert parts["target_language"] == [1.0, 0.0] and parts["source_copy"][0] == 1.0
+    assert gated.combine(parts)[0] == pytest.approx(0.9) and gated.combine(parts)[1] == 0.0
+
+
 def test_a_trainer_refuses_a_gated_reward_with_normalize_then_sum_when_built(tmp_path):
     from helpers import TRAIN_DEFAULTS, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
     from hf_seqrl import SCSTTrainer, SeqRLConfig

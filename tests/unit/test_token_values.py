@@ -94,5 +94,14 @@ def test_token_match_penalizes_the_words_outside_the_longest_common_subsequence(
     reward = get_reward("token_match")
     (value,) = reward(["A man rides a red bike ."], [["x y", "A man rides his bike ."]])
     assert value["spans"] == [(12, 13, -0.1), (14, 17, -0.1)]  # against the best reference
-    assert 0 < value["score"] < 1
+    import sacrebleu
+
+    best = max(sacrebleu.sentence_chrf("A man rides a red bike .", [r]).score for r in ["x y", "A man rides his bike ."])
+    assert value["score"] == pytest.approx(best / 100) and 0 < value["score"] < 1
     assert get_reward("token_match")(["same words"], [["same words"]])[0]["spans"] == []
+    from hf_seqrl.rewards.token_match import token_match_reward
+
+    (heavier,) = token_match_reward(word_penalty=0.5)(["A man rides a red bike ."], [["A man rides his bike ."]])
+    assert heavier == {"score": value["score"], "spans": [(12, 13, -0.5), (14, 17, -0.5)]}
+    with pytest.raises(ValueError, match="word_penalty=-1.0 must be >= 0"):
+        token_match_reward(word_penalty=-1.0)
