@@ -169,3 +169,28 @@ def test_the_pipelines_prompt_template_is_saved_with_the_run(tmp_path):
                 "--algorithm", "scst"])
     saved = json.loads((tmp_path / "out" / RUN_SETTINGS_FILE).read_text())
     assert saved["prompt_template"] == "{prompt} => " and saved["family"] == "causal"
+
+
+def test_teacher_outputs_are_each_rows_own_beam_decode_in_batches_and_chunks(tmp_path, capsys):
+    """`write_teacher_outputs` batches sources of several lengths (`batch_size`), appends `chunk` rows at a time
+    behind a progress bar, and each line's decode is the teacher's beam search on that row alone."""
+    import torch
+
+    from hf_seqrl.evaluation import write_teacher_outputs
+
+    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=3)
+    teacher.generation_config.max_new_tokens = 6
+    sources, _ = toy_pairs(7, seed=5, alphabet="abcd", lengths=(1, 6))
+    rows = [{"source": s, "id": i} for i, s in enumerate(sources)]
+    output = tmp_path / "teacher.jsonl"
+    assert write_teacher_outputs(teacher, tok, rows, "source", str(output), num_beams=2, batch_size=2, chunk=3,
+                                 max_new_tokens=6) == 7
+    assert "teacher outputs: 100%" in capsys.readouterr().err
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [{k: r[k] for k in ("source", "id")} for r in written] == rows
+    assert len({r["teacher_target"] for r in written}) > 1  # decodes that differ row to row
+    for row in written:
+        with torch.no_grad():
+            ids = teacher.generate(**tok([row["source"]], return_tensors="pt"), num_beams=2, do_sample=False,
+                                   max_new_tokens=6)
+        assert row["teacher_target"] == tok.decode(ids[0], skip_special_tokens=True).strip()
