@@ -178,8 +178,10 @@ def test_teacher_outputs_are_each_rows_own_beam_decode_in_batches_and_chunks(tmp
 
     from hf_seqrl.evaluation import write_teacher_outputs
 
-    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=3)
-    teacher.generation_config.max_new_tokens = 6
+    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=1)
+    with torch.no_grad():  # larger weights: a random model whose decode depends on its source
+        for weight in teacher.parameters():
+            weight.mul_(3)
     sources, _ = toy_pairs(7, seed=5, alphabet="abcd", lengths=(1, 6))
     rows = [{"source": s, "id": i} for i, s in enumerate(sources)]
     output = tmp_path / "teacher.jsonl"
