@@ -239,6 +239,14 @@ def test_every_recipe_config_parses_and_names_its_launch_command():
         assert first[6:] == ["--config", f"recipes/configs/{config.name}"], config.name
         script_args, args = parse_args(["--config", str(config.relative_to(REPO)), "--bf16", "false"])
         assert args.task in first[5]  # the translation recipe for translation configs, etc.
+    # The distillation recipes: a student and a teacher of one family and tokenizer, read as a DistillationConfig.
+    students = {}
+    for name in ("nllb_600m_distill_from_1.3b_wmt16_de_en", "qwen2.5_0.5b_distill_from_7b_wmt16_de_en"):
+        script_args, args = parse_args(["--config", f"recipes/configs/{name}.yaml", "--bf16", "false"])
+        assert type(args).__name__ == "DistillationConfig" and script_args.algorithm == "distill", name
+        students[script_args.model_name_or_path] = (script_args.teacher_model, args.lmbda, args.beta)
+    assert students == {"facebook/nllb-200-distilled-600M": ("facebook/nllb-200-1.3B", 0.5, 0.5),
+                        "Qwen/Qwen2.5-0.5B-Instruct": ("Qwen/Qwen2.5-7B-Instruct", 1.0, 1.0)}
 
 
 # ---- data -------------------------------------------------------------------------------------------------------
