@@ -27,21 +27,21 @@ def vocabulary_size(model) -> int | None:
 
 def saved_vocabulary(model) -> dict | None:
     """Returns the vocabulary of the tokenizer saved with `model` (at its `name_or_path`), None when the model names no
-    folder or Hub id, or no tokenizer loads from there."""
+    folder or Hub id, or none holds a tokenizer's files (`AutoTokenizer` would build a default one from the config)."""
     from transformers import AutoTokenizer
+    from transformers.utils import cached_file
 
     name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
     if not name:
         return None
     try:
+        if not any(cached_file(name, file, _raise_exceptions_for_missing_entries=False,
+                               _raise_exceptions_for_connection_errors=False)
+                   for file in ("tokenizer_config.json", "tokenizer.json")):
+            return None
         return AutoTokenizer.from_pretrained(name, trust_remote_code=False).get_vocab()
     except (OSError, ValueError):
         return None
-
-
-def same_vocabulary(model, tokenizer) -> bool:
-    """Returns whether the tokenizer saved with `model` has `tokenizer`'s vocabulary: False when none is saved with it."""
-    return saved_vocabulary(model) == tokenizer.get_vocab()
 
 
 class FrozenModel:
@@ -74,7 +74,7 @@ class FrozenModel:
     def teacher(cls, model, device, policy_model, name: str = "teacher", tokenizer=None) -> FrozenModel:
         """Returns `model` frozen in eval mode on `device`, after checking it reads the policy's tokens: its output
         layer as wide as `policy_model`'s, or wider where it was saved with the policy's `tokenizer` (the same
-        vocabulary, `same_vocabulary`) whose tokens both layers cover: the extra rows only pad it (Qwen2.5-7B's
+        vocabulary, `saved_vocabulary`) whose tokens both layers cover: the extra rows only pad it (Qwen2.5-7B's
         152,064 rows against Qwen2.5-0.5B's 151,936), and a divergence compares its distribution over the policy's
         rows (`width`). A teacher saved with another tokenizer (its folder or Hub id holds one whose vocabulary
         differs from `tokenizer`'s) is refused at any width; a model object without a folder is checked by width

@@ -169,6 +169,19 @@ def run_pipeline(output_dir: str, repo: str, config: str = "tiny_offline_transla
     return trainer
 
 
+def teacher_record(trainer) -> dict | None:
+    """Returns what a distillation run's teacher ended as: its class (never a DDP wrapper), whether any of its
+    parameters trains or sits in the optimizer, and its weights; None without a teacher."""
+    frozen = getattr(trainer, "frozen_models", {}).get("teacher")
+    if frozen is None:
+        return None
+    ids = {id(p) for p in frozen.model.parameters()}
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    return {"class": type(frozen.model).__name__, "trainable": any(p.requires_grad for p in frozen.model.parameters()),
+            "in_optimizer": bool(ids & optimized),
+            "params": {k: v.clone() for k, v in frozen.model.state_dict().items()}}
+
+
 def dump(trainer, path: str) -> None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     torch.save({
@@ -177,6 +190,7 @@ def dump(trainer, path: str) -> None:
         "params": whole_state_dict(model),
         "log_history": trainer.state.log_history,
         "rewards_seen": list(REWARDS_SEEN),
+        "teacher": teacher_record(trainer),
     }, path)
     REWARDS_SEEN.clear()
 
@@ -261,16 +275,22 @@ def run_causal_evaluation(output_dir: str):
     return trainer
 
 
-def run_distillation(output_dir: str):
+def run_distillation(output_dir: str, **overrides):
     """Returns the trainer after 2 steps of on-policy distillation (generalized JSD, 2 samples per source) toward a
-    tiny T5 teacher, on the `one_step` data."""
+    tiny T5 teacher, on the `one_step` data. Each process samples from its own stream of keys, so the samples are
+    the most likely tokens (`top_k=1`), as one process would draw them too; the student's EOS is banned, so every
+    sample runs to `max_new_tokens`: each process counts as many tokens, and the mean over each process's tokens,
+    averaged over the processes, is the mean over the global batch's."""
     from hf_seqrl import DistillationConfig, DistillationTrainer
 
-    args = DistillationConfig(output_dir=output_dir, per_device_train_batch_size=4, max_steps=2, max_new_tokens=8,
-                              num_samples=2, beta=0.5, learning_rate=1e-2, logging_steps=1, report_to=[],
-                              save_strategy="no", disable_tqdm=True, seed=0, dataloader_pin_memory=False, use_cpu=True)
+    args = DistillationConfig(output_dir=output_dir, **{
+        "per_device_train_batch_size": 4, "max_steps": 2, "max_new_tokens": 8, "num_samples": 2, "beta": 0.5,
+        "top_k": 1, "learning_rate": 1e-2, "logging_steps": 1, "report_to": [], "save_strategy": "no", "disable_tqdm": True,
+        "seed": 0, "dataloader_pin_memory": False, "use_cpu": True, **overrides})
     tokenizer = byt5_tokenizer()
-    trainer = DistillationTrainer(model=tiny_model("t5", seed=1), args=args, train_dataset=one_step_data(tokenizer),
+    student = tiny_model("t5", seed=1)
+    student.generation_config.bad_words_ids = [[tokenizer.eos_token_id]]
+    trainer = DistillationTrainer(model=student, args=args, train_dataset=one_step_data(tokenizer),
                                   processing_class=tokenizer, teacher_model=tiny_model("t5", seed=2))
     trainer.train()
     return trainer

@@ -231,6 +231,15 @@ def mixer_and_pf_results(tmp_path_factory):
     return results
 
 
+def test_distillation_on_two_processes_equals_one_process_with_the_global_batch(mixer_and_pf_results, tmp_path):
+    """2 processes x 4 sources of on-policy distillation (keyed samples) end where one process with 8 ends."""
+    import distributed_worker as worker
+
+    single = worker.run_distillation(str(tmp_path / "1x8"), per_device_train_batch_size=8)
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(mixer_and_pf_results["distill0"]["params"][name], value, atol=ATOL, rtol=RTOL)
+
+
 def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
     """MIXER, professor forcing and on-policy distillation train on 2 processes: the ranks end with identical models
     (and, for professor forcing, identical discriminators, whose gradients are averaged over the ranks), and log
@@ -258,6 +267,12 @@ def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):
         assert sum(row["reward"] for row in rows) / 16 == pytest.approx(log["rl/reward"], abs=1e-6)  # all ranks
     distill = [h for h in results["distill0"]["log_history"] if "distill/divergence" in h]
     assert len(distill) == 2 and all(h["distill/on_policy"] == 1.0 and h["distill/divergence"] > 0 for h in distill)
+    teacher = tiny_model("t5", seed=2).state_dict()
+    for rank in (0, 1):  # the teacher is neither wrapped nor optimized, and ends as it began
+        record = results[f"distill{rank}"]["teacher"]
+        assert record["class"] == "T5ForConditionalGeneration" and not record["trainable"]
+        assert not record["in_optimizer"]
+        assert all(torch.equal(record["params"][k], v) for k, v in teacher.items())
     pf = [h for h in results["pf0"]["log_history"] if "pf/d_loss" in h]
     assert len(pf) == 2 and all(math.isfinite(h["pf/adv_loss"]) and 0 <= h["pf/d_accuracy"] <= 1 for h in pf)
 

@@ -96,7 +96,8 @@ def test_token_match_penalizes_the_words_outside_the_longest_common_subsequence(
     assert value["spans"] == [(12, 13, -0.1), (14, 17, -0.1)]  # against the best reference
     import sacrebleu
 
-    best = max(sacrebleu.sentence_chrf("A man rides a red bike .", [r]).score for r in ["x y", "A man rides his bike ."])
+    prediction, references = "A man rides a red bike .", ["x y", "A man rides his bike ."]
+    best = max(sacrebleu.sentence_chrf(prediction, [r]).score for r in references)
     assert value["score"] == pytest.approx(best / 100) and 0 < value["score"] < 1
     assert get_reward("token_match")(["same words"], [["same words"]])[0]["spans"] == []
     from hf_seqrl.rewards.token_match import token_match_reward
