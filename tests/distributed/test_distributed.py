@@ -231,6 +231,7 @@ def mixer_and_pf_results(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow  # a single-process reference run beside the suite's: in the second tier
 def test_distillation_on_two_processes_equals_one_process_with_the_global_batch(mixer_and_pf_results, tmp_path):
     """2 processes x 4 sources of on-policy distillation (keyed samples) end where one process with 8 ends."""
     import distributed_worker as worker
