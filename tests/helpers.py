@@ -63,6 +63,22 @@ def toy_pairs(n: int, seed: int = 0, task: str = "copy", alphabet: str = "abcdef
     return sources, list(targets)
 
 
+def bpe_tokenizer(texts):
+    """Returns a byte-level BPE tokenizer of 280 tokens trained on `texts` (pad 0, EOS 1, unk 2): ids that name other
+    tokens than `ByT5Tokenizer`'s."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<pad>", "</s>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                       special_tokens=[("</s>", bpe.token_to_id("</s>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
 def toy_dataset(tokenizer, sources, targets, references=None, with_labels=True):
     from datasets import Dataset
 

@@ -25,23 +25,36 @@ def vocabulary_size(model) -> int | None:
     return None if weight is None else int(weight.shape[0])
 
 
-def saved_vocabulary(model) -> dict | None:
-    """Returns the vocabulary of the tokenizer saved with `model` (at its `name_or_path`), None when the model names no
-    folder or Hub id, or none holds a tokenizer's files (`AutoTokenizer` would build a default one from the config)."""
+# The loading arguments of `teacher_model_init_kwargs` that also say where a model's tokenizer is.
+HUB_ARGUMENTS = ("revision", "subfolder", "token", "cache_dir", "local_files_only")
+
+
+def saved_vocabulary(model, **hub_arguments) -> dict | None:
+    """Returns the vocabulary of the tokenizer saved with `model` (at its `name_or_path`, read with `hub_arguments` of
+    `HUB_ARGUMENTS`), None when the model names no folder or Hub id, none holds `tokenizer_config.json` or
+    `tokenizer.json` (`AutoTokenizer` would build a default one from the config), or it does not load."""
     from transformers import AutoTokenizer
     from transformers.utils import cached_file
 
     name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
     if not name:
         return None
+    arguments = {k: v for k, v in hub_arguments.items() if k in HUB_ARGUMENTS}
     try:
         if not any(cached_file(name, file, _raise_exceptions_for_missing_entries=False,
-                               _raise_exceptions_for_connection_errors=False)
+                               _raise_exceptions_for_connection_errors=False, **arguments)
                    for file in ("tokenizer_config.json", "tokenizer.json")):
             return None
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=False).get_vocab()
-    except (OSError, ValueError):
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False, **arguments).get_vocab()
+    except (OSError, ValueError, ImportError):  # unreadable, or its tokenizer needs a package not installed
         return None
+
+
+def conflicting_ids(vocabulary: dict, other: dict) -> list[int]:
+    """Returns the ids that both vocabularies (token -> id) define with different tokens, in order: none when one only
+    adds tokens at ids the other leaves free."""
+    tokens = {i: token for token, i in other.items()}
+    return sorted(i for token, i in vocabulary.items() if tokens.get(i, token) != token)
 
 
 class FrozenModel:
@@ -71,32 +84,35 @@ class FrozenModel:
         return cls("reference", copy.deepcopy(policy_model).to(device).requires_grad_(False), follow_policy=True)
 
     @classmethod
-    def teacher(cls, model, device, policy_model, name: str = "teacher", tokenizer=None) -> FrozenModel:
-        """Returns `model` frozen in eval mode on `device`, after checking it reads the policy's tokens: its output
-        layer as wide as `policy_model`'s, or wider where it was saved with the policy's `tokenizer` (the same
-        vocabulary, `saved_vocabulary`) whose tokens both layers cover: the extra rows only pad it (Qwen2.5-7B's
-        152,064 rows against Qwen2.5-0.5B's 151,936), and a divergence compares its distribution over the policy's
-        rows (`width`). A teacher saved with another tokenizer (its folder or Hub id holds one whose vocabulary
-        differs from `tokenizer`'s) is refused at any width; a model object without a folder is checked by width
-        only."""
+    def teacher(cls, model, device, policy_model, name: str = "teacher", tokenizer=None,
+                hub_arguments: dict | None = None) -> FrozenModel:
+        """Returns `model` frozen in eval mode on `device`, after checking it reads the policy's tokens.
+
+        - Its output layer is as wide as `policy_model`'s, or wider where it was saved with the policy's `tokenizer`
+          (its vocabulary read from its folder or Hub id, `saved_vocabulary`) whose tokens both layers cover: the
+          extra rows only pad it (Qwen2.5-7B's 152,064 rows against Qwen2.5-0.5B's 151,936), and a divergence
+          compares its distribution over the policy's rows (`width`).
+        - At any width, a teacher saved with a tokenizer in which an id names another token than in `tokenizer`'s
+          (`conflicting_ids`) is refused; tokens one side only adds are not a conflict. A model object without a
+          folder is checked by width only.
+        """
         width, policy_width = vocabulary_size(model), vocabulary_size(policy_model)
-        vocabulary = saved_vocabulary(model) if tokenizer is not None else None
-        same = vocabulary is not None and vocabulary == tokenizer.get_vocab()
+        vocabulary = saved_vocabulary(model, **(hub_arguments or {})) if tokenizer is not None else None
+        conflicts = [] if vocabulary is None else conflicting_ids(vocabulary, tokenizer.get_vocab())
         padded = (width is not None and policy_width is not None and width > policy_width and tokenizer is not None
-                  and len(tokenizer) <= policy_width and same)
+                  and len(tokenizer) <= policy_width and vocabulary is not None and not conflicts)
         if width is not None and policy_width is not None and width != policy_width and not padded:
             raise ValueError(
                 f"{name}_model has an output layer of {width} tokens and the policy one of {policy_width}: a {name} "
                 "scores the policy's tokens, so it needs the policy's tokenizer (the same vocabulary). Pass a model "
                 "trained with that tokenizer; a wider output layer whose extra rows only pad it is taken when the "
                 f"{name} comes as a folder or Hub id holding that tokenizer.")
-        if vocabulary is not None and not same:
-            # As wide, but saved with another tokenizer: the same ids would name other tokens.
+        if conflicts:
             raise ValueError(
-                f"{name}_model was saved with a tokenizer whose vocabulary differs from the policy's "
-                f"(processing_class): its token ids name other tokens, so it cannot score the policy's. Pass a "
-                f"{name} trained with the policy's tokenizer; for a {name} with another tokenizer, reward with "
-                "rewards.TeacherLikelihoodReward.")
+                f"{name}_model was saved with a tokenizer whose ids name other tokens than the policy's "
+                f"(processing_class) does: {len(conflicts)} ids differ, the first {conflicts[0]}. It cannot score the "
+                f"policy's tokens. Pass a {name} trained with the policy's tokenizer; for a {name} with another "
+                "tokenizer, reward with rewards.TeacherLikelihoodReward.")
         return cls(name, model.to(device).requires_grad_(False).eval(), width=policy_width if padded else None)
 
     @property

@@ -88,8 +88,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 unwrapped, self.args.device, lambda: self.accelerator.unwrap_model(self.model))
         if teacher_model is not None:
             teacher = load_model(teacher_model, self.args, "teacher_model_init_kwargs")
-            self.frozen_models["teacher"] = FrozenModel.teacher(teacher, self.args.device, unwrapped,
-                                                                tokenizer=self.processing_class)
+            self.frozen_models["teacher"] = FrozenModel.teacher(
+                teacher, self.args.device, unwrapped, tokenizer=self.processing_class,
+                hub_arguments=self.args.teacher_model_init_kwargs or {})
         self.baseline = (self.args.baseline or self.default_baseline) if isinstance(self.args, BaselineConfig) else None
         self.baseline_ema: float | None = None  # the moving-average baseline's state
         self._rollout_config = None

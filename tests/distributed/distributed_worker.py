@@ -280,13 +280,15 @@ def run_distillation(output_dir: str, **overrides):
     tiny T5 teacher, on the `one_step` data. Each process samples from its own stream of keys, so the samples are
     the most likely tokens (`top_k=1`), as one process would draw them too; the student's EOS is banned, so every
     sample runs to `max_new_tokens`: each process counts as many tokens, and the mean over each process's tokens,
-    averaged over the processes, is the mean over the global batch's."""
+    averaged over the processes, is the mean over the global batch's. Plain SGD at a constant rate without clipping,
+    as the other equivalence runs: Adam's normalization would magnify summation-order differences."""
     from hf_seqrl import DistillationConfig, DistillationTrainer
 
     args = DistillationConfig(output_dir=output_dir, **{
         "per_device_train_batch_size": 4, "max_steps": 2, "max_new_tokens": 8, "num_samples": 2, "beta": 0.5,
-        "top_k": 1, "learning_rate": 1e-2, "logging_steps": 1, "report_to": [], "save_strategy": "no", "disable_tqdm": True,
-        "seed": 0, "dataloader_pin_memory": False, "use_cpu": True, **overrides})
+        "top_k": 1, "optim": "sgd", "learning_rate": 0.5, "max_grad_norm": 0.0, "lr_scheduler_type": "constant",
+        "logging_steps": 1, "report_to": [], "save_strategy": "no", "disable_tqdm": True, "seed": 0,
+        "dataloader_pin_memory": False, "use_cpu": True, **overrides})
     tokenizer = byt5_tokenizer()
     student = tiny_model("t5", seed=1)
     student.generation_config.bad_words_ids = [[tokenizer.eos_token_id]]

@@ -233,12 +233,16 @@ def mixer_and_pf_results(tmp_path_factory):
 
 @pytest.mark.slow  # a single-process reference run beside the suite's: in the second tier
 def test_distillation_on_two_processes_equals_one_process_with_the_global_batch(mixer_and_pf_results, tmp_path):
-    """2 processes x 4 sources of on-policy distillation (keyed samples) end where one process with 8 ends."""
+    """2 processes x 4 sources of on-policy distillation (greedy samples) end where one process with 8 ends."""
     import distributed_worker as worker
+    from helpers import tiny_model
 
     single = worker.run_distillation(str(tmp_path / "1x8"), per_device_train_batch_size=8)
+    distributed = mixer_and_pf_results["distill0"]["params"]
     for name, value in single.model.state_dict().items():
-        torch.testing.assert_close(mixer_and_pf_results["distill0"]["params"][name], value, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(distributed[name], value, atol=ATOL, rtol=RTOL)
+    initial = tiny_model("t5", seed=1).state_dict()
+    assert max((distributed[k] - initial[k]).abs().max().item() for k in initial) > 1e-3  # the steps moved it
 
 
 def test_mixer_and_professor_forcing_on_two_processes(mixer_and_pf_results):

@@ -5,24 +5,11 @@ teacher with another tokenizer rewarding a student through `SCSTTrainer`."""
 import pytest
 import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
 
-from helpers import byt5_tokenizer, make_config, tiny_causal_model, tiny_model, toy_pairs
+from helpers import bpe_tokenizer, byt5_tokenizer, make_config, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.models.tiny import build_tiny_model
 from hf_seqrl.rewards import TeacherLikelihoodReward
-
-
-def bpe_tokenizer(texts):
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=280, special_tokens=["<pad>", "</s>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bpe.post_processor = processors.TemplateProcessing(single="$A </s>",
-                                                       special_tokens=[("</s>", bpe.token_to_id("</s>"))])
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
 def by_hand(model, tok, source, prediction, causal):

@@ -56,13 +56,18 @@ def test_temperature_divides_both_logits_and_bans_renormalize():
     # JSD(0.5) with token 2 out: m = (1/2, 1/2), and both KLs to m are KL((a, 1-a) || (1/2, 1/2)) by symmetry
     half = kl([a, 1 - a], [0.5, 0.5])
     assert math.isclose(losses.generalized_jsd(s, t, 0.5, banned=banned).item(), half, rel_tol=1e-12)
-    # at temperature 2 with the ban: a = e^1 / (e^1 + 1); beta 0.25 mixes m = (3/4) p_s + (1/4) p_t
-    b = math.exp(1) / (math.exp(1) + 1)
-    ps, pt = [b, 1 - b], [1 - b, b]
-    m = [0.75 * x + 0.25 * y for x, y in zip(ps, pt)]
-    expected = 0.25 * kl(pt, m) + 0.75 * kl(ps, m)
-    value = losses.generalized_jsd(s, t, 0.25, temperature=2.0, banned=banned).item()
-    assert math.isclose(value, expected, rel_tol=1e-12)
+    # Distributions that are not mirror images, at temperature 2 with the ban: p_s = softmax(1, 0),
+    # p_t = softmax(0.25, 0.75); beta 0.25 mixes m = (3/4) p_s + (1/4) p_t (beta and 1 - beta differ here)
+    uneven = torch.tensor([[0.5, 1.5, 1.0]], dtype=torch.float64)
+    ps = [math.exp(1) / (math.exp(1) + 1), 1 / (math.exp(1) + 1)]
+    pt = [math.exp(0.25) / (math.exp(0.25) + math.exp(0.75)), math.exp(0.75) / (math.exp(0.25) + math.exp(0.75))]
+    for beta in (0.25, 0.75):
+        m = [(1 - beta) * x + beta * y for x, y in zip(ps, pt)]
+        expected = beta * kl(pt, m) + (1 - beta) * kl(ps, m)
+        value = losses.generalized_jsd(s, uneven, beta, temperature=2.0, banned=banned).item()
+        assert math.isclose(value, expected, rel_tol=1e-12), beta
+    assert not math.isclose(losses.generalized_jsd(s, uneven, 0.25, 2.0, banned).item(),
+                            losses.generalized_jsd(s, uneven, 0.75, 2.0, banned).item(), rel_tol=1e-3)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])

@@ -160,9 +160,10 @@ def test_a_reward_gated_by_the_target_language_scores_a_german_output_zero():
 
     gated = guard(quality, target_language_reward("en"), "source_copy")
     source = "Ein Mann fährt mit dem Fahrrad die Straße entlang."
-    predictions = ["A man rides his bike down the street.", "Ein Mann fährt mit seinem Rad die Straße hinunter."]
+    # German that shares no words with its source: the language guard alone takes its value
+    predictions = ["A man rides his bike down the street.", "Zwei Kinder spielen heute im Garten hinter dem Haus."]
     parts = call_reward_parts(gated, predictions, [["x"]] * 2, [source, source])
-    assert parts["target_language"] == [1.0, 0.0] and parts["source_copy"][0] == 1.0
+    assert parts["target_language"] == [1.0, 0.0] and parts["source_copy"] == [1.0, 1.0]
     assert gated.combine(parts)[0] == pytest.approx(0.9) and gated.combine(parts)[1] == 0.0
 
 

@@ -5,12 +5,14 @@ and token parts, the per-token advantages, and the lexical `token_match` reward'
 import math
 
 import pytest
+import sacrebleu
 import torch
 
 from hf_seqrl.functional.advantages import token_level_advantages
 from hf_seqrl.rewards import (TokenScore, WeightedReward, aligned_words, call_reward, get_reward, span_token_values,
                               token_char_spans)
 from hf_seqrl.rewards.spans import sentence_score, token_score, weighted_sum
+from hf_seqrl.rewards.token_match import token_match_reward
 
 
 def test_token_char_spans_cover_what_each_token_adds():
@@ -92,16 +94,12 @@ def test_token_match_penalizes_the_words_outside_the_longest_common_subsequence(
         [True, True, True, False, False, True, True]
     assert aligned_words(["Bike,", "man"], ["man", "bike"]) == [False, True]  # order matters; one of them aligns
     reward = get_reward("token_match")
-    (value,) = reward(["A man rides a red bike ."], [["x y", "A man rides his bike ."]])
-    assert value["spans"] == [(12, 13, -0.1), (14, 17, -0.1)]  # against the best reference
-    import sacrebleu
-
-    prediction, references = "A man rides a red bike .", ["x y", "A man rides his bike ."]
+    prediction, references = "A man rides a red bike .", ["A man rides his bike .", "x y", "A dog ."]
+    (value,) = reward([prediction], [references])
+    assert value["spans"] == [(12, 13, -0.1), (14, 17, -0.1)]  # against the best reference, the first of three
     best = max(sacrebleu.sentence_chrf(prediction, [r]).score for r in references)
     assert value["score"] == pytest.approx(best / 100) and 0 < value["score"] < 1
     assert get_reward("token_match")(["same words"], [["same words"]])[0]["spans"] == []
-    from hf_seqrl.rewards.token_match import token_match_reward
-
     (heavier,) = token_match_reward(word_penalty=0.5)(["A man rides a red bike ."], [["A man rides his bike ."]])
     assert heavier == {"score": value["score"], "spans": [(12, 13, -0.5), (14, 17, -0.5)]}
     with pytest.raises(ValueError, match="word_penalty=-1.0 must be >= 0"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from helpers import byt5_tokenizer, make_config, overlap_reward, tiny_causal_model, tiny_model, toy_pairs
+from helpers import bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import DistillationConfig, DistillationTrainer, losses
 from hf_seqrl.models.tiny import build_tiny_model
 
@@ -133,12 +133,15 @@ def test_a_teacher_of_another_vocabulary_or_family_or_none_is_refused(tmp_path):
     # As wide as the student's output layer, but saved with another tokenizer: the same ids name other tokens.
     from transformers import ByT5Tokenizer
 
-    tiny_model("t5", seed=2).save_pretrained(tmp_path / "other_tokenizer")
-    ByT5Tokenizer(extra_ids=0).save_pretrained(tmp_path / "other_tokenizer")
-    with pytest.raises(ValueError, match="saved with a tokenizer whose vocabulary differs from the policy's"):
-        build(model=tiny_model("t5"), teacher_model=str(tmp_path / "other_tokenizer"))
-    tok.save_pretrained(tmp_path / "other_tokenizer")  # the student's own tokenizer: taken
-    assert build(model=tiny_model("t5"), teacher_model=str(tmp_path / "other_tokenizer")).frozen_models["teacher"]
+    others = {"bpe": bpe_tokenizer(["abcd", "dcba", "a b c"]), "no_extra_ids": ByT5Tokenizer(extra_ids=0), "own": tok}
+    for folder, saved in others.items():
+        tiny_model("t5", seed=2).save_pretrained(tmp_path / folder)
+        saved.save_pretrained(tmp_path / folder)
+    with pytest.raises(ValueError, match=r"whose ids name other tokens .* ids differ, the first 3\."):
+        build(model=tiny_model("t5"), teacher_model=str(tmp_path / "bpe"))
+    for folder in ("no_extra_ids", "own"):  # ByT5 without its 125 sentinel tokens only lacks ids: no conflict
+        teacher = build(model=tiny_model("t5"), teacher_model=str(tmp_path / folder)).frozen_models["teacher"]
+        assert type(teacher.model).__name__ == "T5ForConditionalGeneration" and teacher.width is None
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -234,7 +237,7 @@ def test_the_trainers_divergence_is_the_full_logits_formula_at_temperature_with_
     student, teacher = build(arch, seed=1), sharp(build(arch, seed=2))
     student.generation_config.bad_words_ids = [[5], [6]]
     seen = []
-    args = config(tmp_path, max_steps=1, beta=0.5, temperature=0.7, learning_rate=0.0)  # the weights stay as scored
+    args = config(tmp_path, max_steps=1, beta=0.25, temperature=0.7, learning_rate=0.0)  # the weights stay as scored
     trainer = DistillationTrainer(model=student, args=args,
                                   train_dataset=text_pairs(causal), processing_class=tok, teacher_model=teacher)
     stage = trainer.algorithm_loss
@@ -262,6 +265,8 @@ def test_the_trainers_divergence_is_the_full_logits_formula_at_temperature_with_
             logits = [m(**sources, labels=labels).logits for m in (student, teacher)]
     banned = torch.zeros(logits[0].shape[-1], dtype=torch.bool)
     banned[[5, 6]] = True
-    expected = losses.generalized_jsd(*logits, beta=0.5, temperature=0.7, banned=banned)
+    expected = losses.generalized_jsd(*logits, beta=0.25, temperature=0.7, banned=banned)
+    other = losses.generalized_jsd(*logits, beta=0.75, temperature=0.7, banned=banned)
+    assert not torch.allclose(expected[mask], other[mask], rtol=1e-3)  # beta is told from 1 - beta
     assert mask.any() and scored.divergence.shape == expected.shape
     torch.testing.assert_close(scored.divergence[mask], expected[mask], rtol=1e-4, atol=1e-5)

@@ -99,6 +99,13 @@ SETTINGS = {
 }
 
 
+def spread(advantages, mask):
+    """Returns each row's largest minus smallest advantage over its counted tokens (`mask`), 0 for an empty row."""
+    high = advantages.masked_fill(~mask, float("-inf")).max(dim=1).values
+    low = advantages.masked_fill(~mask, float("inf")).min(dim=1).values
+    return torch.where(mask.any(dim=1), high - low, torch.zeros_like(high))
+
+
 def run(tmp_path, name: str, causal: bool):
     trainer_class, config_class, settings = SETTINGS[name]
     build = partial(tiny_causal_model, "llama") if causal else partial(tiny_model, "t5", dropout=0.1)
@@ -111,7 +118,7 @@ def run(tmp_path, name: str, causal: bool):
     stage = trainer.algorithm_loss
 
     def recording(scored, batch, inputs):
-        seen.append(batch.advantages)
+        seen.append((batch.advantages, batch.loss_mask))
         return stage(scored, batch, inputs)
 
     trainer.algorithm_loss = recording
@@ -123,12 +130,14 @@ def run(tmp_path, name: str, causal: bool):
 @pytest.mark.parametrize("name,causal", [("scst", False), ("loo", True)])
 def test_per_token_advantages_reach_the_loss(tmp_path, name, causal):
     trainer, seen, before = run(tmp_path, name, causal)
-    assert len(seen) == 2 and all(adv.dim() == 2 for adv in seen)
+    assert len(seen) == 2 and all(adv.dim() == 2 for adv, _ in seen)
     if not trainer.args.token_reward_to_go:  # within a sample they differ where the reward pointed: its last token
-        assert all((adv.max(dim=1).values - adv.min(dim=1).values > 0.4).all() for adv in seen)
+        assert all((spread(adv, mask) > 0.4).all() for adv, mask in seen)
     else:  # summed to the end: a token before a vowel carries its -0.5 too, so the first token is the lowest
-        assert all((adv[:, 0] <= adv.min(dim=1).values + 1e-6).all() for adv in seen)
-        assert any((adv[:, 0] < adv.max(dim=1).values - 0.4).any() for adv in seen)
+        for adv, mask in seen:
+            lowest = adv.masked_fill(~mask, float("inf")).min(dim=1).values
+            assert (adv[:, 0] <= lowest + 1e-6).all()
+        assert any((spread(adv, mask) > 0.4).any() for adv, mask in seen)
     logs = [h for h in trainer.state.log_history if "rl/token_reward" in h]
     assert len(logs) == 2 and all(h["rl/token_reward"] < 0 and 0 < h["rl/frac_tokens_rewarded"] <= 1 for h in logs)
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
@@ -139,9 +148,9 @@ def test_per_token_advantages_reach_the_loss(tmp_path, name, causal):
 @pytest.mark.parametrize("name", ["scst", "loo", "reinforce", "clipped", "mixer", "distill"])
 def test_every_rewarded_trainer_takes_token_level_rewards(tmp_path, name, causal):
     trainer, seen, before = run(tmp_path, name, causal)
-    assert seen and all(adv is not None and adv.dim() == 2 for adv in seen)
-    # Within a sample the advantages differ where the reward pointed (-0.5 on a vowel, -0.5 on the last token)
-    assert any((adv.max(dim=1).values - adv.min(dim=1).values > 0.4).any() for adv in seen)
+    assert seen and all(adv is not None and adv.dim() == 2 for adv, _ in seen)
+    # Within a sample's own tokens the advantages differ where the reward pointed (-0.5 on a vowel and on the last)
+    assert any((spread(adv, mask) > 0.4).any() for adv, mask in seen)
     assert any("rl/token_reward" in h for h in trainer.state.log_history)
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
 
