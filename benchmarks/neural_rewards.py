@@ -12,8 +12,8 @@ quality benchmark, so processes can split the rows, and a run adds its rows to t
 the same C.
 
 `--task translation` runs the rows on Multi30k de->en from the quality benchmark's translation C: the guards against
-a reward that a copied source wins (MiniLM similarity to the German source), scored with BLEU, chrF, the copy share,
-the share in the target language and the repetition rate.
+a reward that a copied source wins (MiniLM similarity to the German source), with SCST or leave-one-out over 4
+samples, scored with BLEU, chrF, the copy share, the share in the target language and the repetition rate.
 
 `--timing` measures instead one SCST step from C per reward and batch size, each in a fresh process: the step time
 and the time inside the reward (decoding the samples and scoring them), median over the timed steps. `--timed comet`
@@ -70,6 +70,11 @@ ROWS = {
     "scst:embedding:guarded": ("scst", ["reward=embedding", "guards=source_copy,repetition"]),
     "source_embedding": ("scst", ["reward=source_embedding"]),
     "scst:source_embedding:guarded": ("scst", ["reward=source_embedding",
+                                               "guards=source_copy,target_language,repetition"]),
+    # The same with leave-one-out over 4 samples: its baseline comes from the other samples, which the gate scores, not
+    # from the greedy decode (SCST's baseline, which a gate on temperature-1 samples does not bind).
+    "loo4:source_embedding": ("loo4", ["reward=source_embedding"]),
+    "loo4:source_embedding:guarded": ("loo4", ["reward=source_embedding",
                                                "guards=source_copy,target_language,repetition"]),
 }
 REWARDS = ("rougeL", "embedding", "bertscore", "rougeL+embedding")  # the default rows
