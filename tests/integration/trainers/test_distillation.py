@@ -29,6 +29,14 @@ def sharp(model, scale: float = 4.0):
     return model
 
 
+def record_stage(trainer) -> list:
+    """Returns the list that collects `(scored, batch, inputs)` at each of the trainer's loss stages from now on."""
+    seen, stage = [], trainer.algorithm_loss
+    trainer.algorithm_loss = lambda scored, batch, inputs: seen.append((scored, batch, inputs)) or stage(
+        scored, batch, inputs)
+    return seen
+
+
 def heldout_kl(student, teacher, tok, causal: bool) -> float:
     """The mean token-level KL(student || teacher) over the gold targets of held-out pairs (teacher-forced)."""
     total, count = 0.0, 0
@@ -173,10 +181,9 @@ def test_a_teacher_whose_output_layer_pads_the_tokenizer_further_distills_over_t
         trainer = DistillationTrainer(model=tiny_causal_model(seed=1), args=config(tmp_path, max_steps=1, beta=0.5,
                                                                                    learning_rate=0.0),
                                       train_dataset=text_pairs(True), processing_class=tok, teacher_model=teacher)
-        stage = trainer.algorithm_loss
-        trainer.algorithm_loss = lambda scored, batch, inputs, stage=stage: (
-            divergences.append(scored.divergence[batch.sample_mask].detach()) or stage(scored, batch, inputs))
+        seen = record_stage(trainer)
         trainer.train()
+        divergences += [scored.divergence[batch.sample_mask].detach() for scored, batch, _ in seen]
     torch.testing.assert_close(divergences[0], divergences[1])
     narrow = build_tiny_model("llama", vocab_size=300, d_model=32, layers=1, pad_token_id=0, eos_token_id=1)
     for refused in (narrow, wide):  # narrower; or wider without the tokenizer that says its extra rows are padding
@@ -191,14 +198,12 @@ def test_tokens_the_students_generation_config_bans_are_out_of_both_distribution
     tok = byt5_tokenizer()
     student = tiny_model("marian", seed=1, dropout=0.1)
     student.generation_config.bad_words_ids = [[5], [6]]
-    seen = []
     trainer = DistillationTrainer(model=student, args=config(tmp_path, max_steps=1, beta=0.0),
                                   train_dataset=text_pairs(False), processing_class=tok,
                                   teacher_model=tiny_model("marian", seed=2))
-    stage = trainer.algorithm_loss
-    trainer.algorithm_loss = lambda scored, batch, inputs: seen.append((scored, batch)) or stage(scored, batch, inputs)
+    seen = record_stage(trainer)
     trainer.train()
-    ((scored, batch),) = seen
+    ((scored, batch, _),) = seen
     assert torch.isfinite(scored.divergence).all() and scored.divergence[batch.sample_mask].gt(0).all()
     assert not torch.isin(batch.sample_ids[batch.sample_mask], torch.tensor([5, 6])).any()
 
@@ -236,28 +241,20 @@ def test_the_trainers_divergence_is_the_full_logits_formula_at_temperature_with_
     build = tiny_causal_model if causal else tiny_model
     student, teacher = build(arch, seed=1), sharp(build(arch, seed=2))
     student.generation_config.bad_words_ids = [[5], [6]]
-    seen = []
     args = config(tmp_path, max_steps=1, beta=0.25, temperature=0.7, learning_rate=0.0)  # the weights stay as scored
     trainer = DistillationTrainer(model=student, args=args,
                                   train_dataset=text_pairs(causal), processing_class=tok, teacher_model=teacher)
-    stage = trainer.algorithm_loss
-    trainer.algorithm_loss = lambda scored, batch, inputs: seen.append((scored, batch, inputs)) or stage(
-        scored, batch, inputs)
+    seen = record_stage(trainer)
     trainer.train()
     ((scored, batch, inputs),) = seen
     ids, mask = batch.sample_ids, batch.sample_mask
     student.eval()  # dropout is off in the trainer's passes (disable_dropout)
     with torch.no_grad():
-        if causal:  # the prompt (the gold completion cut off), then the sample
-            from hf_seqrl.models.causal import split_prompts
+        if causal:  # the prompt (the gold completion cut off), then the sample: whole logits at its positions
+            from hf_seqrl.models.causal import completion_forward, split_prompts
 
-            prompt, prompt_mask = split_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["labels"],
-                                                tok.pad_token_id)
-            width = prompt.shape[1]
-            full = torch.cat([prompt.repeat_interleave(batch.group, 0), ids.masked_fill(~mask, tok.pad_token_id)], 1)
-            attention = torch.cat([prompt_mask.repeat_interleave(batch.group, 0).long(), mask.long()], 1)
-            positions = (attention.cumsum(1) - 1).clamp(min=0)  # the prompts are padded on the left
-            logits = [m(input_ids=full, attention_mask=attention, position_ids=positions).logits[:, width - 1:-1]
+            prompt = split_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["labels"], tok.pad_token_id)
+            logits = [completion_forward(m, *prompt, ids.masked_fill(~mask, tok.pad_token_id), batch.group).logits
                       for m in (student, teacher)]
         else:
             sources = {k: inputs[k].repeat_interleave(batch.group, 0) for k in ("input_ids", "attention_mask")}
