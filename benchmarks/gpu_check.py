@@ -112,7 +112,7 @@ class Peak:
             self.mib = (resident_peak_bytes() - self.base) / 2**20
 
 
-def check_decode(shapes, device, quick, rows_list, new_tokens, repeats, compile_static):
+def check_decode(shapes, device, quick, rows_list, new_tokens, repeats):
     from hf_seqrl.models import family_for
 
     out = []
@@ -129,19 +129,8 @@ def check_decode(shapes, device, quick, rows_list, new_tokens, repeats, compile_
             with torch.no_grad():
                 row["hf_seqrl_ms_per_token"] = 1000 * statistics.median(
                     timed(device, lambda: family.sample(model, inputs, config), repeats)) / new_tokens
-                kwargs = dict(do_sample=True, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
                 row["generate_ms_per_token"] = 1000 * statistics.median(
-                    timed(device, lambda: family.generate(model, inputs, **kwargs), repeats)) / new_tokens
-                if compile_static and rows == rows_list[len(rows_list) // 2]:
-                    try:
-                        static = dict(kwargs, cache_implementation="static")
-                        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
-                        row["generate_static_compiled_ms_per_token"] = 1000 * statistics.median(
-                            timed(device, lambda: family.generate(model, inputs, **static), repeats)) / new_tokens
-                    except Exception as error:  # a model transformers gives no static cache
-                        row["generate_static_compiled"] = f"unsupported: {type(error).__name__}: {str(error)[:120]}"
-                    finally:
-                        model.__dict__.pop("forward", None)
+                    timed(device, lambda: family.generate(model, inputs, **sampling(new_tokens)), repeats)) / new_tokens
                 counter = SyncCounter()
                 with counter, counter.counting():
                     rollout = family.sample(model, inputs, config)
@@ -156,6 +145,46 @@ def check_decode(shapes, device, quick, rows_list, new_tokens, repeats, compile_
                             torch.cuda.set_sync_debug_mode("default")
                     row["cuda_sync_warnings_per_token"] = len(caught) / rollout.sample_ids.shape[1]
             out.append(row)
+        del model
+    return out
+
+
+def sampling(new_tokens: int) -> dict:
+    """`generate`'s arguments for plain sampling of exactly `new_tokens` tokens."""
+    return dict(do_sample=True, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+
+
+def check_decode_compiled(shapes, device, rows, new_tokens, repeats):
+    """`generate` with a static cache and a compiled forward, beside hf-seqrl's decode at the same shape: the last
+    check, since compiling takes minutes and a model transformers gives no static cache fails it."""
+    from hf_seqrl.models import family_for
+
+    out = []
+    for name in ("seq2seq", "causal"):
+        model, tok = build(shapes[name], device)
+        model.eval()
+        family = family_for(model)
+        config = family.generation_config(model, new_tokens)
+        config.suppress_tokens = [1]
+        model.generation_config.suppress_tokens = [1]
+        inputs = batch(rows, 16, shapes[name]["vocab"], device, family.name == "causal")
+        row = {"model": name, "rows": rows}
+        with torch.no_grad():
+            row["hf_seqrl_ms_per_token"] = 1000 * statistics.median(
+                timed(device, lambda: family.sample(model, inputs, config), repeats)) / new_tokens
+            static = dict(sampling(new_tokens), cache_implementation="static")
+            try:
+                model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+                started = time.perf_counter()
+                family.generate(model, inputs, **static)  # compiles
+                row["compile_s"] = time.perf_counter() - started
+                row["generate_static_compiled_ms_per_token"] = 1000 * statistics.median(
+                    timed(device, lambda: family.generate(model, inputs, **static), repeats)) / new_tokens
+            except Exception as error:  # a model transformers gives no static cache
+                row["generate_static_compiled"] = f"unsupported: {type(error).__name__}: {str(error)[:120]}"
+            finally:
+                model.__dict__.pop("forward", None)
+        out.append(row)
         del model
     return out
 
@@ -289,36 +318,59 @@ def check_comet(device, quick, samples):
 
 
 def markdown(results: dict) -> str:
+    """The table of the checks in `results`; a check that failed is one row with its error."""
     lines = ["| check | setting | value |", "|---|---|---|"]
-    for row in results["decode"]:
+    for name, error in results.get("errors", {}).items():
+        lines.append(f"| {name} | failed | {error} |")
+    for row in results.get("decode", []):
         setting = f"{row['model']}, {row['rows']} rows"
         lines.append(f"| decode ms/token, hf-seqrl | {setting} | {row['hf_seqrl_ms_per_token']:.2f} |")
         lines.append(f"| decode ms/token, generate(do_sample) | {setting} | {row['generate_ms_per_token']:.2f} |")
-        if "generate_static_compiled_ms_per_token" in row:
-            lines.append(f"| decode ms/token, generate static cache + compile | {setting} | "
-                         f"{row['generate_static_compiled_ms_per_token']:.2f} |")
-        elif "generate_static_compiled" in row:
-            lines.append(f"| decode, generate static cache + compile | {setting} | {row['generate_static_compiled']} |")
         lines.append(f"| host syncs / token, hf-seqrl decode | {setting} | {row['syncs_per_token']:.2f} |")
         if "cuda_sync_warnings_per_token" in row:
             lines.append(f"| CUDA sync warnings / token | {setting} | {row['cuda_sync_warnings_per_token']:.2f} |")
-    mem = results["scoring_memory"]
-    setting = f"{mem['rows']} rows x {mem['tokens']} tokens, vocab {mem['vocab']}"
-    for arm in ("chunked", "whole_logits"):
-        lines.append(f"| scoring pass peak / logits, {arm.replace('_', ' ')} | {setting} | "
-                     f"{mem[f'{arm}_over_logits']:.2f} ({mem[f'{arm}_peak_mib']:.0f} MiB) |")
-    for row in results["scst_step"]:
+    if "scoring_memory" in results:
+        mem = results["scoring_memory"]
+        setting = f"{mem['rows']} rows x {mem['tokens']} tokens, vocab {mem['vocab']}"
+        for arm in ("chunked", "whole_logits"):
+            lines.append(f"| scoring pass peak / logits, {arm.replace('_', ' ')} | {setting} | "
+                         f"{mem[f'{arm}_over_logits']:.2f} ({mem[f'{arm}_peak_mib']:.0f} MiB) |")
+    for row in results.get("scst_step", []):
         setting = f"{row['model']}, bf16, checkpointing {'on' if row['gradient_checkpointing'] else 'off'}"
         lines.append(f"| SCST step s (peak MiB) | {setting} | {row['step_s']:.3f} ({row['peak_mib']:.0f}) |")
-    inv = results["batch_invariance"]
-    lines.append(f"| bf16 rows equal, compaction on vs off | {inv['rows']} rows | "
-                 f"{inv['equal_rows_compaction_on_vs_off']:.3f} |")
-    lines.append(f"| bf16 rows equal, one decode vs four | {inv['rows']} rows | "
-                 f"{inv['equal_rows_one_decode_vs_four']:.3f} |")
-    comet = results["comet"]
-    lines.append(f"| COMET ms/sample | {comet['shape']}, {comet['dtype']}, {comet['samples']} samples | "
-                 f"{comet['ms_per_sample']:.2f} |")
+    if "batch_invariance" in results:
+        inv = results["batch_invariance"]
+        lines.append(f"| bf16 rows equal, compaction on vs off | {inv['rows']} rows | "
+                     f"{inv['equal_rows_compaction_on_vs_off']:.3f} |")
+        lines.append(f"| bf16 rows equal, one decode vs four | {inv['rows']} rows | "
+                     f"{inv['equal_rows_one_decode_vs_four']:.3f} |")
+    if "comet" in results:
+        comet = results["comet"]
+        lines.append(f"| COMET ms/sample | {comet['shape']}, {comet['dtype']}, {comet['samples']} samples | "
+                     f"{comet['ms_per_sample']:.2f} |")
+    for row in results.get("decode_compiled", []):
+        setting = f"{row['model']}, {row['rows']} rows"
+        lines.append(f"| decode ms/token, hf-seqrl (beside the compiled arm) | {setting} | "
+                     f"{row['hf_seqrl_ms_per_token']:.2f} |")
+        if "generate_static_compiled_ms_per_token" in row:
+            lines.append(f"| decode ms/token, generate static cache + compile | {setting} | "
+                         f"{row['generate_static_compiled_ms_per_token']:.2f} (compiled in {row['compile_s']:.0f} s) |")
+        else:
+            lines.append(f"| decode, generate static cache + compile | {setting} | {row['generate_static_compiled']} |")
     return "\n".join(lines) + "\n"
+
+
+def write(results: dict, output: str, started: float) -> str:
+    """Writes `output` (JSON) and its markdown table beside it; returns the table."""
+    results["wall_s"] = round(time.perf_counter() - started, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump(results, f, indent=1)
+    table = markdown(results)
+    with open(os.path.splitext(output)[0] + ".md", "w") as f:
+        f.write(f"`{results['command']}` on {results['device_name']}, torch {results['torch']}, "
+                f"{results['wall_s']:.0f} s\n\n" + table)
+    return table
 
 
 def main(argv=None):
@@ -335,10 +387,11 @@ def main(argv=None):
     results = {
         "device": args.device, "quick": quick, "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else args.device,
-        "command": " ".join(["python", "benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])}
+        "command": " ".join(["python", "benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
+        "errors": {}}
     steps = [
         ("decode", lambda: check_decode(shapes, args.device, quick, (4, 8) if quick else (16, 64, 256),
-                                        4 if quick else 32, 1 if quick else 3, not (quick or args.no_compile))),
+                                        4 if quick else 32, 1 if quick else 3)),
         ("scoring_memory", lambda: check_scoring_memory(shapes, args.device, 4 if quick else 64,
                                                         8 if quick else 128)),
         ("scst_step", lambda: check_scst_step(shapes, args.device, 2 if quick else 16, 4 if quick else 32,
@@ -347,19 +400,21 @@ def main(argv=None):
                                                             8 if quick else 48)),
         ("comet", lambda: check_comet(args.device, quick, 4 if quick else 64)),
     ]
+    if not (quick or args.no_compile):
+        steps.append(("decode_compiled", lambda: check_decode_compiled(shapes, args.device, 64, 32, 3)))
     for name, run in steps:
         start = time.perf_counter()
-        with contextlib.redirect_stdout(sys.stderr):  # the trainers' prints stay out of the table
-            results[name] = run()
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # the trainers' prints stay out of the table
+                results[name] = run()
+        except Exception as error:  # one check's failure keeps the others' numbers
+            if quick:
+                raise
+            results["errors"][name] = f"{type(error).__name__}: {str(error)[:200]}"
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    results["wall_s"] = round(time.perf_counter() - started, 1)
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(results, f, indent=1)
-    table = markdown(results)
-    with open(os.path.splitext(args.output)[0] + ".md", "w") as f:
-        f.write(f"`{results['command']}` on {results['device_name']}, torch {results['torch']}, "
-                f"{results['wall_s']:.0f} s\n\n" + table)
+        if speed_models.on_accelerator(args.device):
+            torch.get_device_module(torch.device(args.device).type).empty_cache()
+        table = write(results, args.output, started)  # a run stopped later keeps the checks done
     print(table)
     print(f"wrote {args.output} ({results['wall_s']:.0f} s)")
 

@@ -19,6 +19,7 @@ def test_gpu_check_runs_on_the_cpu_at_tiny_shapes(tmp_path):
     assert seconds < 120
     data = json.loads(output.read_text())
     assert data["command"] == f"python benchmarks/gpu_check.py --device cpu --quick --output {output}"
+    assert data["errors"] == {}  # every check ran
     decode = {(row["model"], row["rows"]): row for row in data["decode"]}
     assert set(decode) == {(model, rows) for model in ("seq2seq", "causal") for rows in (4, 8)}
     for row in decode.values():
