@@ -74,10 +74,10 @@ def test_rows_are_named_by_arm_reward_and_aggregation_and_earlier_rows_of_the_sa
         assert arm in neural_rewards.quality.ARM_TRAINERS
         neural_rewards.quality.apply_overrides(neural_rewards.quality.SETTINGS[("summarization", False)], settings)
     assert neural_rewards.row_title("scst:source_embedding:guarded") == "SCST, reward source_embedding, guarded"
-    assert neural_rewards.ROWS["loo4:source_embedding:guarded"] == (
-        "loo4", ["reward=source_embedding", "guards=source_copy,target_language,repetition"])
-    assert neural_rewards.row_title("loo4:source_embedding:guarded") == \
-        "leave-one-out ×4, reward source_embedding, guarded"
+    assert neural_rewards.ROWS["scst:source_embedding:guarded"] == (
+        "scst", ["reward=source_embedding", "guards=source_copy,target_language,repetition,length_ratio"])
+    assert neural_rewards.row_title("scst:source_embedding:guarded_without_length") == \
+        "SCST, reward source_embedding, guarded_without_length"
     c = {"dev": {"rougeL": 24.6}, "greedy": {"rougeL": 24.9}}
     out = tmp_path / "neural.json"
     out.write_text(json.dumps({"command": "first", "C": c, "arms": {"A": 1, "B": 2}}))
