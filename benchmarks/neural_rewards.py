@@ -66,10 +66,10 @@ ROWS = {
                                                                 "multi_objective_aggregation=normalize_then_sum"]),
     "loo4:rougeL+embedding+length_ratio:normalize_then_sum": (
         "loo4", ["reward=rougeL+embedding+length_ratio", "multi_objective_aggregation=normalize_then_sum"]),
-    # The MT guards (`rewards.guard`) where a reward can be gamed: on SciTLDR the embedding reward (copying the
-    # abstract's words, repeating the topic's), on Multi30k (`--task translation`) MiniLM similarity to the source,
-    # which a copied (German) source wins, as a referenceless quality-estimation metric can be won.
-    "scst:embedding:guarded": ("scst", ["reward=embedding", "guards=source_copy,repetition"]),
+    # The MT guards (`rewards.guard`) where a reward can be gamed: on SciTLDR the embedding reward (more words of the
+    # topic, copying the abstract's words, repeating them), on Multi30k (`--task translation`) MiniLM similarity to the
+    # source, which a copied (German) source wins, as a referenceless quality-estimation metric can be won.
+    "scst:embedding:guarded": ("scst", ["reward=embedding", "guards=source_copy,repetition,length_ratio"]),
     "source_embedding": ("scst", ["reward=source_embedding"]),
     "scst:source_embedding:guarded": ("scst", ["reward=source_embedding",
                                                "guards=source_copy,target_language,repetition,length_ratio"]),
