@@ -3,10 +3,14 @@ positions and evaluated. Each arm's trainer is built from an `ArmContext`."""
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from hf_seqrl.demo import xe_trainer
 
@@ -200,9 +204,30 @@ class ArmContext:
     teacher_dataset: object = None  # kd_seq: the training sources with the teacher's beam decodes as targets
 
     def args(self, config_class, lr: float | None = None, **extra):
-        """Returns `config_class` with the arguments every arm shares (learning rate, batch, data order)."""
+        """Returns `config_class` with the arguments every arm shares (learning rate, batch, data order); an arm that
+        samples writes its samples at each log (`log_completions`, nothing printed) for the unit's record."""
+        if "log_completions" in {f.name for f in fields(config_class)}:
+            extra = {"log_completions": True, "num_completions_to_print": 0, **extra}
         return training_args(config_class, self.settings, self.output_dir, self.seed,
                              self.settings.arm_lr if lr is None else lr, 10**6, **extra)
+
+
+SAMPLE_ROWS = 8  # the rows of the last rollout a unit's record keeps ("last_samples")
+SAMPLE_KEYS = ("step", "source", "references", "prediction", "greedy", "rewards", "reward", "truncated")
+
+
+def last_samples(trainer, count: int = SAMPLE_ROWS) -> list[dict]:
+    """Returns the first `count` rows of `trainer`'s last rollout, each with `SAMPLE_KEYS` (`step`: its optimizer
+    step, 1-based): the rows it still holds (rolled out after its last periodic log), else those of the last sample
+    log it wrote to `output_dir/completions` (`step-N.jsonl`); [] when it sampled nothing."""
+    rows = list(trainer.completions.rows[:count])
+    if not rows:
+        logs = glob.glob(os.path.join(trainer.args.output_dir, "completions", "step-*.jsonl"))
+        if logs:
+            last = max(logs, key=lambda path: int(os.path.basename(path)[len("step-"):-len(".jsonl")]))
+            with open(last, encoding="utf-8") as f:
+                rows = [json.loads(line) for line, _ in zip(f, range(count))]
+    return [{key: row.get(key) for key in SAMPLE_KEYS} for row in rows]
 
 
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
@@ -276,8 +301,10 @@ def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, 
     set_seed(seed)
     model = load_model(settings, c_folder)
     lengths = [len(x) for x in dataset["labels"]]
-    trainer = arm_trainer(arm, model, tokenizer, dataset, settings, os.path.join(work_dir, "tmp"), seed,
-                          statistics.mean(lengths), teacher, teacher_dataset)
+    os.makedirs(os.path.join(work_dir, "tmp"), exist_ok=True)
+    output_dir = tempfile.mkdtemp(prefix=f"{arm}_seed{seed}_", dir=os.path.join(work_dir, "tmp"))  # its own samples
+    trainer = arm_trainer(arm, model, tokenizer, dataset, settings, output_dir, seed, statistics.mean(lengths),
+                          teacher, teacher_dataset)
     counter = DecoderPositions(model)
     teacher_counter = DecoderPositions(teacher) if arm in DISTILL_ARMS else None
     trainer.add_callback(position_budget(counter, settings.budget_positions))
@@ -300,6 +327,9 @@ def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, 
               "last_logged_reward": curve[-1].get("rl/reward") if curve else None, "curve": curve, **extra}
     if arm in SEQUENCE_ARMS:  # what the trainer sampled with, as it read it
         record["sampling"] = sampling_record(trainer.args)
+    if getattr(trainer, "completions", None) is not None:  # what the arm wrote in its last rollout
+        record["last_samples"] = last_samples(trainer)
+    shutil.rmtree(output_dir, ignore_errors=True)
     return model, record
 
 
