@@ -25,7 +25,7 @@ times COMET at its real size (`random_comet`), which the default `--timing` leav
     python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1 \
         --rewards embedding embedding+length_ratio loo4:rougeL+embedding loo4:rougeL+embedding:normalize_then_sum \
         --output benchmarks/results/neural_rewards_guards.json
-    python benchmarks/neural_rewards.py --task translation --seeds 0 1 2 --set arm_lr=5e-5 rl_lr=5e-4 rl_weight=1.0 \
+    python benchmarks/neural_rewards.py --task translation --seeds 0 1 2 --set arm_lr=5e-5 rl_lr=5e-4 \
         center_advantages=true --rewards source_embedding scst:source_embedding:guarded \
         --output benchmarks/results/mt_guards.json
     python benchmarks/neural_rewards.py --timing --batch-sizes 8 32
