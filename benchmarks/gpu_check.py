@@ -112,17 +112,24 @@ class Peak:
             self.mib = (resident_peak_bytes() - self.base) / 2**20
 
 
-def check_decode(shapes, device, quick, rows_list, new_tokens, repeats):
+def decode_model(spec: dict, device: str, new_tokens: int):
+    """Returns (model in eval mode, its family, its rollout generation config) of `spec`, every row decoding exactly
+    `new_tokens` tokens (EOS suppressed, in `generate`'s config too)."""
     from hf_seqrl.models import family_for
 
+    model, tok = build(spec, device)
+    model.eval()
+    family = family_for(model)
+    config = family.generation_config(model, new_tokens)
+    config.suppress_tokens = [1]  # no row ends early
+    model.generation_config.suppress_tokens = [1]
+    return model, family, config
+
+
+def check_decode(shapes, device, quick, rows_list, new_tokens, repeats):
     out = []
     for name in ("seq2seq", "causal"):
-        model, tok = build(shapes[name], device)
-        model.eval()
-        family = family_for(model)
-        config = family.generation_config(model, new_tokens)
-        config.suppress_tokens = [1]  # no row ends early: every row decodes `new_tokens` tokens
-        model.generation_config.suppress_tokens = [1]
+        model, family, config = decode_model(shapes[name], device, new_tokens)
         for rows in rows_list:
             inputs = batch(rows, 16, shapes[name]["vocab"], device, family.name == "causal")
             row = {"model": name, "rows": rows}
@@ -157,16 +164,9 @@ def sampling(new_tokens: int) -> dict:
 def check_decode_compiled(shapes, device, rows, new_tokens, repeats):
     """`generate` with a static cache and a compiled forward, beside hf-seqrl's decode at the same shape: the last
     check, since compiling takes minutes and a model transformers gives no static cache fails it."""
-    from hf_seqrl.models import family_for
-
     out = []
     for name in ("seq2seq", "causal"):
-        model, tok = build(shapes[name], device)
-        model.eval()
-        family = family_for(model)
-        config = family.generation_config(model, new_tokens)
-        config.suppress_tokens = [1]
-        model.generation_config.suppress_tokens = [1]
+        model, family, config = decode_model(shapes[name], device, new_tokens)
         inputs = batch(rows, 16, shapes[name]["vocab"], device, family.name == "causal")
         row = {"model": name, "rows": rows}
         with torch.no_grad():
