@@ -84,6 +84,11 @@ def timed(device: str, call, repeats: int) -> list[float]:
     return times
 
 
+def ms_per_token(device: str, call, repeats: int, new_tokens: int) -> float:
+    """Returns the median ms per decoded token of `call`, a decode of `new_tokens` tokens (`timed`)."""
+    return 1000 * statistics.median(timed(device, call, repeats)) / new_tokens
+
+
 class Peak:
     """The peak memory above the start of the context, MiB: the device allocator's, or VmHWM on the CPU."""
 
@@ -134,10 +139,10 @@ def check_decode(shapes, device, quick, rows_list, new_tokens, repeats):
             inputs = batch(rows, 16, shapes[name]["vocab"], device, family.name == "causal")
             row = {"model": name, "rows": rows}
             with torch.no_grad():
-                row["hf_seqrl_ms_per_token"] = 1000 * statistics.median(
-                    timed(device, lambda: family.sample(model, inputs, config), repeats)) / new_tokens
-                row["generate_ms_per_token"] = 1000 * statistics.median(
-                    timed(device, lambda: family.generate(model, inputs, **sampling(new_tokens)), repeats)) / new_tokens
+                row["hf_seqrl_ms_per_token"] = ms_per_token(
+                    device, lambda: family.sample(model, inputs, config), repeats, new_tokens)
+                row["generate_ms_per_token"] = ms_per_token(
+                    device, lambda: family.generate(model, inputs, **sampling(new_tokens)), repeats, new_tokens)
                 counter = SyncCounter()
                 with counter, counter.counting():
                     rollout = family.sample(model, inputs, config)
@@ -170,16 +175,16 @@ def check_decode_compiled(shapes, device, rows, new_tokens, repeats):
         inputs = batch(rows, 16, shapes[name]["vocab"], device, family.name == "causal")
         row = {"model": name, "rows": rows}
         with torch.no_grad():
-            row["hf_seqrl_ms_per_token"] = 1000 * statistics.median(
-                timed(device, lambda: family.sample(model, inputs, config), repeats)) / new_tokens
+            row["hf_seqrl_ms_per_token"] = ms_per_token(
+                device, lambda: family.sample(model, inputs, config), repeats, new_tokens)
             static = dict(sampling(new_tokens), cache_implementation="static")
             try:
                 model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
                 started = time.perf_counter()
                 family.generate(model, inputs, **static)  # compiles
                 row["compile_s"] = time.perf_counter() - started
-                row["generate_static_compiled_ms_per_token"] = 1000 * statistics.median(
-                    timed(device, lambda: family.generate(model, inputs, **static), repeats)) / new_tokens
+                row["generate_static_compiled_ms_per_token"] = ms_per_token(
+                    device, lambda: family.generate(model, inputs, **static), repeats, new_tokens)
             except Exception as error:  # a model transformers gives no static cache
                 row["generate_static_compiled"] = f"unsupported: {type(error).__name__}: {str(error)[:120]}"
             finally:

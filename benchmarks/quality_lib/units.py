@@ -222,7 +222,9 @@ def last_samples(trainer, count: int = SAMPLE_ROWS) -> list[dict]:
     log it wrote to `output_dir/completions` (`step-N.jsonl`); [] when it sampled nothing."""
     rows = list(trainer.completions.rows[:count])
     if not rows:
-        logs = glob.glob(os.path.join(trainer.args.output_dir, "completions", "step-*.jsonl"))
+        from hf_seqrl.trainers.completions import COMPLETIONS_DIR
+
+        logs = glob.glob(os.path.join(trainer.args.output_dir, COMPLETIONS_DIR, "step-*.jsonl"))
         if logs:
             last = max(logs, key=lambda path: int(os.path.basename(path)[len("step-"):-len(".jsonl")]))
             with open(last, encoding="utf-8") as f:
