@@ -15,6 +15,7 @@ the file and the integrations keep the whole text. The rest are pure functions o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,7 +37,10 @@ CUT_FROM_LEFT = ("source",)
 
 
 def json_safe(value: Any) -> Any:
-    """Returns `value` as JSON can hold it: NaN and inf become None, tensors and arrays lists, tuples lists."""
+    """Returns `value` as JSON can hold it: NaN and inf become None, tensors and arrays lists, tuples lists, a
+    dataclass (a token-level reward's `TokenScore`) the dict of its fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, float):
@@ -102,6 +106,18 @@ def completion_rows(step: int, process_index: int, num_samples: int, predictions
     return rows
 
 
+def reward_cell(value: Any) -> Any:
+    """Returns a reward's value as a table shows it: a number as it is; a token-level reward (the fields of a
+    `TokenScore`) as its sentence score and how many spans and per-token values it holds, e.g. "0.5 +2 spans"."""
+    if not isinstance(value, dict):
+        return value
+    parts = [] if value.get("score") is None else [f"{value['score']:.4g}"]
+    spans, tokens = len(value.get("spans") or ()), value.get("tokens")
+    parts += [f"+{spans} span{'s' * (spans != 1)}"] if spans else []
+    parts += [f"+{len(tokens)} token values"] if tokens is not None else []
+    return " ".join(parts) or None
+
+
 def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[list[str], list[list[Any]]]:
     """Returns `(column names, cells)` of the rows flattened for a table: `step`, `process`, `source`, `references`
     (joined by " | "), `prediction`, `greedy`, `reward/<name>` per reward, `reward`, `baseline`, `advantage`,
@@ -109,7 +125,7 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[l
     reward_names = list(dict.fromkeys(name for row in rows for name in row["rewards"]))
     flat = [{"step": row["step"], "process": row["process"], "source": row["source"],
              "references": " | ".join(row["references"]), "prediction": row["prediction"], "greedy": row["greedy"],
-             **{f"reward/{name}": row["rewards"].get(name) for name in reward_names},
+             **{f"reward/{name}": reward_cell(row["rewards"].get(name)) for name in reward_names},
              "reward": row["reward"], "baseline": row["baseline"], "advantage": row["advantage"],
              "truncated": row["truncated"]} for row in rows]
     names = [name for name in (flat[0] if flat else {}) if (columns is None or name in columns)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from hf_seqrl.rewards.spans import TokenScore
 from hf_seqrl.trainers.completions import (CompletionLog, completion_rows, json_safe, markdown_table, report,
                                            small_columns, table, table_text, write_jsonl)
 
@@ -49,6 +50,9 @@ def test_json_safe_and_small_columns():
     assert json_safe([1.0, math.inf, (2, -math.nan)]) == [1.0, None, [2, None]]
     assert json_safe(torch.tensor([0.5, 1.5])) == [0.5, 1.5]
     assert json_safe({"a": math.nan}) == {"a": None}
+    # a token-level reward's value: its fields, the tuples as lists, a non-finite value None
+    score = TokenScore(0.5, spans=((0, 3, -1.0),), tokens=(0.25, math.nan))
+    assert json_safe({"spans": score}) == {"spans": {"score": 0.5, "spans": [[0, 3, -1.0]], "tokens": [0.25, None]}}
     assert small_columns({"n": 3, "big": list(range(1000)), "obj": object(), "t": torch.tensor([1, 2])}) == {
         "n": 3, "t": [1, 2]}
 
@@ -72,6 +76,12 @@ def test_table_flattens_rows_and_drops_empty_columns():
     names, _ = table(two_sources_two_samples(), columns=("prediction", "reward"))
     assert names == ["prediction", "reward"]
     assert table([]) == ([], [])
+    # a token-level reward shows its sentence score and what it holds at the token level
+    spans = [TokenScore(0.5, ((0, 1, -1.0), (1, 2, -0.5))), TokenScore(None), TokenScore(1.0, ((0, 1, -1.0),)),
+             TokenScore(None, tokens=(0.1, 0.2))]
+    names, cells = table(two_sources_two_samples(parts={"spans": spans}))
+    assert [row[names.index("reward/spans")] for row in cells] == ["0.5 +2 spans", None, "1 +1 span",
+                                                                   "+2 token values"]
 
 
 def test_table_text_is_aligned_and_cut():

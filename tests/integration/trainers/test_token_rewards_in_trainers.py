@@ -2,6 +2,7 @@
 byte-level tokenizers (a span across token boundaries, an empty span, Unicode), per-token advantages reaching the loss
 of SCST, leave-one-out, REINFORCE, clipped reuse, MIXER and distillation on both families, and MRT refusing them."""
 
+import json
 from functools import partial
 
 import pytest
@@ -111,7 +112,7 @@ def run(tmp_path, name: str, causal: bool):
     build = partial(tiny_causal_model, "llama") if causal else partial(tiny_model, "t5", dropout=0.1)
     extra = {"teacher_model": build(seed=2)} if name == "distill" else {}
     args = make_config(config_class, tmp_path, max_steps=2, logging_steps=1, per_device_train_batch_size=4,
-                       **settings)
+                       log_completions=True, **settings)
     trainer = trainer_class(model=build(seed=1), args=args, train_dataset=text_pairs(causal),
                             processing_class=byt5_tokenizer(), reward_funcs=penalize_vowels, **extra)
     seen = []
@@ -141,6 +142,11 @@ def test_per_token_advantages_reach_the_loss(tmp_path, name, causal):
     logs = [h for h in trainer.state.log_history if "rl/token_reward" in h]
     assert len(logs) == 2 and all(h["rl/token_reward"] < 0 and 0 < h["rl/frac_tokens_rewarded"] <= 1 for h in logs)
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    # the sample log holds each token-level reward whole: its sentence score and its spans
+    rows = [json.loads(line) for line in (tmp_path / "out" / "completions" / "step-2.jsonl").read_text().splitlines()]
+    assert rows and all(set(row["rewards"]["penalize_vowels"]) == {"score", "spans", "tokens"} for row in rows)
+    assert all([len(row["prediction"]), len(row["prediction"]), -0.5] in row["rewards"]["penalize_vowels"]["spans"]
+               for row in rows)
 
 
 @pytest.mark.slow
