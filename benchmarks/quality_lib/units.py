@@ -235,8 +235,8 @@ def last_samples(trainer, count: int = SAMPLE_ROWS) -> list[dict]:
 # Every arm a benchmark can run: name -> builder of its trainer from an `ArmContext`.
 ARM_TRAINERS = {
     "xe": _xe_arm, "ss": _ss_arm, "scst": _rl_arm("scst"), "loo4": _rl_arm("loo4"),
-    "scst_clip": _rl_arm("scst_clip"), "loo4_clip": _rl_arm("loo4_clip"), "mrt": _mrt_arm("sample"), "mrt_beam": _mrt_arm("beam"), "pf": _pf_arm,
-    "mixer": _mixer_arm,
+    "scst_clip": _rl_arm("scst_clip"), "loo4_clip": _rl_arm("loo4_clip"),
+    "mrt": _mrt_arm("sample"), "mrt_beam": _mrt_arm("beam"), "pf": _pf_arm, "mixer": _mixer_arm,
     "pc": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.15),
     "noise": _input_schedule_arm("PrefixCorruptionConfig", "PrefixCorruptionTrainer", corruption_rate=0.3,
                                  per_token_levels=True),
