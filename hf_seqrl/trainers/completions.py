@@ -109,7 +109,7 @@ def completion_rows(step: int, process_index: int, num_samples: int, predictions
 def reward_cell(value: Any) -> Any:
     """Returns a reward's value as a table shows it: a number as it is; a token-level reward (the fields of a
     `TokenScore`) as its sentence score and how many spans and per-token values it holds, e.g. "0.5 +2 spans"."""
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or "spans" not in value:
         return value
     parts = [] if value.get("score") is None else [f"{value['score']:.4g}"]
     spans, tokens = len(value.get("spans") or ()), value.get("tokens")
