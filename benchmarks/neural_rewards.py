@@ -4,8 +4,9 @@ From the quality benchmark's BERT2BERT checkpoint C (`quality.py --task summariz
 with four rewards at the quality protocol's budget of decoder positions: sentence ROUGE-L, MiniLM embedding
 similarity to the references, BERTScore F1 on MiniLM (layer `quality_lib.BERTSCORE_LAYER`), and the mean of ROUGE-L and
 the embedding similarity. `--rewards` names other rows of `ROWS` too: the embedding reward with the `length_ratio`
-guard, and leave-one-out over 4 samples with ROUGE-L + embedding summed before or normalized before the sum
-(`multi_objective_aggregation`). C and every arm are scored on dev and test (greedy, and any other width of
+guard, the embedding reward gated by the guards `source_copy`, `repetition` and `length_ratio`
+(`scst:embedding:guarded`), and leave-one-out over 4 samples with ROUGE-L + embedding summed before or normalized
+before the sum (`multi_objective_aggregation`). C and every arm are scored on dev and test (greedy, and any other width of
 `--set beams=`) with ROUGE-1/2/L, both neural metrics, the length ratio and `source_copy` (the share of output word
 3-grams found in the source: an arm that games a metric by copying shows there). The arms are cached units of the
 quality benchmark, so processes can split the rows, and a run adds its rows to the output file's rows measured from
@@ -25,6 +26,9 @@ times COMET at its real size (`random_comet`), which the default `--timing` leav
     python benchmarks/neural_rewards.py --seeds 0 1 --set center_advantages=true rl_temperature=0.7 beams=1 \
         --rewards embedding embedding+length_ratio loo4:rougeL+embedding loo4:rougeL+embedding:normalize_then_sum \
         --output benchmarks/results/neural_rewards_guards.json
+    python benchmarks/neural_rewards.py --seeds 0 1 2 --set center_advantages=true rl_temperature=0.7 beams=1 \
+        extra_metrics=embedding,bertscore,source_copy,repetition --rewards embedding scst:embedding:guarded \
+        --output benchmarks/results/summarization_guards.json
     python benchmarks/neural_rewards.py --task translation --seeds 0 1 2 --set arm_lr=5e-5 rl_lr=5e-4 \
         center_advantages=true --rewards source_embedding scst:source_embedding:guarded \
         --output benchmarks/results/mt_guards.json
