@@ -120,12 +120,24 @@ def shard_t5(model):
     return model
 
 
-def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2):
-    """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1)."""
+def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, layers: int = 2, dropout: float = 0.0):
+    """Returns a tiny randomly initialized decoder-only model whose ids match `ByT5Tokenizer` (pad 0, eos 1);
+    `dropout` is its attention dropout (Llama and Qwen2 have no other)."""
     from hf_seqrl.models.tiny import build_tiny_model
 
-    return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, max_positions=128, pad_token_id=0,
-                            eos_token_id=1, seed=seed)
+    return build_tiny_model(arch, vocab_size=384, d_model=d_model, layers=layers, dropout=dropout, max_positions=128,
+                            pad_token_id=0, eos_token_id=1, seed=seed)
+
+
+def text_pairs(causal: bool = False, n: int = 8, seed: int = 0):
+    """Returns a text dataset of the toy copy task as users bring one: `source` / `target` columns, or for a
+    decoder-only model `prompt` (`"<string>="`) / `completion`."""
+    from datasets import Dataset
+
+    sources, targets = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
+    if causal:
+        return Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
+    return Dataset.from_dict({"source": sources, "target": targets})
 
 
 def prompt_completion_dataset(tokenizer, n: int = 16, seed: int = 0, task: str = "reverse", alphabet: str = "abcd",
