@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..losses import check_loss_normalization
-from .base import check_at_least, check_choice
+from .base import Range, check_choice
 from .rollout import BaselineConfig, RolloutConfig
 
 MRT_CANDIDATES = ("sample", "beam", "sample+beam")
@@ -48,25 +48,22 @@ class SeqRLConfig(BaselineConfig):
     """
 
     loss_normalization: str = field(default="sequence", metadata={"help": "sequence | token"})
-    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio."})
-    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
+    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1).",
+                                                     "range": Range(1)})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio.",
+                                                  "range": Range(0, low_open=True)})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon).",
+                                                               "range": Range(0, low_open=True)})
     importance_sampling_level: str = field(default="token", metadata={"help": "token | sequence (GSPO): the ratio "
                                                                               "that is clipped."})
-    delta: float | None = field(default=None, metadata={"help": "Cap of the unclipped ratio (negative advantages)."})
+    delta: float | None = field(default=None, metadata={"help": "Cap of the unclipped ratio (negative advantages).",
+                                                        "range": Range(1, low_open=True)})
 
     def __post_init__(self):
         super().__post_init__()
         name = type(self).__name__
         check_loss_normalization(self.loss_normalization, self.length_normalize, self.importance_sampling_level,
                                  owner=name)
-        if self.num_iterations < 1:
-            raise ValueError(
-                f"{name}.num_iterations must be >= 1 (optimizer steps per rollout), got {self.num_iterations}.")
-        if not self.epsilon > 0:
-            raise ValueError(f"{name}.epsilon must be > 0 (the clipping range), got {self.epsilon}.")
-        if self.epsilon_high is not None and not self.epsilon_high > 0:
-            raise ValueError(f"{name}.epsilon_high must be > 0 or None (= epsilon), got {self.epsilon_high}.")
         high = self.epsilon if self.epsilon_high is None else self.epsilon_high
         if self.delta is not None and not self.delta > 1 + high:
             raise ValueError(f"{name}.delta={self.delta} must exceed 1 + epsilon_high = {1 + high} (the band's top), "
@@ -107,19 +104,21 @@ class MRTConfig(RolloutConfig):
         Add the tokenized label of each source (needs `labels` in the dataset) to its candidates.
     """
 
-    num_samples: int = field(default=4, metadata={"help": "Candidates per source: samples or the beam's n-best."})
+    num_samples: int = field(default=4, metadata={"help": "Candidates per source: samples or the beam's n-best.",
+                                                  "range": Range(1)})
     mrt_candidates: str = field(default="sample", metadata={"help": "sample | beam | sample+beam"})
-    mrt_beam_size: int = field(default=4, metadata={"help": "Beam width of the 'beam' candidates."})
-    max_len_a: float = field(default=0.0, metadata={"help": "Candidate length limit: max_len_a * source + max_len_b."})
-    max_len_b: int | None = field(default=None, metadata={"help": "Candidate length limit (None: off)."})
-    mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates."})
+    mrt_beam_size: int = field(default=4, metadata={"help": "Beam width of the 'beam' candidates.", "range": Range(1)})
+    max_len_a: float = field(default=0.0, metadata={"help": "Candidate length limit: max_len_a * source + max_len_b.",
+                                                    "range": Range(0)})
+    max_len_b: int | None = field(default=None, metadata={"help": "Candidate length limit (None: off).",
+                                                          "range": Range(0)})
+    mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates.",
+                                                      "range": Range(0, low_open=True)})
     mrt_include_greedy: bool = field(default=False, metadata={"help": "Add the greedy decode to the candidates."})
     mrt_include_reference: bool = field(default=False, metadata={"help": "Add the label to the candidates."})
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.mrt_alpha > 0:
-            raise ValueError(f"MRTConfig.mrt_alpha must be > 0, got {self.mrt_alpha}.")
         check_choice(self, "mrt_candidates", MRT_CANDIDATES)
         if "beam" in self.mrt_candidates and self.mrt_beam_size < self.num_samples:
             raise ValueError(
@@ -132,7 +131,7 @@ class MRTConfig(RolloutConfig):
         if self.max_len_b is None and self.max_len_a:
             raise ValueError(f"MRTConfig.max_len_a={self.max_len_a} needs max_len_b (the limit is max_len_a * source "
                              "tokens + max_len_b): set max_len_b, e.g. 10.")
-        if self.max_len_b is not None and (self.max_len_a < 0 or self.max_len_a * 1 + self.max_len_b < 1):
+        if self.max_len_b is not None and self.max_len_a * 1 + self.max_len_b < 1:
             raise ValueError(f"MRTConfig: the length limit max_len_a={self.max_len_a} * source + max_len_b="
                              f"{self.max_len_b} must allow at least one token.")
         drawn = self.num_samples * (2 if self.mrt_candidates == "sample+beam" else 1)
@@ -165,15 +164,13 @@ class MixerConfig(BaselineConfig):
         Optimizer steps between two increments of Δ.
     """
 
-    mixer_delta: int = field(default=2, metadata={"help": "Sampled final tokens at the start, and the increment."})
-    mixer_increment_steps: int = field(default=1000, metadata={"help": "Optimizer steps between increments."})
+    mixer_delta: int = field(default=2, metadata={"help": "Sampled final tokens at the start, and the increment.",
+                                                  "range": Range(1)})
+    mixer_increment_steps: int = field(default=1000, metadata={"help": "Optimizer steps between increments.",
+                                                               "range": Range(1)})
 
     def __post_init__(self):
         super().__post_init__()
-        if self.mixer_delta < 1:
-            raise ValueError(f"MixerConfig.mixer_delta must be >= 1 (tokens sampled from the end), got "
-                             f"{self.mixer_delta}.")
-        check_at_least(self, "mixer_increment_steps", 1)
         for name, default in (("steps_per_generation", None), ("generation_batch_size", None),
                               ("length_normalize", False)):
             if getattr(self, name) != default:

@@ -1,10 +1,14 @@
 """The fields every trainer shares (`SeqRLBaseConfig`), the length limit of every trainer that decodes on its own
-(`max_new_tokens_field`), and the checks the configs share."""
+(`max_new_tokens_field`), and the checks the configs share: every numeric field declares its valid values once, as a
+`Range` in its metadata (`metadata={"range": Range(0)}`), and `check_ranges` enforces them all at construction."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from transformers import Seq2SeqTrainingArguments
 
@@ -30,14 +34,57 @@ def check_choice(config, name: str, choices: tuple) -> None:
                          "these.")
 
 
-def check_at_least(config, name: str, low: float, none_ok: bool = False) -> None:
-    """Raises a ValueError naming the field unless `config.name >= low` (or is None, when `none_ok`)."""
-    value = getattr(config, name)
-    if value is None and none_ok:
-        return
-    if value is None or value < low:
-        raise ValueError(f"{type(config).__name__}.{name} must be >= {low}{' or None' if none_ok else ''}, got "
-                         f"{value!r}.")
+class Range(NamedTuple):
+    """The valid values of a numeric config field, declared once in its metadata (`metadata={"range": Range(0)}`):
+    from `low` to `high` (None: unbounded on that side), each end included unless `low_open` / `high_open`.
+    A field annotated `int` takes integers only; one annotated `... | None` takes None too."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+def _annotation(config_field: dataclasses.Field) -> str:
+    """Returns a field's annotation as written (`"int | None"`), whether or not annotations are postponed."""
+    kind = config_field.type
+    return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+
+
+def check_ranges(config) -> None:
+    """Raises a ValueError naming the class, the field, the value and the valid values for the first numeric field of
+    `config` outside the `Range` its metadata declares (or not a finite number, or not an integer where the field
+    is an `int`); integral floats of `int` fields (`4.0` from a YAML file) become ints."""
+    for config_field in dataclasses.fields(config):
+        valid = config_field.metadata.get("range")
+        if valid is None:
+            continue
+        name, value, annotation = config_field.name, getattr(config, config_field.name), _annotation(config_field)
+        none_ok = "None" in annotation
+        if value is None and none_ok:
+            continue
+        integer = annotation.split("|")[0].strip() == "int"
+        if integer and isinstance(value, float) and value.is_integer():
+            value = int(value)
+            setattr(config, name, value)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (integer and not isinstance(value, int)) or not math.isfinite(value) or value not in valid:
+            what = "an integer" if integer else "a number"
+            problem = "is out of range" if number and (not integer or isinstance(value, int)) else f"is not {what}"
+            raise ValueError(f"{type(config).__name__}.{name}={value!r} {problem}: {name} must be {valid} "
+                             f"({what}{' or None' if none_ok else ''}). {config_field.metadata.get('help', '')}")
 
 
 @dataclass
@@ -74,6 +121,11 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     target_column (`str`, *optional*, defaults to `None`):
         Encoder-decoder models: the column of the targets, a string or a list of references per row (`None`:
         `"target"`, else `"completion"`). Optional when a `references` column gives what rewards compare with.
+    eval_target_column (`str`, *optional*, defaults to `None`):
+        The target column of the evaluation splits (`eval_dataset`; `hf-seqrl train`'s validation and test files), whose
+        labels give the evaluation loss and whose references the metrics (`None`: `target_column`'s). Sequence-level
+        knowledge distillation trains on a teacher's outputs (`target_column="teacher_target"`, `hf-seqrl
+        distill-data`) and validates on the gold references (`eval_target_column="target"`).
     max_source_length (`int`, *optional*, defaults to `None`), max_target_length (`int`, *optional*, defaults to
     `None`):
         Encoder-decoder models: truncate sources / targets to this many tokens.
@@ -84,7 +136,7 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     """
 
     warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
-                                                              "trainer's own loss."})
+                                                              "trainer's own loss.", "range": Range(0)})
     disable_dropout: bool | None = field(default=None, metadata={
         "help": "Set the model's dropout to 0 (default: True for MRT, False for the others)."})
     model_init_kwargs: dict | str | None = field(default=None, metadata={
@@ -96,18 +148,21 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
                                                              "says the model does."})
     source_column: str | None = field(default=None, metadata={"help": "Source column (default: source)."})
     target_column: str | None = field(default=None, metadata={"help": "Target column (default: target)."})
-    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
-    max_target_length: int | None = field(default=None, metadata={"help": "Truncate targets to this many tokens."})
+    eval_target_column: str | None = field(default=None, metadata={
+        "help": "Target column of the evaluation splits (default: target_column's), e.g. the gold references when "
+                "training on a teacher's outputs."})
+    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens.",
+                                                                   "range": Range(1)})
+    max_target_length: int | None = field(default=None, metadata={"help": "Truncate targets to this many tokens.",
+                                                                   "range": Range(1)})
     max_prompt_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the prompt's last "
-                                                                           "tokens."})
+                                                                           "tokens.", "range": Range(1)})
     max_completion_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the completion's "
-                                                                               "first tokens."})
+                                                                               "first tokens.", "range": Range(1)})
 
     def __post_init__(self):
+        check_ranges(self)  # every numeric field of every subclass, before the slower set-up below
         super().__post_init__()
-        if self.warmup_xe_steps < 0:
-            raise ValueError(f"{type(self).__name__}.warmup_xe_steps must be >= 0 (a number of optimizer steps), got "
-                             f"{self.warmup_xe_steps}.")
         if self.task is not None:
             check_choice(self, "task", TASKS)
         parse_init_kwargs(self, "model_init_kwargs")
@@ -132,9 +187,5 @@ def parse_init_kwargs(config, name: str) -> None:
 # forcing): one declaration and one check for the configs that hold it.
 def max_new_tokens_field():
     """Returns the dataclass field `max_new_tokens` of a config whose trainer decodes during training."""
-    return field(default=None, metadata={"help": "Length limit of the sequences the model writes during training."})
-
-
-def check_max_new_tokens(config) -> None:
-    """Raises a ValueError naming `config`'s class unless its `max_new_tokens` is None or >= 1."""
-    check_at_least(config, "max_new_tokens", 1, none_ok=True)
+    return field(default=None, metadata={"help": "Length limit of the sequences the model writes during training.",
+                                         "range": Range(1)})

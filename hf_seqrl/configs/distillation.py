@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..functional.divergences import check_beta
-from .base import check_at_least, check_choice
+from .base import Range, check_choice
 from .rollout import BaselineConfig
 
 ESTIMATORS = ("full", "sampled")
@@ -51,22 +50,20 @@ class DistillationConfig(BaselineConfig):
     `lmbda=0, beta=0, rl_weight=0.5`.
     """
 
-    lmbda: float = field(default=1.0, metadata={"help": "Share of optimizer steps on the student's own samples."})
-    beta: float = field(default=1.0, metadata={"help": "0 forward KL, 1 reverse KL, between: generalized JSD."})
+    lmbda: float = field(default=1.0, metadata={"help": "Share of optimizer steps on the student's own samples.",
+                                                "range": Range(0, 1)})
+    beta: float = field(default=1.0, metadata={"help": "0 forward KL, 1 reverse KL, between: generalized JSD.",
+                                               "range": Range(0, 1)})
     seq_kd: bool = field(default=False, metadata={"help": "Off-policy steps train on the teacher's beam decodes."})
-    seq_kd_num_beams: int = field(default=4, metadata={"help": "Beam width of the teacher's decodes (seq_kd)."})
+    seq_kd_num_beams: int = field(default=4, metadata={"help": "Beam width of the teacher's decodes (seq_kd).",
+                                                       "range": Range(1)})
     divergence_estimator: str = field(default="full", metadata={
         "help": "full (over the vocabulary) | sampled (reverse KL at the sampled tokens, as a policy gradient)."})
 
     def __post_init__(self):
         super().__post_init__()
         name = type(self).__name__
-        if not 0.0 <= self.lmbda <= 1.0:
-            raise ValueError(f"{name}.lmbda={self.lmbda} must be in [0, 1]: the share of optimizer steps on the "
-                             "student's own samples.")
-        check_beta(self.beta, f"{name}.beta")
         check_choice(self, "divergence_estimator", ESTIMATORS)
-        check_at_least(self, "seq_kd_num_beams", 1)
         if self.divergence_estimator == "sampled" and (self.beta != 1.0 or self.lmbda != 1.0):
             raise ValueError(
                 f"{name}.divergence_estimator='sampled' estimates the reverse KL at the student's own samples: it "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schedules import SCHEDULES
-from .base import SeqRLBaseConfig, check_choice, check_max_new_tokens, max_new_tokens_field
+from .base import Range, SeqRLBaseConfig, check_choice, max_new_tokens_field
 
 SAMPLING = ("argmax", "sample")
 SCHEDULE_UNITS = ("step", "epoch")
@@ -47,15 +47,14 @@ class ScheduleConfig(OwnTokensConfig):
     """
 
     schedule: str = field(default="linear", metadata={"help": "linear | exponential | inverse_sigmoid | constant"})
-    schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule."})
+    schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule.",
+                                                        "range": Range(0, low_open=True)})
     schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
 
     def __post_init__(self):
         super().__post_init__()
         name = type(self).__name__
         check_choice(self, "schedule", SCHEDULES)
-        if self.schedule_k <= 0:
-            raise ValueError(f"{name}.schedule_k must be > 0, got {self.schedule_k}.")
         if self.schedule == "inverse_sigmoid" and self.schedule_k < 1:
             raise ValueError(f"{name}.schedule_k must be >= 1 for the inverse_sigmoid schedule, got {self.schedule_k}.")
         check_choice(self, "schedule_unit", SCHEDULE_UNITS)
@@ -71,12 +70,8 @@ class ScheduledSamplingConfig(ScheduleConfig):
         Lower bound of ε (the constant schedule's value).
     """
 
-    min_teacher_forcing_ratio: float = field(default=0.5, metadata={"help": "Lower bound of the ratio."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not 0.0 <= self.min_teacher_forcing_ratio <= 1.0:
-            raise ValueError("ScheduledSamplingConfig.min_teacher_forcing_ratio must be in [0, 1].")
+    min_teacher_forcing_ratio: float = field(default=0.5, metadata={"help": "Lower bound of the ratio.",
+                                                                    "range": Range(0, 1)})
 
 
 @dataclass
@@ -105,14 +100,13 @@ class PrefixCorruptionConfig(ScheduleConfig):
     """
 
     schedule: str = field(default="constant", metadata={"help": "constant | linear | exponential | inverse_sigmoid"})
-    corruption_rate: float = field(default=0.15, metadata={"help": "σ: probability of corrupting a decoder input."})
+    corruption_rate: float = field(default=0.15, metadata={"help": "σ: probability of corrupting a decoder input.",
+                                                           "range": Range(0, 1)})
     replacement: str = field(default="random", metadata={"help": "random | model"})
     per_token_levels: bool = field(default=False, metadata={"help": "Noise-level forcing: σ_t ~ U(0, σ) per token."})
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0.0 <= self.corruption_rate <= 1.0:
-            raise ValueError(f"PrefixCorruptionConfig.corruption_rate must be in [0, 1], got {self.corruption_rate}.")
         check_choice(self, "replacement", REPLACEMENTS)
 
 
@@ -133,15 +127,12 @@ class KStepRolloutConfig(OwnTokensConfig):
         model's tokens of the earlier chunks, and only anchor inputs are gold (see docs/math.md).
     """
 
-    rollout_steps: int = field(default=4, metadata={"help": "k: positions per anchor (1 = teacher forcing)."})
+    rollout_steps: int = field(default=4, metadata={"help": "k: positions per anchor (1 = teacher forcing).",
+                                                    "range": Range(1)})
     rollout_context: str = field(default="exact", metadata={"help": "exact | shared_row"})
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.rollout_steps, bool) or int(self.rollout_steps) != self.rollout_steps \
-                or self.rollout_steps < 1:
-            raise ValueError(f"KStepRolloutConfig.rollout_steps must be an integer >= 1, got {self.rollout_steps!r}.")
-        self.rollout_steps = int(self.rollout_steps)
         check_choice(self, "rollout_context", ROLLOUT_CONTEXTS)
 
 
@@ -166,17 +157,14 @@ class ProfessorForcingConfig(OwnTokensConfig):
     """
 
     max_new_tokens: int | None = max_new_tokens_field()
-    adversarial_weight: float = field(default=1.0, metadata={"help": "Weight of the adversarial loss."})
+    adversarial_weight: float = field(default=1.0, metadata={"help": "Weight of the adversarial loss.",
+                                                             "range": Range(0)})
     discriminator: str = field(default="gru", metadata={"help": "gru | transformer"})
-    discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator."})
-    discriminator_learning_rate: float = field(default=1e-4, metadata={"help": "Discriminator learning rate."})
+    discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator.",
+                                                                  "range": Range(1)})
+    discriminator_learning_rate: float = field(default=1e-4, metadata={"help": "Discriminator learning rate.",
+                                                                       "range": Range(0, low_open=True)})
 
     def __post_init__(self):
         super().__post_init__()
-        check_max_new_tokens(self)
-        if self.adversarial_weight < 0:
-            raise ValueError(f"ProfessorForcingConfig.adversarial_weight must be >= 0, got {self.adversarial_weight}.")
         check_choice(self, "discriminator", ("gru", "transformer"))
-        if self.discriminator_hidden_size < 1 or self.discriminator_learning_rate <= 0:
-            raise ValueError("ProfessorForcingConfig.discriminator_hidden_size must be >= 1 and "
-                             "discriminator_learning_rate > 0.")

@@ -8,8 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..functional.advantages import AGGREGATIONS, BASELINES, SCALINGS as SCALE_REWARDS, AdvantageSettings
-from .base import (SeqRLBaseConfig, check_at_least, check_choice, check_max_new_tokens, max_new_tokens_field,
-                   parse_init_kwargs)
+from .base import Range, SeqRLBaseConfig, check_choice, max_new_tokens_field, parse_init_kwargs
 
 
 @dataclass
@@ -106,23 +105,30 @@ class RolloutConfig(SeqRLBaseConfig):
         "help": "Gather a sharded (FSDP2, ZeRO-3) model once per rollout decode; False decodes per layer."})
     teacher_model_init_kwargs: dict | str | None = field(default=None, metadata={
         "help": "from_pretrained keyword arguments (JSON) when teacher_model is a Hub id or folder."})
-    reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
-    num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off)."})
-    rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE."})
-    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
-    kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
+    reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process).",
+                                                     "range": Range(0)})
+    num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source.", "range": Range(1)})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.",
+                                                      "range": Range(0, low_open=True)})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off).", "range": Range(0)})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off).",
+                                                "range": Range(0, 1, low_open=True)})
+    rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE.",
+                                                    "range": Range(0, 1)})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient.", "range": Range(0)})
+    kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient.",
+                                                  "range": Range(0)})
     log_completions: bool = field(default=False, metadata={"help": "Write, print and report the samples at each "
                                                                     "log (output_dir/completions/step-N.jsonl)."})
     num_completions_to_print: int | None = field(default=None, metadata={"help": "Sample rows printed at each log "
-                                                                                  "(None: all)."})
+                                                                                  "(None: all).", "range": Range(0)})
     max_new_tokens: int | None = max_new_tokens_field()
     steps_per_generation: int | None = field(default=None, metadata={"help": "Micro-batches decoded together (must "
-                                                                              "divide gradient_accumulation_steps)."})
+                                                                              "divide gradient_accumulation_steps).",
+                                                                      "range": Range(1)})
     generation_batch_size: int | None = field(default=None, metadata={"help": "Sources decoded together over all "
-                                                                               "processes (or steps_per_generation)."})
+                                                                               "processes (or steps_per_generation).",
+                                                                       "range": Range(1)})
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
 
     def __post_init__(self):
@@ -134,28 +140,9 @@ class RolloutConfig(SeqRLBaseConfig):
                     f"{name}.reward_weights={self.reward_weights!r}: give one finite number per reward of "
                     "reward_funcs, or None for equal weights.")
             self.reward_weights = [float(w) for w in self.reward_weights]
-        check_at_least(self, "num_samples", 1)
         parse_init_kwargs(self, "teacher_model_init_kwargs")
-        if not 0.0 <= self.rl_weight <= 1.0:
-            raise ValueError(f"{name}.rl_weight must be in [0, 1], got {self.rl_weight}.")
-        if self.temperature <= 0:
-            raise ValueError(f"{name}.temperature must be > 0, got {self.temperature}.")
-        if self.top_k < 0:
-            raise ValueError(f"{name}.top_k must be >= 0 (0 disables it), got {self.top_k}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"{name}.top_p must be in (0, 1], got {self.top_p}.")
-        if self.reward_workers < 0:
-            raise ValueError(f"{name}.reward_workers must be >= 0 (0 scores in-process), got {self.reward_workers}.")
-        if self.entropy_coef < 0 or self.kl_coef < 0:
-            raise ValueError(f"{name}.entropy_coef and kl_coef must be >= 0.")
         check_choice(self, "nonfinite_rewards", ("error", "drop"))
-        check_max_new_tokens(self)
         self._generation_steps = self.resolve_generation_steps()
-        if self.num_completions_to_print is not None and (isinstance(self.num_completions_to_print, bool) or
-                                                          int(self.num_completions_to_print) < 0):
-            raise ValueError(
-                f"{name}.num_completions_to_print must be a number of rows >= 0, or None to print every row, got "
-                f"{self.num_completions_to_print!r}.")
         if self.log_completions and self.logging_strategy == "no":
             raise ValueError(
                 f"{name}.log_completions=True writes the samples at each training log, but logging_strategy='no' "
@@ -240,7 +227,8 @@ class BaselineConfig(RolloutConfig):
     baseline: str | None = field(
         default=None, metadata={"help": "greedy | mean | moving_average | none (default: the trainer's)."}
     )
-    baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline."})
+    baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline.",
+                                                             "range": Range(0, 1, high_open=True)})
     center_advantages: bool = field(default=False, metadata={"help": "Subtract the batch mean of the advantages."})
     scale_rewards: str = field(default="none", metadata={"help": "none | group | batch: divide the advantages by "
                                                                   "their std over the source or the batch."})
@@ -268,8 +256,6 @@ class BaselineConfig(RolloutConfig):
             raise ValueError(
                 f"{name}.baseline='mean' (leave-one-out) needs at least two samples per source: set "
                 f"num_samples >= 2 (got {self.num_samples}), or use baseline='greedy'.")
-        if not 0.0 <= self.baseline_ema_decay < 1.0:
-            raise ValueError(f"{name}.baseline_ema_decay must be in [0, 1), got {self.baseline_ema_decay}.")
         check_choice(self, "multi_objective_aggregation", AGGREGATIONS)
         check_aggregation(self, self.baseline)
 

@@ -50,7 +50,7 @@ def test_json_safe_and_small_columns():
     assert json_safe([1.0, math.inf, (2, -math.nan)]) == [1.0, None, [2, None]]
     assert json_safe(torch.tensor([0.5, 1.5])) == [0.5, 1.5]
     assert json_safe({"a": math.nan}) == {"a": None}
-    # a token-level reward's value: its fields, the tuples as lists, a non-finite value None
+    # a dataclass: its fields, the tuples as lists, a non-finite value None
     score = TokenScore(0.5, spans=((0, 3, -1.0),), tokens=(0.25, math.nan))
     assert json_safe({"spans": score}) == {"spans": {"score": 0.5, "spans": [[0, 3, -1.0]], "tokens": [0.25, None]}}
     assert small_columns({"n": 3, "big": list(range(1000)), "obj": object(), "t": torch.tensor([1, 2])}) == {
@@ -76,12 +76,43 @@ def test_table_flattens_rows_and_drops_empty_columns():
     names, _ = table(two_sources_two_samples(), columns=("prediction", "reward"))
     assert names == ["prediction", "reward"]
     assert table([]) == ([], [])
-    # a token-level reward shows its sentence score and what it holds at the token level
-    spans = [TokenScore(0.5, ((0, 1, -1.0), (1, 2, -0.5))), TokenScore(None), TokenScore(1.0, ((0, 1, -1.0),)),
+    # a token-level reward's column shows its sentence score and what it gave at the token level; the total a number
+    spans = [TokenScore(0.5, ((0, 1, -1.0), (1, 2, -0.5))), None, TokenScore(1.0, ((0, 1, -1.0),)),
              TokenScore(None, tokens=(0.1, 0.2))]
-    names, cells = table(two_sources_two_samples(parts={"spans": spans}))
+    names, cells = table(two_sources_two_samples(parts={"spans": spans}, rewards=spans))
     assert [row[names.index("reward/spans")] for row in cells] == ["0.5 +2 spans", None, "1 +1 span",
-                                                                   "+2 token values"]
+                                                                   "0 +2 token values"]
+    assert [row[names.index("reward")] for row in cells] == [0.5, None, 1.0, 0.0]
+
+
+def test_a_token_level_reward_is_its_number_and_its_spans_a_field_of_their_own():
+    """The `reward` and `rewards` fields hold numbers (the sentence score the loss uses; 0 for per-token values only);
+    each reward's spans and per-token values go to `reward_spans` / `reward_tokens`, by name, as it gave them."""
+    spans = TokenScore(0.5, ((0, 1, -1.0), (1, 2, -0.5)))
+    tokens = TokenScore(None, tokens=(0.1, math.nan))
+    total = TokenScore(0.5 * 0.5 + 0.5 * 0.25, tuple((s, e, 0.5 * v) for s, e, v in spans.spans), (0.05, math.nan))
+    rows = two_sources_two_samples(parts={"spans": [spans, None, spans, spans], "tokens": [tokens, None, None, None],
+                                          "bleu": [0.25, 0.0, 1.0, 0.5]},
+                                   rewards=[total, None, 0.75, float("nan")])
+    assert rows[0]["rewards"] == {"spans": 0.5, "tokens": 0.0, "bleu": 0.25} and rows[0]["reward"] == 0.375
+    assert rows[0]["reward_spans"] == {"spans": [[0, 1, -1.0], [1, 2, -0.5]]}
+    assert rows[0]["reward_tokens"] == {"tokens": [0.1, None]}
+    assert rows[1]["rewards"] == {"spans": None, "tokens": None, "bleu": 0.0} and rows[1]["reward"] is None
+    assert "reward_spans" not in rows[1] and "reward_tokens" not in rows[1]
+    assert rows[2]["reward_spans"] == rows[0]["reward_spans"] and "reward_tokens" not in rows[2]
+    json.dumps(rows, allow_nan=False)  # strict JSON
+    # the console's `reward` cell is the number, as for any reward
+    assert table_text(rows, total_width=200).splitlines()[2].split()[-3:-1] == ["0.3750", "0.0000"]
+
+
+def test_rows_without_a_reward_hold_the_samples():
+    """A trainer without a reward (distillation) logs its samples: no reward or advantage column."""
+    rows = completion_rows(step=1, process_index=0, num_samples=1, predictions=["ab", "c"], references=[["ab"], ["d"]],
+                           parts={}, rewards=[None, None], sources=["ba", "d"], truncated=[False, True])
+    assert [(row["source"], row["prediction"], row["rewards"], row["reward"]) for row in rows] == [
+        ("ba", "ab", {}, None), ("d", "c", {}, None)]
+    names, _ = table(rows)
+    assert names == ["step", "process", "source", "references", "prediction", "truncated"]
 
 
 def test_table_text_is_aligned_and_cut():
@@ -148,7 +179,7 @@ def test_config_fields_are_checked():
     assert config.log_completions and config.num_completions_to_print == 2
     defaults = SeqRLConfig(output_dir="unused", report_to=[])
     assert defaults.log_completions is False and defaults.num_completions_to_print is None
-    with pytest.raises(ValueError, match="num_completions_to_print must be a number of rows >= 0"):
+    with pytest.raises(ValueError, match="num_completions_to_print must be >= 0"):
         SeqRLConfig(output_dir="unused", report_to=[], num_completions_to_print=-1)
     with pytest.raises(ValueError, match="log_completions=True .* logging_strategy='no' never logs"):
         SeqRLConfig(output_dir="unused", report_to=[], log_completions=True, logging_strategy="no")

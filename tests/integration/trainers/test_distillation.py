@@ -153,8 +153,8 @@ def test_a_teacher_of_another_vocabulary_or_family_or_none_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(beta=1.5), "beta=1.5 must be in"),
-    (dict(lmbda=-0.1), "lmbda=-0.1 must be in"),
+    (dict(beta=1.5), r"beta=1.5 is out of range: beta must be in \[0, 1\]"),
+    (dict(lmbda=-0.1), r"lmbda=-0.1 is out of range: lmbda must be in \[0, 1\]"),
     (dict(divergence_estimator="sampled", beta=0.5), "needs beta=1.0 and lmbda=1.0"),
     (dict(seq_kd=True), "lower lmbda"),
 ])
