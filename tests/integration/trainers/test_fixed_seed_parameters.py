@@ -30,6 +30,7 @@ import functools
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -132,7 +133,10 @@ def record(name: str, values: dict) -> None:
     recorded.setdefault("runs", {})[name] = values
     recorded["runs"] = dict(sorted(recorded["runs"].items()))
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
-    FIXTURE.write_text(json.dumps(recorded, indent=1) + "\n")
+    text = json.dumps(recorded, indent=1)
+    # One line per list of numbers: a parameter's fingerprint, a run's losses.
+    text = re.sub(r"\[\s+([^\[\]{}\"]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+    FIXTURE.write_text(text + "\n")
 
 
 @pytest.mark.parametrize("name", list(RUNS))
