@@ -95,8 +95,8 @@ def train(name: str, tmp_path) -> dict:
     if trainer_class is DistillationTrainer:
         extra = {"teacher_model": tiny_model(arch, seed=2, dropout=DROPOUT)}
     args = make_config(config_class, tmp_path, **{**SETTINGS, **settings})
-    trainer = trainer_class(model=model, args=args, train_dataset=text_pairs(causal, n=12), processing_class=byt5_tokenizer(),
-                            **extra)
+    trainer = trainer_class(model=model, args=args, train_dataset=text_pairs(causal, n=12),
+                            processing_class=byt5_tokenizer(), **extra)
     trainer.train()
     parameters = dict(trainer.model.named_parameters())
     return {"parameters": {key: fingerprint(value, initial[key]) for key, value in parameters.items()},
