@@ -23,6 +23,8 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from ..models.languages import decode_texts
+from ..rewards.spans import TokenScore, sentence_score
 from ..types import repeat_rows
 
 COMPLETIONS_DIR = "completions"
@@ -38,7 +40,7 @@ CUT_FROM_LEFT = ("source",)
 
 def json_safe(value: Any) -> Any:
     """Returns `value` as JSON can hold it: NaN and inf become None, tensors and arrays lists, tuples lists, a
-    dataclass (a token-level reward's `TokenScore`) the dict of its fields."""
+    dataclass the dict of its fields."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     if hasattr(value, "tolist"):
@@ -67,24 +69,28 @@ def small_columns(columns: dict[str, Any]) -> dict[str, Any]:
 
 
 def completion_rows(step: int, process_index: int, num_samples: int, predictions: Sequence[str],
-                    references: Sequence[Sequence[str]], parts: dict[str, Sequence[float]],
-                    rewards: Sequence[float], sources: Sequence[str] | None = None,
+                    references: Sequence[Sequence[str]], parts: dict[str, Sequence[Any]],
+                    rewards: Sequence[Any], sources: Sequence[str] | None = None,
                     greedy: Sequence[str] | None = None, baselines: Sequence[float] | None = None,
                     advantages: Sequence[float] | None = None, truncated: Sequence[bool] | None = None,
                     columns: dict[str, Sequence[Any]] | None = None) -> list[dict]:
     """Returns one JSON-ready dict per sample: `step`, `process`, `sample` (its index among its source's
-    `num_samples`), `source`, `references`, `prediction`, `greedy`, `rewards` (each reward's value by name),
-    `reward`, `baseline`, `advantage`, `truncated` and, when the batch has other small columns, `columns`.
+    `num_samples`), `source`, `references`, `prediction`, `greedy`, `rewards` (each reward's number by name),
+    `reward` (the total's number), `baseline`, `advantage`, `truncated`; `reward_spans` / `reward_tokens` when a
+    reward gave token-level values (`token_level_values`), and `columns` when the batch has other small columns.
 
     Every sequence argument holds one entry per sample (`N = B * num_samples`, a source's samples contiguous; see
-    `repeat_rows`); `parts` maps each reward's name to its `N` values, `rewards` holds the total. Missing ones
-    (`sources`, `greedy`, `baselines`, `advantages`, `truncated`) are None in every row; non-finite numbers are None.
+    `repeat_rows`); `parts` maps each reward's name to its `N` values, `rewards` holds the total (numbers, None, or
+    token-level `TokenScore`s, written as their sentence score: `reward_number`). Missing ones (`sources`, `greedy`,
+    `baselines`, `advantages`, `truncated`) are None in every row; non-finite numbers are None. A trainer without a
+    reward passes no `parts` and None rewards.
     """
     def at(values, i):
         return None if values is None else values[i]
 
     rows = []
     for i, prediction in enumerate(predictions):
+        sample_rewards = {name: part[i] for name, part in parts.items()}
         row = {
             "step": step,
             "process": process_index,
@@ -93,12 +99,13 @@ def completion_rows(step: int, process_index: int, num_samples: int, predictions
             "references": list(references[i]),
             "prediction": prediction,
             "greedy": at(greedy, i),
-            "rewards": {name: json_safe(values[i]) for name, values in parts.items()},
-            "reward": json_safe(rewards[i]),
+            "rewards": {name: reward_number(value) for name, value in sample_rewards.items()},
+            "reward": reward_number(rewards[i]),
             "baseline": None if baselines is None else json_safe(float(baselines[i])),
             "advantage": None if advantages is None else json_safe(float(advantages[i])),
             "truncated": None if truncated is None else bool(truncated[i]),
         }
+        row.update(token_level_values(sample_rewards))
         extra = small_columns({name: values[i] for name, values in (columns or {}).items()})
         if extra:
             row["columns"] = extra
@@ -106,26 +113,45 @@ def completion_rows(step: int, process_index: int, num_samples: int, predictions
     return rows
 
 
-def reward_cell(value: Any) -> Any:
-    """Returns a reward's value as a table shows it: a number as it is; a token-level reward (the fields of a
-    `TokenScore`) as its sentence score and how many spans and per-token values it holds, e.g. "0.5 +2 spans"."""
-    if not isinstance(value, dict) or "spans" not in value:
-        return value
-    parts = [] if value.get("score") is None else [f"{value['score']:.4g}"]
-    spans, tokens = len(value.get("spans") or ()), value.get("tokens")
-    parts += [f"+{spans} span{'s' * (spans != 1)}"] if spans else []
+def reward_number(value: Any) -> float | None:
+    """Returns a reward's value as the sample log writes it: a number as it is, a token-level reward's sentence score
+    (`spans.sentence_score`: 0 when it gave per-token values only, the number the loss and `rl/rewards/<name>/mean`
+    use), None where it gave none or a non-finite one."""
+    return json_safe(sentence_score(value))
+
+
+def token_level_values(values: dict[str, Any]) -> dict[str, dict[str, list]]:
+    """Returns the token-level parts of one sample's rewards (`values`, each reward's value by name), as the fields
+    of its sample log row: `reward_spans` (each reward's character spans `[start, end, value]` of the prediction) and
+    `reward_tokens` (each reward's per-token values), for the rewards that gave them, as they gave them (before
+    `reward_weights`); neither field when none did."""
+    scores = {name: value for name, value in values.items() if isinstance(value, TokenScore)}
+    fields = {"reward_spans": {name: json_safe(s.spans) for name, s in scores.items() if s.spans},
+              "reward_tokens": {name: json_safe(s.tokens) for name, s in scores.items() if s.tokens is not None}}
+    return {field: by_name for field, by_name in fields.items() if by_name}
+
+
+def reward_cell(score: Any, spans: Sequence | None = None, tokens: Sequence | None = None) -> Any:
+    """Returns a reward's table cell: its number `score`, or with token-level values (a row's `reward_spans` /
+    `reward_tokens` of that reward) the number and how many spans and per-token values it gave, e.g. "0.5 +2 spans"."""
+    if not spans and tokens is None:
+        return score
+    parts = [] if score is None else [f"{score:.4g}"]
+    parts += [f"+{len(spans)} span{'s' * (len(spans) != 1)}"] if spans else []
     parts += [f"+{len(tokens)} token values"] if tokens is not None else []
-    return " ".join(parts) or None
+    return " ".join(parts)
 
 
 def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[list[str], list[list[Any]]]:
     """Returns `(column names, cells)` of the rows flattened for a table: `step`, `process`, `source`, `references`
-    (joined by " | "), `prediction`, `greedy`, `reward/<name>` per reward, `reward`, `baseline`, `advantage`,
-    `truncated`, or only those of `columns`; a column that is None in every row is left out."""
+    (joined by " | "), `prediction`, `greedy`, `reward/<name>` per reward (`reward_cell`: with its span count where
+    it gave spans), `reward` (a number), `baseline`, `advantage`, `truncated`, or only those of `columns`; a column
+    that is None in every row is left out."""
     reward_names = list(dict.fromkeys(name for row in rows for name in row["rewards"]))
     flat = [{"step": row["step"], "process": row["process"], "source": row["source"],
              "references": " | ".join(row["references"]), "prediction": row["prediction"], "greedy": row["greedy"],
-             **{f"reward/{name}": reward_cell(row["rewards"].get(name)) for name in reward_names},
+             **{f"reward/{name}": reward_cell(row["rewards"].get(name), row.get("reward_spans", {}).get(name),
+                                              row.get("reward_tokens", {}).get(name)) for name in reward_names},
              "reward": row["reward"], "baseline": row["baseline"], "advantage": row["advantage"],
              "truncated": row["truncated"]} for row in rows]
     names = [name for name in (flat[0] if flat else {}) if (columns is None or name in columns)
@@ -265,8 +291,8 @@ class CompletionLog:
             baselines, advantages (`torch.Tensor` of shape `(B*n,)`, *optional*); greedy_ids (`(B, T')`, *optional*).
         """
         n = sample_cut.shape[0] // len(text.references)
-        sources = None if prompts is None else tokenizer.batch_decode(prompts, skip_special_tokens=True)
-        greedy = None if greedy_ids is None else tokenizer.batch_decode(greedy_ids, skip_special_tokens=True)
+        sources = None if prompts is None else decode_texts(tokenizer, prompts)
+        greedy = None if greedy_ids is None else decode_texts(tokenizer, greedy_ids)
         per_sample = repeat_rows(text._replace(sources=text.sources if text.sources is not None else sources), n)
         self.add(step, completion_rows(
             step + 1, process_index, n, samples.predictions, per_sample.references, samples.parts, samples.values,

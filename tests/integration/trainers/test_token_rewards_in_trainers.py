@@ -142,10 +142,11 @@ def test_per_token_advantages_reach_the_loss(tmp_path, name, causal):
     logs = [h for h in trainer.state.log_history if "rl/token_reward" in h]
     assert len(logs) == 2 and all(h["rl/token_reward"] < 0 and 0 < h["rl/frac_tokens_rewarded"] <= 1 for h in logs)
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-    # the sample log holds each token-level reward whole: its sentence score and its spans
+    # the sample log's `reward` is the number (the sentence score), the spans a field of their own
     rows = [json.loads(line) for line in (tmp_path / "out" / "completions" / "step-2.jsonl").read_text().splitlines()]
-    assert rows and all(set(row["rewards"]["penalize_vowels"]) == {"score", "spans", "tokens"} for row in rows)
-    assert all([len(row["prediction"]), len(row["prediction"]), -0.5] in row["rewards"]["penalize_vowels"]["spans"]
+    assert rows and all(isinstance(row["reward"], float) and row["rewards"]["penalize_vowels"] == row["reward"]
+                        for row in rows)
+    assert all([len(row["prediction"]), len(row["prediction"]), -0.5] in row["reward_spans"]["penalize_vowels"]
                for row in rows)
 
 
