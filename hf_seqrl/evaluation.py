@@ -126,28 +126,27 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
 
 def write_teacher_outputs(model, tokenizer, rows: Sequence[dict], source_column: str, output: str, *,
                           output_column: str = "teacher_target", num_beams: int = 4, batch_size: int = 32,
-                          chunk: int = 256, progress: bool = True, **generate_kwargs) -> int:
+                          chunk: int = 256, progress: bool = True, overwrite: bool = False, **generate_kwargs) -> int:
     """Writes `model`'s decodes of the rows' sources (beam search: sequence-level knowledge distillation's data, Kim &
     Rush, 2016) to the JSON lines file `output`, one line per row: every column of the row as it is, and the decode
     in `output_column`. Returns how many rows this call wrote.
 
     Resumable: a file already holding the first `K` rows (their sources checked against `rows`) is continued from
-    row `K`; rows are decoded and appended `chunk` at a time, so an interrupted run keeps what it wrote.
-    `generate_kwargs` go to `generate_texts` (`max_new_tokens`, `max_source_length`, ...)."""
+    row `K`; rows are decoded and appended `chunk` at a time, so an interrupted run keeps what it wrote. The decode's
+    settings (`teacher_output_settings`) are recorded beside the file, in `output + ".settings.json"`, before its
+    first row, and a file written with other settings is refused naming each one that differs: one file holds one
+    kind of target. `overwrite=True` discards the file and decodes every row again. `generate_kwargs` go to
+    `generate_texts` (`max_new_tokens`, `max_length`, `max_source_length`)."""
     from tqdm.auto import tqdm
 
     sources = [" ".join(map(str, s)) if isinstance(s, list) else s for s in (row[source_column] for row in rows)]
-    done = 0
-    if os.path.exists(output):
-        with open(output, encoding="utf-8") as f:
-            written = [json.loads(line) for line in f if line.strip()]
-        for i, line in enumerate(written):
-            if i >= len(rows) or line.get(source_column) != rows[i][source_column] or output_column not in line:
-                raise ValueError(f"{output} holds {len(written)} rows, and row {i} is not the decode of the data's row "
-                                 f"{i}: delete the file to start again, or give the data it was written from.")
-        done = len(written)
-    with open(output, "a", encoding="utf-8") as f, tqdm(total=len(rows), initial=done, desc="teacher outputs",
-                                                       disable=not progress) as bar:
+    settings = teacher_output_settings(model, tokenizer, source_column, output_column, num_beams, **{
+        name: generate_kwargs.get(name) for name in ("max_new_tokens", "max_length", "max_source_length")})
+    done = 0 if overwrite else _rows_to_continue(output, settings, rows, source_column, output_column)
+    if done == 0:
+        _write_json(output + TEACHER_SETTINGS_SUFFIX, settings)
+    with open(output, "a" if done else "w", encoding="utf-8") as f, \
+            tqdm(total=len(rows), initial=done, desc="teacher outputs", disable=not progress) as bar:
         for start in range(done, len(rows), chunk):
             stop = min(start + chunk, len(rows))
             decoded = generate_texts(model, tokenizer, sources[start:stop], num_beams=num_beams, batch_size=batch_size,
@@ -157,6 +156,100 @@ def write_teacher_outputs(model, tokenizer, rows: Sequence[dict], source_column:
             f.flush()
             bar.update(stop - start)
     return len(rows) - done
+
+
+# Beside the teacher's decodes (`output + TEACHER_SETTINGS_SUFFIX`): the settings they were decoded with.
+TEACHER_SETTINGS_SUFFIX = ".settings.json"
+_RESTART = "pass overwrite=True (`hf-seqrl distill-data --overwrite`) to decode every row again"
+
+
+def teacher_output_settings(model, tokenizer, source_column: str, output_column: str, num_beams: int,
+                            max_new_tokens: int | None = None, max_length: int | None = None,
+                            max_source_length: int | None = None) -> dict[str, Any]:
+    """Returns what decides `write_teacher_outputs`' decodes besides the sources, as JSON data: the columns, the beam
+    width and length limits, the teacher (`teacher`: its name or folder, recorded but not compared; `teacher_weights`:
+    `weights_fingerprint`; `teacher_dtype`), the tokenizer's language codes (`src_lang`, `tgt_lang`) and the
+    teacher's generation config where it differs from transformers' defaults (its `forced_bos_token_id`, length
+    penalty, ...). Decoding is greedy or beam search, never sampled (`generate_texts`)."""
+    name = getattr(model, "name_or_path", "") or ""
+    generation = {key: value for key, value in model.generation_config.to_diff_dict().items()
+                  if not key.startswith("_") and key != "transformers_version"}
+    settings = {"source_column": source_column, "output_column": output_column, "num_beams": num_beams,
+                "max_new_tokens": max_new_tokens, "max_length": max_length, "max_source_length": max_source_length,
+                "teacher": os.path.abspath(name) if os.path.isdir(name) else name,
+                "teacher_weights": weights_fingerprint(model), "teacher_dtype": str(model.dtype).replace("torch.", ""),
+                "src_lang": getattr(tokenizer, "src_lang", None), "tgt_lang": getattr(tokenizer, "tgt_lang", None),
+                "generation_config": generation}
+    return json.loads(json.dumps(settings, default=str))  # as the file reads back (tuples as lists)
+
+
+def weights_fingerprint(model, values_per_tensor: int = 64) -> str:
+    """Returns 16 hex digits of a SHA-256 over every parameter's name, shape and `values_per_tensor` values spread
+    along it: the same weights give the same digits on any device; retrained ones, other ones."""
+    import hashlib
+
+    digest, samples = hashlib.sha256(), []
+    for name, weight in model.named_parameters():
+        digest.update(f"{name}{tuple(weight.shape)};".encode())
+        flat = weight.detach().reshape(-1)
+        samples.append(flat[:: max(1, flat.numel() // values_per_tensor)][:values_per_tensor].float())
+    if samples:
+        digest.update(torch.cat(samples).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def settings_changes(old: dict[str, Any], new: dict[str, Any], ignore: Sequence[str] = ()) -> list[str]:
+    """Returns `"name: old → new"` for each setting that differs between two records, in `new`'s order then `old`'s
+    (a nested dict's entries as `name.entry`; a missing one reads None), leaving out the names in `ignore`."""
+    flat_old, flat_new = _flatten(old), _flatten(new)
+    names = [*flat_new, *(name for name in flat_old if name not in flat_new)]
+    return [f"{name}: {flat_old.get(name)!r} → {flat_new.get(name)!r}" for name in names
+            if name not in ignore and flat_old.get(name) != flat_new.get(name)]
+
+
+def _flatten(settings: dict[str, Any]) -> dict[str, Any]:
+    flat = {}
+    for name, value in settings.items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{key}": entry for key, entry in value.items()})
+        else:
+            flat[name] = value
+    return flat
+
+
+def _rows_to_continue(output: str, settings: dict[str, Any], rows: Sequence[dict], source_column: str,
+                      output_column: str) -> int:
+    """Returns how many rows `output` already holds (0 when it does not exist or is empty) after checking that they
+    were decoded with `settings` and are the first rows of `rows`; raises a ValueError naming what differs."""
+    if not os.path.exists(output):
+        return 0
+    with open(output, encoding="utf-8") as f:
+        written = [json.loads(line) for line in f if line.strip()]
+    if not written:
+        return 0
+    record = output + TEACHER_SETTINGS_SUFFIX
+    if not os.path.exists(record):
+        raise ValueError(f"{output} holds {len(written)} rows but no record of the settings they were decoded with "
+                         f"({record}), so continuing it could mix two kinds of target: {_RESTART}.")
+    with open(record, encoding="utf-8") as f:
+        recorded = json.load(f)
+    changes = settings_changes(recorded, settings, ignore=("teacher",))
+    if changes:
+        teachers = "" if recorded.get("teacher") == settings["teacher"] else \
+            f" (teacher {recorded.get('teacher')!r} then, {settings['teacher']!r} now)"
+        raise ValueError(f"{output} holds {len(written)} rows decoded with other settings{teachers}: "
+                         f"{'; '.join(changes)}. Continue it with the settings of {record}, or {_RESTART}.")
+    for i, line in enumerate(written):
+        if i >= len(rows) or line.get(source_column) != rows[i][source_column] or output_column not in line:
+            raise ValueError(f"{output} holds {len(written)} rows, and row {i} is not the decode of the data's row "
+                             f"{i}: give the data it was written from, or {_RESTART}.")
+    return len(written)
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def evaluate_model(model, tokenizer, sources: Sequence[str], references: Sequence[Sequence[str]],
@@ -225,9 +318,9 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
 
 RUN_SETTINGS_FILE = "seqrl_run.json"
 # Config fields that decide what an evaluation of the saved model reads and writes.
-RUN_SETTING_FIELDS = ("task", "source_column", "target_column", "max_source_length", "max_target_length",
-                      "max_prompt_length", "max_completion_length", "generation_max_length", "generation_num_beams",
-                      "max_new_tokens")
+RUN_SETTING_FIELDS = ("task", "source_column", "target_column", "eval_target_column", "max_source_length",
+                      "max_target_length", "max_prompt_length", "max_completion_length", "generation_max_length",
+                      "generation_num_beams", "max_new_tokens")
 # What a data pipeline may add (the trainer does not see them: they shape the text before tokenization).
 PIPELINE_SETTINGS = ("source_prefix", "prompt_template", "use_chat_template")
 

@@ -1,6 +1,8 @@
 """`hf-seqrl distill-data`: a teacher's beam decodes of a data file's sources, as a text-column dataset (JSON lines):
 the data of sequence-level knowledge distillation (cross-entropy on the teacher's outputs, `--target_column
-teacher_target`) and of `DistillationConfig.seq_kd` without decoding during training."""
+teacher_target`, validated on the gold `--eval_target_column target`) and of `DistillationConfig.seq_kd` without
+decoding during training. The decode settings are recorded beside the file (`OUTPUT.settings.json`): a run continues a
+file begun with the same settings and refuses one begun with others, naming them, unless `--overwrite`."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ class DistillDataArguments:
 
     teacher: str = field(metadata={"help": "Local directory (or Hub id) of the teacher and its tokenizer."})
     data: str = field(metadata={"help": "A .json, .jsonl, .csv, .tsv or .txt file with a source column."})
-    output: str = field(metadata={"help": "The JSON lines file written (continued where a run stopped)."})
+    output: str = field(metadata={
+        "help": "The JSON lines file written (continued where a run stopped, if with the same decode settings: they "
+                "are recorded in OUTPUT.settings.json)."})
     source_column: str = field(default="source", metadata={"help": "Column of the sources."})
     output_column: str = field(default="teacher_target", metadata={
         "help": "Column of the teacher's decode in the output; every column of the data is kept beside it."})
@@ -31,6 +35,9 @@ class DistillDataArguments:
     tgt_lang: str | None = field(default=None, metadata={
         "help": "The language code the decodes start with (the generation config's forced_bos_token_id)."})
     device: str | None = field(default=None, metadata={"help": "Default: cuda if available, else cpu."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Discard what --output holds and decode every row again (needed to change the teacher or the decode "
+                "settings of a file already begun)."})
 
     def __post_init__(self):
         for name in ("num_beams", "batch_size", "max_new_tokens", "max_source_length", "max_examples"):
@@ -44,7 +51,7 @@ def distill_data(args: DistillDataArguments) -> int:
     from transformers import AutoTokenizer
 
     from ..data.files import load_text_files
-    from ..evaluation import write_teacher_outputs
+    from ..evaluation import TEACHER_SETTINGS_SUFFIX, write_teacher_outputs
     from ..models import load_pretrained
     from ..models.auto import set_language_codes
 
@@ -65,12 +72,13 @@ def distill_data(args: DistillDataArguments) -> int:
         written = write_teacher_outputs(model, tokenizer, list(dataset), args.source_column, args.output,
                                         output_column=args.output_column, num_beams=args.num_beams,
                                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                        max_source_length=args.max_source_length)
-    except ValueError as error:  # an output file from other data, a source that tokenizes to nothing
+                                        max_source_length=args.max_source_length, overwrite=args.overwrite)
+    except ValueError as error:  # an output file from other data or settings, a source that tokenizes to nothing
         raise UsageError(str(error)) from error
     print(f"wrote {written} rows to {args.output} ({len(dataset)} in all; the teacher's decodes in "
-          f"{args.output_column!r}). Train on them: hf-seqrl train ... --train_file {args.output} --target_column "
-          f"{args.output_column}")
+          f"{args.output_column!r}, its settings in {args.output}{TEACHER_SETTINGS_SUFFIX}). Train on them, validating "
+          f"on the gold references: hf-seqrl train ... --train_file {args.output} --target_column {args.output_column} "
+          "--validation_file DEV_FILE --eval_target_column target")
     return 0
 
 

@@ -138,25 +138,33 @@ def test_evaluate_subcommand_scores_against_every_reference(tmp_path, capsys):
     assert "chrf" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_distill_data_writes_the_teachers_beams_and_continues_where_it_stopped(tmp_path, capsys):
-    """`hf-seqrl distill-data`: every column of the data kept, the teacher's beam decode beside it; a second run on a
-    longer slice continues the file (the first rows untouched), a file from other data is refused."""
+def distill_data_files(tmp_path, rows=None):
+    """Returns `(rows, argv)`: a tiny T5 teacher saved in `tmp_path/teacher`, a data file of `rows` and the
+    `hf-seqrl distill-data` argv that decodes it (beam 2, 6 new tokens) into `tmp_path/teacher.jsonl`."""
     from helpers import byt5_tokenizer, tiny_model
 
     tiny_model("t5", seed=3).save_pretrained(tmp_path / "teacher")
     byt5_tokenizer().save_pretrained(tmp_path / "teacher")
     data = tmp_path / "pairs.jsonl"
-    rows = [{"source": s, "target": t, "id": i} for i, (s, t) in enumerate(
+    rows = rows or [{"source": s, "target": t, "id": i} for i, (s, t) in enumerate(
         [("abc", "cba"), ("dd", "dd"), ("abcd", "dcba"), ("b", "b"), ("ca", "ac")])]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows, ["distill-data", "--teacher", str(tmp_path / "teacher"), "--data", str(data), "--output",
+                  str(tmp_path / "teacher.jsonl"), "--num_beams", "2", "--max_new_tokens", "6", "--device", "cpu"]
+
+
+def test_distill_data_writes_the_teachers_beams_and_continues_where_it_stopped(tmp_path, capsys):
+    """`hf-seqrl distill-data`: every column of the data kept, the teacher's beam decode beside it and the decode
+    settings in a record beside the file; a second run with the same settings on a longer slice continues the file
+    (the first rows untouched), a file from other data is refused."""
+    rows, common = distill_data_files(tmp_path)
     output = tmp_path / "teacher.jsonl"
-    common = ["distill-data", "--teacher", str(tmp_path / "teacher"), "--data", str(data), "--output", str(output),
-              "--num_beams", "2", "--max_new_tokens", "6", "--device", "cpu"]
     assert main([*common, "--max_examples", "3"]) == 0
     first = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["id"] for r in first] == [0, 1, 2] and all(r["target"] == rows[r["id"]]["target"] for r in first)
     assert all(isinstance(r["teacher_target"], str) for r in first)
+    record = json.loads((tmp_path / "teacher.jsonl.settings.json").read_text())
+    assert (record["num_beams"], record["max_new_tokens"], record["teacher"]) == (2, 6, str(tmp_path / "teacher"))
     assert main(common) == 0
     assert "wrote 2 rows" in capsys.readouterr().out
     lines = output.read_text().splitlines()
@@ -164,4 +172,44 @@ def test_distill_data_writes_the_teachers_beams_and_continues_where_it_stopped(t
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({**row, "source": row["source"] + "x"}) + "\n" for row in rows))
     assert main([*common[:4], str(other), *common[5:]]) == 2
-    assert "delete the file to start again" in capsys.readouterr().err
+    assert "row 0 is not the decode of the data's row 0" in capsys.readouterr().err
+
+
+def with_flags(argv: list[str], **flags) -> list[str]:
+    """Returns `argv` with each `--name value` of `flags` replaced or added (a value of True: a bare flag)."""
+    argv = list(argv)
+    for name, value in flags.items():
+        if f"--{name}" in argv:
+            argv[argv.index(f"--{name}") + 1] = str(value)
+        else:
+            argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    return argv
+
+
+def test_distill_data_refuses_a_file_begun_with_other_settings_naming_them_unless_overwrite(tmp_path, capsys):
+    """A file begun with another beam width, length limit or teacher is refused, each differing setting named old →
+    new and the file untouched; one without a settings record too; `--overwrite` decodes every row again, giving the
+    file a fresh run with those settings writes."""
+    from helpers import byt5_tokenizer, tiny_model
+
+    _, common = distill_data_files(tmp_path)
+    output, record = tmp_path / "teacher.jsonl", tmp_path / "teacher.jsonl.settings.json"
+    assert main([*common, "--max_examples", "3"]) == 0
+    begun = output.read_text()
+    capsys.readouterr()
+    assert main(with_flags(common, num_beams=3, max_new_tokens=5)) == 2
+    err = capsys.readouterr().err
+    assert "num_beams: 2 → 3" in err and "max_new_tokens: 6 → 5" in err and "--overwrite" in err
+    assert "teacher_weights" not in err and output.read_text() == begun
+    tiny_model("t5", seed=4).save_pretrained(tmp_path / "retrained")  # another teacher, with the same tokenizer
+    byt5_tokenizer().save_pretrained(tmp_path / "retrained")
+    assert main(with_flags(common, teacher=tmp_path / "retrained")) == 2
+    err = capsys.readouterr().err
+    assert "teacher_weights: " in err and str(tmp_path / "retrained") in err and "num_beams" not in err
+    assert main(with_flags(common, teacher=tmp_path / "retrained", num_beams=3, overwrite=True)) == 0
+    assert json.loads(record.read_text())["num_beams"] == 3 and len(output.read_text().splitlines()) == 5
+    fresh = with_flags(common, teacher=tmp_path / "retrained", num_beams=3, output=tmp_path / "fresh.jsonl")
+    assert main(fresh) == 0 and output.read_text() == (tmp_path / "fresh.jsonl").read_text()
+    record.unlink()  # a file without its record (written before settings were recorded) cannot be continued
+    assert main(with_flags(common, teacher=tmp_path / "retrained", num_beams=3)) == 2
+    assert "no record of the settings" in capsys.readouterr().err

@@ -2,13 +2,14 @@
 (`seqrl_run.json`), its flags win over them, and prompts that tokenize to nothing are refused with their rows named."""
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
 
 from helpers import byt5_tokenizer, make_config, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl.cli import main
-from hf_seqrl.evaluation import RUN_SETTINGS_FILE, build_compute_metrics
+from hf_seqrl.evaluation import RUN_SETTINGS_FILE, build_compute_metrics, settings_changes
 
 STEPS = 200
 
@@ -196,3 +197,40 @@ def test_teacher_outputs_are_each_rows_own_beam_decode_in_batches_and_chunks(tmp
             ids = teacher.generate(**tok([row["source"]], return_tensors="pt"), num_beams=2, do_sample=False,
                                    max_new_tokens=6)
         assert row["teacher_target"] == tok.decode(ids[0], skip_special_tokens=True).strip()
+
+
+def test_settings_changes_name_each_setting_that_differs_old_to_new():
+    old = {"num_beams": 4, "max_new_tokens": None, "teacher": "a", "generation_config": {"length_penalty": 1.2}}
+    new = {"num_beams": 5, "max_new_tokens": None, "teacher": "b", "generation_config": {"forced_bos_token_id": 7}}
+    # the generation config's entries compare one by one; a setting one record lacks reads None
+    assert settings_changes(old, new, ignore=("teacher",)) == [
+        "num_beams: 4 → 5", "generation_config.forced_bos_token_id: None → 7",
+        "generation_config.length_penalty: 1.2 → None"]
+    assert settings_changes(old, dict(old)) == []
+
+
+def test_teacher_outputs_refuse_to_continue_with_other_language_codes_generation_config_or_weights(tmp_path):
+    """What `write_teacher_outputs` records beside the file decides whether it continues: the same settings continue
+    it; another target language (the tokenizer's code and the forced first token), or retrained weights, are refused
+    by name, the file untouched, unless `overwrite=True`."""
+    import torch
+
+    from hf_seqrl.evaluation import write_teacher_outputs
+
+    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=1)
+    rows = [{"source": s} for s in toy_pairs(4, seed=5, alphabet="abcd")[0]]
+    output = tmp_path / "teacher.jsonl"
+    write = partial(write_teacher_outputs, teacher, tok, source_column="source", output=str(output), num_beams=2,
+                    max_new_tokens=4, progress=False)
+    assert write(rows[:2]) == 2 and write(rows) == 2  # the same settings: continued
+    begun = output.read_text()
+    tok.tgt_lang, teacher.generation_config.forced_bos_token_id = "en", 5
+    with pytest.raises(ValueError, match="tgt_lang: None → 'en'; generation_config.forced_bos_token_id: None → 5"):
+        write(rows)
+    tok.tgt_lang, teacher.generation_config.forced_bos_token_id = None, None
+    with torch.no_grad():
+        next(teacher.parameters()).add_(0.01)
+    with pytest.raises(ValueError, match=r"teacher_weights: '[0-9a-f]{16}' → '[0-9a-f]{16}'\. Continue it with"):
+        write(rows)
+    assert output.read_text() == begun
+    assert write(rows, overwrite=True) == 4 and len(output.read_text().splitlines()) == 4
