@@ -24,6 +24,7 @@ import torch
 from .data import has_text, normalize_references, prompt_token_ids, tokenize_sources
 from .models import family_for
 from .models.base import eval_mode
+from .models.languages import decode_texts
 from .rewards import BUILTIN_REWARDS, accepts_reference_lists, is_evaluation_module, is_number
 
 
@@ -119,7 +120,7 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
             rows = order[start:start + batch_size]
             batch = tokenize_sources(family, tokenizer, [sources[i] for i in rows], max_source_length)
             ids = family.generate(model, {k: v.to(model.device) for k, v in batch.items()}, **kwargs)
-            for i, text in zip(rows, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+            for i, text in zip(rows, decode_texts(tokenizer, ids)):
                 outputs[i] = text.strip()
     return outputs
 
@@ -290,10 +291,10 @@ def build_compute_metrics(tokenizer, metrics: Sequence = ("bleu", "chrf"), refer
     def compute_metrics(prediction) -> dict[str, float]:
         ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
         ids = np.where(ids < 0, pad, ids)
-        texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        texts = [t.strip() for t in decode_texts(tokenizer, ids)]
         if fixed is None:
             labels = np.where(prediction.label_ids < 0, pad, prediction.label_ids)
-            refs = [[t.strip()] for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+            refs = [[t.strip()] for t in decode_texts(tokenizer, labels)]
         else:
             if len(texts) < len(fixed):
                 raise ValueError(f"Got {len(texts)} predictions for {len(fixed)} references: evaluate the split "

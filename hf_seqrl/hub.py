@@ -193,6 +193,8 @@ def card_example(dataset, tokenizer, causal: bool, prompt_template: str | None =
     """
     if tokenizer is None:
         return {}
+    from .models.languages import decode_texts
+
     fields: dict[str, Any] = {"prompt_ends_with_eos": causal and ends_with_eos(tokenizer, PLACEHOLDER_INPUT)}
     if causal and use_chat_template and getattr(tokenizer, "chat_template", None):
         fields["example_messages"] = [{"role": "user", "content": PLACEHOLDER_INPUT}]
@@ -211,7 +213,7 @@ def card_example(dataset, tokenizer, causal: bool, prompt_template: str | None =
             if chat_prompt_ids(tokenizer, content) == ids:
                 return dict(example_messages=[{"role": "user", "content": content}], prompt_ends_with_eos=False)
     readings = [(source, True)] if isinstance(source, str) else []
-    readings += [(tokenizer.decode(ids, skip_special_tokens=True), True)]
+    readings += [(decode_texts(tokenizer, [ids])[0], True)]
     if causal:
         readings += [(tokenizer.decode(ids, skip_special_tokens=False), False)]
     for text, special in readings:

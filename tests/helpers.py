@@ -230,3 +230,64 @@ def run_card_code(folder, repo_id: str) -> tuple[dict, str]:
     with contextlib.redirect_stdout(out):
         exec(compile(code.replace(f'"{repo_id}"', f'"{folder}"'), "model card", "exec"), namespace)
     return namespace, out.getvalue().strip()
+
+
+# ---- multilingual tokenizers as checkpoints ship them, built offline -------------------------------------------
+
+MULTILINGUAL_TEXT = ["ein hund läuft im park", "a dog runs in the park", "eine katze schläft", "a cat sleeps",
+                     "der mann liest ein buch", "the man reads a book", "en fr de ja"]
+
+
+def sentencepiece_pieces(folder) -> list[tuple[str, float]]:
+    """Trains a small unigram sentencepiece model over `MULTILINGUAL_TEXT` into `folder/spm.model` (ids as fairseq
+    numbers them: <s> 0, <pad> 1, </s> 2, <unk> 3) and returns its `(piece, score)` pairs."""
+    import io
+
+    import sentencepiece as spm
+
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(MULTILINGUAL_TEXT * 20), model_writer=proto, vocab_size=40,
+                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, bos_id=0,
+                                   pad_id=1, eos_id=2, unk_id=3, minloglevel=2)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "spm.model").write_bytes(proto.getvalue())
+    model = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    return [(model.id_to_piece(i), model.get_score(i)) for i in range(model.get_piece_size())]
+
+
+def multilingual_tokenizer(kind: str, folder, **kwargs):
+    """Returns a real multilingual tokenizer of `kind` ("m2m100": `M2M100Tokenizer`, "nllb": `NllbTokenizerFast`,
+    "mbart50": `MBart50TokenizerFast`) over a sentencepiece model trained in `folder`; `kwargs` (`src_lang`,
+    `tgt_lang`) go to its constructor."""
+    import json
+
+    from transformers import M2M100Tokenizer, MBart50TokenizerFast, NllbTokenizerFast
+
+    pieces = sentencepiece_pieces(folder)
+    if kind == "m2m100":
+        (Path(folder) / "vocab.json").write_text(json.dumps({piece: i for i, (piece, _) in enumerate(pieces)}))
+        return M2M100Tokenizer(str(Path(folder) / "vocab.json"), str(Path(folder) / "spm.model"), **kwargs)
+    if kind == "nllb":
+        vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+        return NllbTokenizerFast(vocab=vocab, merges=[], **kwargs)
+    if kind == "mbart50":
+        return MBart50TokenizerFast(vocab=pieces, **kwargs)
+    raise ValueError(kind)
+
+
+def multilingual_model(tokenizer, seed: int = 0, dropout: float = 0.1):
+    """Returns a tiny randomly initialized M2M100 (for M2M100 and NLLB tokenizers) or mBART model whose embedding
+    holds every id of `tokenizer`, its language tokens included (M2M100's `len(tokenizer)` leaves them out)."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, MBartConfig, MBartForConditionalGeneration
+
+    from hf_seqrl.models.languages import language_codes
+
+    size = max(len(tokenizer), max(language_codes(tokenizer).values(), default=0) + 1)
+    shape = dict(vocab_size=size, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                 decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+                 pad_token_id=tokenizer.pad_token_id, bos_token_id=0, eos_token_id=tokenizer.eos_token_id,
+                 decoder_start_token_id=tokenizer.eos_token_id, dropout=dropout)
+    torch.manual_seed(seed)
+    if type(tokenizer).__name__.startswith("MBart"):
+        return MBartForConditionalGeneration(MBartConfig(**shape))
+    return M2M100ForConditionalGeneration(M2M100Config(**shape))

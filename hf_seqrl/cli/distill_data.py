@@ -53,7 +53,7 @@ def distill_data(args: DistillDataArguments) -> int:
     from ..data.files import load_text_files
     from ..evaluation import TEACHER_SETTINGS_SUFFIX, write_teacher_outputs
     from ..models import load_pretrained
-    from ..models.auto import set_language_codes
+    from ..models.languages import set_language_codes
 
     dataset = load_text_files({"data": args.data}, args.source_column)["data"]
     if args.source_column not in dataset.column_names:

@@ -237,7 +237,7 @@ def load_model_and_tokenizer(script_args: ScriptArguments, training_args=None):
     from transformers import AutoTokenizer, ByT5Tokenizer
 
     from ..models import load_pretrained
-    from ..models.auto import set_language_codes
+    from ..models.languages import set_language_codes
     from ..models.tiny import build_tiny_model
 
     remote = bool(script_args.trust_remote_code)

@@ -16,6 +16,7 @@ from ..functional.logprobs import token_logprobs_from_logits
 from ..evaluation import check_sources, corpus_scores
 from ..models import family_for
 from ..models.base import completion_mask, ended_with_eos, eos_ids, eval_mode, pad_id
+from ..models.languages import decode_texts
 from ..rewards import get_reward
 from .jacobian import JacobianTotals, jacobian_curves
 
@@ -228,7 +229,7 @@ def _recovery_batch(model, tokenizer, enc, labels, wrong, gold, references, j, b
         config.max_new_tokens = max(new, 1)  # equal total lengths for the clean and the injected decode
         outputs.append(_decode(model, enc, config, forced)[0])
     clean, injected = outputs
-    scores = [reward_fn(predictions=tokenizer.batch_decode(ids, skip_special_tokens=True), references=references,
+    scores = [reward_fn(predictions=decode_texts(tokenizer, ids), references=references,
                         sources=None) for ids in outputs]
     stats["count"] += len(references)
     stats["clean"] += 100.0 * sum(scores[0])  # sentence scores in [0, 1], reported as corpus metrics are: 0-100
@@ -326,7 +327,7 @@ def run_diagnostics(model, tokenizer, sources: Sequence[str], references: Sequen
             greedy, greedy_lengths, has_eos = _decode(model, enc, config)
             bar.update()
             bar.set_postfix_str(f"batch {number}/{len(starts)}: teacher-forced passes")
-            predictions = tokenizer.batch_decode(greedy, skip_special_tokens=True)
+            predictions = decode_texts(tokenizer, greedy)
             gold_index += closest_references(predictions, [references[i] for i in idx], reward_fn)
             gold += [reference_ids[i][gold_index[i]] for i in idx]
             gold_content += [next((t for t, token in enumerate(gold[i]) if token in eos), len(gold[i]))

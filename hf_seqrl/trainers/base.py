@@ -25,6 +25,7 @@ from ..evaluation import write_run_settings
 from ..hub import Method, card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
 from ..models.base import disable_dropout, label_logprobs
+from ..models.languages import align_target_language
 from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
@@ -78,6 +79,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             processing_class = load_tokenizer_for(model)
         check_tokenizer(processing_class, family, model, type(self).__name__)
         check_token_ids(processing_class, model, type(self).__name__)
+        align_target_language(model, processing_class, type(self).__name__)
         warn_half_precision_weights(model, args, type(self).__name__)
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, family, processing_class, args,
                                                        family.label_start_id(model))

@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..hub import reward_label
+from ..models.languages import decode_texts, text_ids
 from ..rewards import (CombinedReward, PooledReward, RewardError, build_reward, call_reward_parts, check_finite,
                        combine_parts, model_rewards, part_weights, place_on, reward_name)
 from ..rewards.spans import TokenScore, piece_char_spans, sentence_score, token_char_spans
@@ -69,7 +70,7 @@ class RewardScorer:
         fails. With `token_mask` `(N, T)` (the tokens each sequence counts, EOS included), the token-level values
         rewards return are mapped to the tokens (`RewardValues.token_values`, `token_values`); the rewards are the
         sentence scores."""
-        predictions = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        predictions = decode_texts(tokenizer, token_ids)
         parts = call_reward_parts(self.fn, predictions, text.references, text.sources, text.columns,
                                   name=self.label, step=step)
         values = combine_parts(self.fn, parts)
@@ -95,7 +96,7 @@ class RewardScorer:
                 continue
             ids = token_ids[i, :lengths[i]].tolist()
             try:
-                row = value.token_values(char_spans(tokenizer, ids, predictions[i]))
+                row = value.token_values(char_spans(tokenizer, text_ids(tokenizer, [ids])[0], predictions[i]))
             except ValueError as error:
                 raise RewardError(f"reward {self.label!r} at step {step}, prediction {i} ({predictions[i][:60]!r}): "
                                   f"{error}.") from error
@@ -160,7 +161,7 @@ def references_from_labels(labels, tokenizer) -> list[list[str]]:
             "column (string or list of strings per row) or tokenized 'labels'."
         )
     ids = labels.masked_fill(labels == -100, tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    texts = decode_texts(tokenizer, ids)
     for i, text in enumerate(texts):
         if not text.strip():
             raise ValueError(
