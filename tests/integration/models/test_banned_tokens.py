@@ -143,9 +143,9 @@ def test_chunked_and_whole_logits_scoring_agree_under_bans(monkeypatch):
     labels = torch.tensor([[7, 8, 1, -100], [9, 1, -100, -100], [10, 11, 12, 1]])
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * model.config.vocab_size)  # several chunks per row
     results = []
-    for known in (True, False):
-        monkeypatch.setattr(heads, "KNOWN_HEADS", heads.KNOWN_HEADS if known else {})
-        scored = family.score(model, batch, rollout.sample_ids, n, gold_labels=labels, temperature=0.8)
+    for whole in (False, True):
+        with heads.whole_logits(whole):
+            scored = family.score(model, batch, rollout.sample_ids, n, gold_labels=labels, temperature=0.8)
         loss = scored.token_logprobs[rollout.sample_mask].sum() + scored.gold_logprobs[labels != -100].sum()
         results.append((scored.token_logprobs, scored.gold_logprobs, scored.entropy,
                         torch.autograd.grad(loss, model.get_output_embeddings().weight)[0]))

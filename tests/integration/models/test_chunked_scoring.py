@@ -1,14 +1,18 @@
 """The scoring pass reduces the output layer's inputs chunk by chunk (`models.heads`, `functional.lm_head`): per
-family its values and gradients equal the whole-logits formula in float64 (T5's tied rescale, Marian's
-`final_logits_bias`, Llama, Gemma 2's soft cap), with bans, the rollout temperature, gold rows, a KL reference and
-label smoothing's terms; no tensor of every position's logits is made; an unknown head falls back with one warning."""
+architecture its values and gradients equal the whole-logits formula in float64 (T5's tied rescale, Marian's and
+BART's `final_logits_bias`, Llama, GPT-2, OPT, Phi's biased head, Gemma 2's soft cap, Cohere's scale, BERT2BERT's
+transform head), with bans, the rollout temperature, gold rows, a KL reference and label smoothing's terms, and no
+whole-logits warning: the head is recognized by a check forward, not by its architecture's name. No tensor of every
+position's logits is made; a head whose forward does something else, an adapter on the head or a forward hook falls
+back to the whole logits with one warning naming why, and still scores right."""
 
 import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import Gemma2Config, Gemma2ForCausalLM
+import transformers
+from transformers import Gemma2Config, Gemma2ForCausalLM, T5ForConditionalGeneration
 
 from helpers import byt5_tokenizer, prompt_completion_dataset, tiny_causal_model, tiny_model
 from transformers import DataCollatorForSeq2Seq
@@ -31,14 +35,57 @@ def gemma2():
     return model
 
 
+IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)  # ByT5's
+CAUSAL = {  # tiny configs of decoder-only architectures beside Llama: (config class, model class, sizes)
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=1, n_head=2, n_positions=64)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64,
+                                                word_embed_proj_dim=32, max_position_embeddings=64)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                intermediate_size=64)),  # a head with a bias
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                         num_attention_heads=2, num_key_value_heads=1, logit_scale=0.5)),
+}
+
+
+def causal_model(arch):
+    config_class, model_class, sizes = CAUSAL[arch]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=384, **IDS, **sizes))
+    for key, value in IDS.items():
+        setattr(model.generation_config, key, value)
+    return model
+
+
+def bert2bert():
+    """A BERT2BERT `EncoderDecoderModel` from tiny `BertConfig`s (ByT5's ids): its decoder's head is a transform
+    (dense, activation, LayerNorm) before the output Linear."""
+    from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
+
+    sizes = dict(vocab_size=384, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    model = EncoderDecoderModel(encoder=BertModel(BertConfig(**sizes)), decoder=BertLMHeadModel(
+        BertConfig(**sizes, is_decoder=True, add_cross_attention=True)))
+    with torch.no_grad():
+        model.get_output_embeddings().bias.normal_()  # zeros as built: a bias the pass must add
+    for config in (model.config, model.generation_config):
+        for key, value in dict(IDS, decoder_start_token_id=2).items():
+            setattr(config, key, value)
+    return model
+
+
 def build(arch):
     if arch == "gemma2":
         model = gemma2()
     elif arch == "llama":
         model = tiny_causal_model("llama", seed=0)
+    elif arch in CAUSAL:
+        model = causal_model(arch)
+    elif arch == "bert2bert":
+        model = bert2bert()
     else:
         model = tiny_model(arch, seed=0)
-    if arch == "marian":
+    if arch in ("marian", "bart"):
         with torch.no_grad():
             model.final_logits_bias.normal_()  # zeros as built: a bias the pass must add
     model.generation_config.bad_words_ids = [[BANNED]]
@@ -54,7 +101,7 @@ def collate_rows(sources, targets):
 
 
 def batch_of(model, arch):
-    if arch in ("llama", "gemma2"):
+    if arch in ("llama", "gemma2", *CAUSAL):
         tokenizer = byt5_tokenizer()
         data = prompt_completion_dataset(tokenizer, n=2, seed=3, lengths=(3, 3))  # no padding: Gemma 2's eager
         # attention gives NaN gradients on a fully masked (left-padded) row, whatever scores its logits
@@ -65,24 +112,26 @@ def batch_of(model, arch):
 
 def whole_logits(model, family, batch, rows, group):
     """The forward's own logits of `rows` `(B*group, T)` (what the pass scored before it was chunked)."""
-    with heads_unknown():
+    with heads.whole_logits():
         encoded = family.encode(model, batch, in_forward=True)
         return family.target_forward(model, encoded, rows, group).logits
 
 
-class heads_unknown:
-    def __enter__(self):
-        self.saved, heads.KNOWN_HEADS = heads.KNOWN_HEADS, {}
-
-    def __exit__(self, *exc):
-        heads.KNOWN_HEADS = self.saved
+def head_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "hf_seqrl.models.heads"]
 
 
-@pytest.mark.parametrize("arch", ["t5", "marian", "llama", "gemma2"])
-def test_chunked_pass_equals_the_whole_logits_formula(monkeypatch, arch):
+@pytest.mark.parametrize("arch", ["t5", "marian", "bart", "llama", "gpt2", "opt", "phi", "gemma2", "cohere",
+                                  "bert2bert"])
+def test_chunked_pass_equals_the_whole_logits_formula(monkeypatch, caplog, arch):
+    monkeypatch.setattr(heads, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="hf_seqrl.models.heads")
     model = build(arch)
     family = family_for(model)
     assert heads.knows_head(model)
+    expected_head = {"marian": heads.Head("final_logits_bias"), "bart": heads.Head("final_logits_bias"),
+                     "gemma2": heads.Head(softcap=2.0), "cohere": heads.Head(scale=0.5)}.get(arch, heads.Head())
+    assert heads.head_of(model)[1] == expected_head
     batch, n, temperature = batch_of(model, arch), 2, 0.7
     generator = torch.Generator().manual_seed(1)
     sample_ids = torch.randint(6, 200, (2 * n, 4), generator=generator)
@@ -93,7 +142,7 @@ def test_chunked_pass_equals_the_whole_logits_formula(monkeypatch, arch):
         for p in reference.parameters():
             p.add_(0.05 * torch.randn_like(p))
         ref_positions = family.reference_positions(reference, batch, sample_ids, n)
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * model.config.vocab_size)  # 3 positions a chunk
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 384)  # 3 positions a chunk of the 384 tokens
     scored = family.score(model, batch, sample_ids, n, gold, temperature,
                           ScoreOptions(ref_positions, entropy_grad=True, plain=True, raw=True))
 
@@ -139,6 +188,7 @@ def test_chunked_pass_equals_the_whole_logits_formula(monkeypatch, arch):
             assert got is None or not got.any()
         else:  # T5's attention softmax runs in float32 whatever the weights: rows batched otherwise round otherwise
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert head_warnings(caplog) == []  # the chunked pass ran: no whole-logits warning
 
 
 def test_no_tensor_of_every_positions_logits_is_made(monkeypatch):
@@ -170,15 +220,75 @@ def test_no_tensor_of_every_positions_logits_is_made(monkeypatch):
     assert model.get_output_embeddings().weight.grad.abs().sum() > 0
 
 
-def test_an_unknown_head_takes_the_logits_with_one_warning(caplog, monkeypatch):
-    model = tiny_model("t5", seed=0)
-    monkeypatch.setattr(heads, "KNOWN_HEADS", {})
+class DoubledLogits(T5ForConditionalGeneration):
+    """A T5 whose forward doubles the output layer's logits: a head the scoring pass cannot compute."""
+
+    def forward(self, *args, **kwargs):
+        output = super().forward(*args, **kwargs)
+        output.logits = output.logits * 2
+        return output
+
+
+def test_a_head_that_does_something_unknown_takes_the_logits_with_one_warning(caplog, monkeypatch):
     monkeypatch.setattr(heads, "_warned", set())
+    plain = tiny_model("t5", seed=0)
+    model = DoubledLogits(plain.config)
+    model.load_state_dict(plain.state_dict())
+    model.generation_config = plain.generation_config
     family = family_for(model)
-    batch = collate_rows(["abc"], ["de"])
+    batch = collate_rows(["abc", "de"], ["fgh", "i"])
+    sample_ids = torch.tensor([[7, 8, 1], [9, 10, 11]])
     with caplog.at_level(logging.WARNING, logger="hf_seqrl.models.heads"):
         for _ in range(2):
-            scored = family.score(model, batch, torch.tensor([[7, 8, 1]]), 1)
-    warnings = [r.getMessage() for r in caplog.records if "output layer" in r.getMessage()]
-    assert len(warnings) == 1 and "T5ForConditionalGeneration" in warnings[0] and "KNOWN_HEADS" in warnings[0]
+            scored = family.score(model, batch, sample_ids, 1)
+    warnings = head_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "DoubledLogits" in warnings[0] and "whole logits" in warnings[0]
+    assert "changes its output Linear's logits" in warnings[0]
+    logits = whole_logits(model, family, batch, sample_ids, 1)  # the doubled ones: what the model computes
+    expected = F.log_softmax(logits, -1).gather(-1, sample_ids[..., None])[..., 0]
+    torch.testing.assert_close(scored.token_logprobs, expected, rtol=1e-5, atol=1e-5)
+    plain_scored = family.score(plain, batch, sample_ids, 1)  # the undoubled head, chunked: other values
+    assert not torch.allclose(plain_scored.token_logprobs, expected, atol=1e-3)
+
+
+class Rescaled(torch.nn.Linear):
+    """An output Linear of another class (as an adapter on the head makes it)."""
+
+
+@pytest.mark.parametrize("change", ["adapter", "hook"])
+def test_an_adapter_or_a_hook_on_the_head_takes_the_logits_with_a_warning_naming_it(caplog, monkeypatch, change):
+    monkeypatch.setattr(heads, "_warned", set())
+    model = tiny_model("t5", seed=0)
+    head = model.get_output_embeddings()
+    if change == "adapter":
+        replaced = Rescaled(head.in_features, head.out_features, bias=False)
+        replaced.weight = head.weight
+        model.set_output_embeddings(replaced)
+    else:
+        head.register_forward_hook(lambda module, inputs, output: None)
+    with caplog.at_level(logging.WARNING, logger="hf_seqrl.models.heads"):
+        assert not heads.knows_head(model)
+        scored = family_for(model).score(model, collate_rows(["abc"], ["de"]), torch.tensor([[7, 8, 1]]), 1)
+    warnings = head_warnings(caplog)
+    assert len(warnings) == 1 and ("not a plain Linear" if change == "adapter" else "forward hooks") in warnings[0]
     assert torch.isfinite(scored.token_logprobs).all()
+
+
+def test_the_check_runs_once_per_model_and_leaves_its_modes_and_random_state_alone(monkeypatch):
+    model = tiny_model("t5", seed=0, dropout=0.1).train()
+    model.encoder.eval()  # a submodule kept in eval mode stays there
+    checks = []
+    check = heads.check_head
+    monkeypatch.setattr(heads, "check_head", lambda *a: checks.append(1) or check(*a))
+    state = torch.get_rng_state()
+    assert heads.knows_head(model)
+    assert torch.equal(torch.get_rng_state(), state)  # the check drew nothing: a replayed dropout draw stays the same
+    assert model.training and not model.encoder.training and model.decoder.training
+    family = family_for(model)
+    for _ in range(2):
+        family.score(model, collate_rows(["abc"], ["de"]), torch.tensor([[7, 8, 1]]), 1)
+    assert len(checks) == 1
+    assert heads.knows_head(tiny_model("t5", seed=0)) and len(checks) == 2  # another instance: its own check
+    with heads.whole_logits():
+        assert not heads.knows_head(model)
