@@ -2,7 +2,8 @@
 """What hf-seqrl's decode, scoring pass and training step cost on an accelerator, in one command.
 
     python benchmarks/gpu_check.py                      # one GPU (cuda), about 8 minutes
-    python benchmarks/gpu_check.py --device cpu --quick # the same checks at tiny shapes, no compilation (a test)
+    python benchmarks/gpu_check.py --device cpu --quick # the same checks at tiny shapes, no compilation (a test),
+                                                        #   written to a new temporary folder (or --output_dir)
 
 Models have random weights, built from configs at real shapes: t5-small (32,128 tokens), t5-small with NLLB's
 256,206-token vocabulary, and a Qwen2-0.5B-shaped decoder-only model (151,936 tokens). Checks:
@@ -13,14 +14,17 @@ Models have random weights, built from configs at real shapes: t5-small (32,128 
 2. syncs: host syncs per decoded token of hf-seqrl's decode (`counting.SyncCounter`) and, on CUDA, the
    synchronizing calls `torch.cuda.set_sync_debug_mode("warn")` reports.
 3. scoring memory: the scoring pass's peak (`max_memory_allocated` above its start; VmHWM on the CPU) over one
-   float32 logits tensor of its rows, at the 256k vocabulary, chunked (hf-seqrl's) against the whole-logits path.
+   float32 logits tensor of its rows, at the 256k vocabulary, chunked (hf-seqrl's) against the whole-logits path
+   (taken on purpose: `heads.whole_logits`, without the warning a model whose head is not recognized gets).
 4. SCST step: `SCSTTrainer.training_step` (greedy baseline) in bf16 autocast, t5-small and the 0.5B decoder-only
    model, with and without gradient checkpointing: seconds and peak memory.
 5. batch invariance in bf16: the tokens of keyed samples decoded with compaction on and off, and all rows in one
    decode against four decodes of a quarter each (`steps_per_generation` 4 against 1): the share of rows equal.
 6. COMET: ms per sample of the native COMET reward at XLM-R-large shape in bf16 (random weights).
 
-Writes benchmarks/results/gpu_check.json (with the command) and benchmarks/results/gpu_check.md (the table).
+Writes gpu_check.json (with the command) and gpu_check.md (the table, with what each row should show on a CPU and
+on a GPU) into --output_dir: benchmarks/results for a full run; for --quick a new temporary folder (its tiny-shape
+numbers never go into benchmarks/results).
 """
 
 from __future__ import annotations
@@ -203,18 +207,13 @@ def check_scoring_memory(shapes, device, rows, length):
     sample_ids = torch.randint(3, vocab, (rows, length)).to(device)
     logits_mib = rows * length * vocab * 4 / 2**20
     out = {"rows": rows, "tokens": length, "vocab": vocab, "logits_mib": logits_mib}
-    for arm, known in (("chunked", heads.KNOWN_HEADS), ("whole_logits", {})):
-        saved, heads.KNOWN_HEADS = heads.KNOWN_HEADS, known
-        try:
-            model.zero_grad(set_to_none=True)
-            with Peak(device) as peak, warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                scored = family.score(model, inputs, sample_ids, 1, temperature=1.0)
-                scored.token_logprobs.sum().backward()
-            out[f"{arm}_peak_mib"] = peak.mib
-            out[f"{arm}_over_logits"] = peak.mib / logits_mib
-        finally:
-            heads.KNOWN_HEADS = saved
+    for arm in ("chunked", "whole_logits"):
+        model.zero_grad(set_to_none=True)
+        with Peak(device) as peak, heads.whole_logits(arm == "whole_logits"):  # the whole logits on purpose
+            scored = family.score(model, inputs, sample_ids, 1, temperature=1.0)
+            scored.token_logprobs.sum().backward()
+        out[f"{arm}_peak_mib"] = peak.mib
+        out[f"{arm}_over_logits"] = peak.mib / logits_mib
     return out
 
 
@@ -322,46 +321,86 @@ def check_comet(device, quick, samples):
             "ms_per_sample": 1000 * statistics.median(times) / samples}
 
 
+# What each row of the table should show, on a CPU (`--device cpu`, peaks are the process's resident memory) and on a
+# GPU (peaks are the allocator's), when the code does what it is meant to.
+EXPECTED = {
+    "decode ms/token, hf-seqrl": (
+        "below the generate(do_sample) row of the same rows",
+        "below the generate(do_sample) row of the same rows"),
+    "decode ms/token, generate(do_sample)": ("the reference of the row above", "the reference of the row above"),
+    "host syncs / token, hf-seqrl decode": (
+        "one read per 4 tokens plus a few per decode: 1.25 at --quick's 4 tokens, about 0.4 at 32",
+        "the same as on a CPU (the count does not depend on the device)"),
+    "CUDA sync warnings / token": ("not measured", "close to the host syncs row"),
+    "scoring pass peak / logits, chunked": (
+        "host RSS (VmHWM): at --quick's 1 MiB of logits the allocator's noise, so it may read above the whole-logits "
+        "row; at full shape below 1 and below that row",
+        "below 1 and below the whole-logits row: a slice of the vocabulary at a time"),
+    "scoring pass peak / logits, whole logits": (
+        "host RSS: noise at --quick shapes; at full shape above 1 (the logits, their softmax and gradient)",
+        "above 1 and above the chunked row (the logits, their softmax and gradient)"),
+    "SCST step s (peak MiB)": (
+        "checkpointing on: more seconds, a peak at or below off's (host RSS, noise at --quick shapes)",
+        "checkpointing on: more seconds, a lower peak than off's"),
+    "bf16 rows equal, compaction on vs off": (
+        "1.000", "1.000; below 1: bf16 kernels give a row other values at another batch size"),
+    "bf16 rows equal, one decode vs four": (
+        "1.000", "1.000; below 1: bf16 kernels give a row other values at another batch size"),
+    "COMET ms/sample": ("a tiny encoder at --quick: says nothing of the real one",
+                        "the cost of a COMET reward per sample at XLM-R-large shape"),
+    "decode ms/token, hf-seqrl (beside the compiled arm)": ("not run with --quick", "compare with the row below"),
+    "decode ms/token, generate static cache + compile": ("not run with --quick", "generate at its fastest"),
+    "decode, generate static cache + compile": ("not run with --quick", "unsupported for this model in transformers"),
+}
+LEGEND = ("Expected values: the last two columns say what a healthy run shows on a CPU and on a GPU. On a CPU the "
+          "peaks are the process's resident memory (VmHWM), in which allocator noise hides a tensor of a few MiB; "
+          "`--quick`'s tiny shapes say nothing about a GPU.")
+
+
 def markdown(results: dict) -> str:
-    """The table of the checks in `results`; a check that failed is one row with its error."""
-    lines = ["| check | setting | value |", "|---|---|---|"]
+    """The table of the checks in `results`, each row with what it should show on a CPU and on a GPU (`EXPECTED`); a
+    check that failed is one row with its error."""
+    lines = [LEGEND, "", "| check | setting | value | expected on CPU | expected on GPU |", "|---|---|---|---|---|"]
+
+    def add(check: str, setting: str, value: str):
+        cpu, gpu = EXPECTED.get(check, ("", ""))
+        lines.append(f"| {check} | {setting} | {value} | {cpu} | {gpu} |")
+
     for name, error in results.get("errors", {}).items():
-        lines.append(f"| {name} | failed | {error} |")
+        lines.append(f"| {name} | failed | {error} | | |")
     for row in results.get("decode", []):
         setting = f"{row['model']}, {row['rows']} rows"
-        lines.append(f"| decode ms/token, hf-seqrl | {setting} | {row['hf_seqrl_ms_per_token']:.2f} |")
-        lines.append(f"| decode ms/token, generate(do_sample) | {setting} | {row['generate_ms_per_token']:.2f} |")
-        lines.append(f"| host syncs / token, hf-seqrl decode | {setting} | {row['syncs_per_token']:.2f} |")
+        add("decode ms/token, hf-seqrl", setting, f"{row['hf_seqrl_ms_per_token']:.2f}")
+        add("decode ms/token, generate(do_sample)", setting, f"{row['generate_ms_per_token']:.2f}")
+        add("host syncs / token, hf-seqrl decode", setting, f"{row['syncs_per_token']:.2f}")
         if "cuda_sync_warnings_per_token" in row:
-            lines.append(f"| CUDA sync warnings / token | {setting} | {row['cuda_sync_warnings_per_token']:.2f} |")
+            add("CUDA sync warnings / token", setting, f"{row['cuda_sync_warnings_per_token']:.2f}")
     if "scoring_memory" in results:
         mem = results["scoring_memory"]
         setting = f"{mem['rows']} rows x {mem['tokens']} tokens, vocab {mem['vocab']}"
         for arm in ("chunked", "whole_logits"):
-            lines.append(f"| scoring pass peak / logits, {arm.replace('_', ' ')} | {setting} | "
-                         f"{mem[f'{arm}_over_logits']:.2f} ({mem[f'{arm}_peak_mib']:.0f} MiB) |")
+            add(f"scoring pass peak / logits, {arm.replace('_', ' ')}", setting,
+                f"{mem[f'{arm}_over_logits']:.2f} ({mem[f'{arm}_peak_mib']:.0f} MiB)")
     for row in results.get("scst_step", []):
         setting = f"{row['model']}, bf16, checkpointing {'on' if row['gradient_checkpointing'] else 'off'}"
-        lines.append(f"| SCST step s (peak MiB) | {setting} | {row['step_s']:.3f} ({row['peak_mib']:.0f}) |")
+        add("SCST step s (peak MiB)", setting, f"{row['step_s']:.3f} ({row['peak_mib']:.0f})")
     if "batch_invariance" in results:
         inv = results["batch_invariance"]
-        lines.append(f"| bf16 rows equal, compaction on vs off | {inv['rows']} rows | "
-                     f"{inv['equal_rows_compaction_on_vs_off']:.3f} |")
-        lines.append(f"| bf16 rows equal, one decode vs four | {inv['rows']} rows | "
-                     f"{inv['equal_rows_one_decode_vs_four']:.3f} |")
+        add("bf16 rows equal, compaction on vs off", f"{inv['rows']} rows",
+            f"{inv['equal_rows_compaction_on_vs_off']:.3f}")
+        add("bf16 rows equal, one decode vs four", f"{inv['rows']} rows", f"{inv['equal_rows_one_decode_vs_four']:.3f}")
     if "comet" in results:
         comet = results["comet"]
-        lines.append(f"| COMET ms/sample | {comet['shape']}, {comet['dtype']}, {comet['samples']} samples | "
-                     f"{comet['ms_per_sample']:.2f} |")
+        add("COMET ms/sample", f"{comet['shape']}, {comet['dtype']}, {comet['samples']} samples",
+            f"{comet['ms_per_sample']:.2f}")
     for row in results.get("decode_compiled", []):
         setting = f"{row['model']}, {row['rows']} rows"
-        lines.append(f"| decode ms/token, hf-seqrl (beside the compiled arm) | {setting} | "
-                     f"{row['hf_seqrl_ms_per_token']:.2f} |")
+        add("decode ms/token, hf-seqrl (beside the compiled arm)", setting, f"{row['hf_seqrl_ms_per_token']:.2f}")
         if "generate_static_compiled_ms_per_token" in row:
-            lines.append(f"| decode ms/token, generate static cache + compile | {setting} | "
-                         f"{row['generate_static_compiled_ms_per_token']:.2f} (compiled in {row['compile_s']:.0f} s) |")
+            add("decode ms/token, generate static cache + compile", setting,
+                f"{row['generate_static_compiled_ms_per_token']:.2f} (compiled in {row['compile_s']:.0f} s)")
         else:
-            lines.append(f"| decode, generate static cache + compile | {setting} | {row['generate_static_compiled']} |")
+            add("decode, generate static cache + compile", setting, row["generate_static_compiled"])
     return "\n".join(lines) + "\n"
 
 
@@ -378,13 +417,34 @@ def write(results: dict, output: str, started: float) -> str:
     return table
 
 
-def main(argv=None):
+RESULTS = os.path.join(HERE, "results")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Returns the arguments, `output` set to the JSON file to write: in `--output_dir`, else benchmarks/results for a
+    full run and a new temporary folder for `--quick`, whose tiny-shape numbers benchmarks/results never holds."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="a torch device: cuda, cuda:1, cpu, ...")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, no compilation (what the tests run)")
     parser.add_argument("--no-compile", action="store_true", help="leave out generate with a compiled static cache")
-    parser.add_argument("--output", default=os.path.join(HERE, "results", "gpu_check.json"))
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--output_dir", help="the folder of gpu_check.json and gpu_check.md (default: benchmarks/results; "
+                                            "with --quick, a new temporary folder)")
+    where.add_argument("--output", help="the JSON file to write, the table beside it (instead of --output_dir)")
     args = parser.parse_args(argv)
+    if args.output is None:
+        folder = args.output_dir or (tempfile.mkdtemp(prefix="gpu_check_quick_") if args.quick else RESULTS)
+        args.output = os.path.join(folder, "gpu_check.json")
+    results = os.path.realpath(RESULTS)
+    inside = os.path.commonpath([os.path.realpath(args.output), results]) == results
+    if args.quick and inside:
+        parser.error(f"--quick writes tiny-shape numbers, which say nothing about a GPU: name a folder outside "
+                     f"{RESULTS} with --output_dir (or leave it out for a temporary folder).")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     started = time.perf_counter()
     quick = args.quick
     shapes = QUICK if quick else FULL
