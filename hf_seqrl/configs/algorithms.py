@@ -48,16 +48,15 @@ class SeqRLConfig(BaselineConfig):
     """
 
     loss_normalization: str = field(default="sequence", metadata={"help": "sequence | token"})
-    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1).",
-                                                     "range": Range(1)})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio.",
-                                                  "range": Range(0, low_open=True)})
-    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon).",
-                                                               "range": Range(0, low_open=True)})
+    num_iterations: int = field(default=1, metadata={"help": "Optimizer steps per rollout (clipped when > 1)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the token ratio."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
     importance_sampling_level: str = field(default="token", metadata={"help": "token | sequence (GSPO): the ratio "
                                                                               "that is clipped."})
-    delta: float | None = field(default=None, metadata={"help": "Cap of the unclipped ratio (negative advantages).",
-                                                        "range": Range(1, low_open=True)})
+    delta: float | None = field(default=None, metadata={"help": "Cap of the unclipped ratio (negative advantages)."})
+
+    FIELD_RANGES = {"num_iterations": Range(1), "epsilon": Range(0, low_open=True),
+                    "epsilon_high": Range(0, low_open=True), "delta": Range(1, low_open=True)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -104,18 +103,17 @@ class MRTConfig(RolloutConfig):
         Add the tokenized label of each source (needs `labels` in the dataset) to its candidates.
     """
 
-    num_samples: int = field(default=4, metadata={"help": "Candidates per source: samples or the beam's n-best.",
-                                                  "range": Range(1)})
+    num_samples: int = field(default=4, metadata={"help": "Candidates per source: samples or the beam's n-best."})
     mrt_candidates: str = field(default="sample", metadata={"help": "sample | beam | sample+beam"})
-    mrt_beam_size: int = field(default=4, metadata={"help": "Beam width of the 'beam' candidates.", "range": Range(1)})
-    max_len_a: float = field(default=0.0, metadata={"help": "Candidate length limit: max_len_a * source + max_len_b.",
-                                                    "range": Range(0)})
-    max_len_b: int | None = field(default=None, metadata={"help": "Candidate length limit (None: off).",
-                                                          "range": Range(0)})
-    mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates.",
-                                                      "range": Range(0, low_open=True)})
+    mrt_beam_size: int = field(default=4, metadata={"help": "Beam width of the 'beam' candidates."})
+    max_len_a: float = field(default=0.0, metadata={"help": "Candidate length limit: max_len_a * source + max_len_b."})
+    max_len_b: int | None = field(default=None, metadata={"help": "Candidate length limit (None: off)."})
+    mrt_alpha: float = field(default=0.005, metadata={"help": "Sharpness of Q ∝ p^alpha over the candidates."})
     mrt_include_greedy: bool = field(default=False, metadata={"help": "Add the greedy decode to the candidates."})
     mrt_include_reference: bool = field(default=False, metadata={"help": "Add the label to the candidates."})
+
+    FIELD_RANGES = {"mrt_beam_size": Range(1), "max_len_a": Range(0), "max_len_b": Range(0),
+                    "mrt_alpha": Range(0, low_open=True)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -164,10 +162,10 @@ class MixerConfig(BaselineConfig):
         Optimizer steps between two increments of Δ.
     """
 
-    mixer_delta: int = field(default=2, metadata={"help": "Sampled final tokens at the start, and the increment.",
-                                                  "range": Range(1)})
-    mixer_increment_steps: int = field(default=1000, metadata={"help": "Optimizer steps between increments.",
-                                                               "range": Range(1)})
+    mixer_delta: int = field(default=2, metadata={"help": "Sampled final tokens at the start, and the increment."})
+    mixer_increment_steps: int = field(default=1000, metadata={"help": "Optimizer steps between increments."})
+
+    FIELD_RANGES = {"mixer_delta": Range(1), "mixer_increment_steps": Range(1)}
 
     def __post_init__(self):
         super().__post_init__()

@@ -1,12 +1,14 @@
 """The fields every trainer shares (`SeqRLBaseConfig`), the length limit of every trainer that decodes on its own
 (`max_new_tokens_field`), and the checks the configs share: every numeric field declares its valid values once, as a
-`Range` in its metadata (`metadata={"range": Range(0)}`), and `check_ranges` enforces them all at construction."""
+`Range` in the `FIELD_RANGES` of the class that declares the field, and `check_ranges` enforces them all at
+construction. (Not in the fields' metadata: `HfArgumentParser` hands every metadata key to argparse.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -35,8 +37,9 @@ def check_choice(config, name: str, choices: tuple) -> None:
 
 
 class Range(NamedTuple):
-    """The valid values of a numeric config field, declared once in its metadata (`metadata={"range": Range(0)}`):
-    from `low` to `high` (None: unbounded on that side), each end included unless `low_open` / `high_open`.
+    """The valid values of a numeric config field, declared once in the `FIELD_RANGES` of its class
+    (`FIELD_RANGES = {"top_k": Range(0), ...}`): from `low` to `high` (None: unbounded on that side), each end
+    included unless `low_open` / `high_open`.
     A field annotated `int` takes integers only; one annotated `... | None` takes None too."""
 
     low: float | None = None
@@ -57,25 +60,44 @@ class Range(NamedTuple):
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
 
-def _annotation(config_field: dataclasses.Field) -> str:
-    """Returns a field's annotation as written (`"int | None"`), whether or not annotations are postponed."""
-    kind = config_field.type
-    return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+def _type_names(config_class: type, name: str) -> set[str]:
+    """Returns the names of the types the annotation of field `name` joins (`{"int", "None"}` for `int | None`), read
+    from the class that declares it: `HfArgumentParser` rewrites the dataclass field's own `type` (`int | None` to
+    `int`)."""
+    for owner in config_class.__mro__:
+        kind = vars(owner).get("__annotations__", {}).get(name)
+        if kind is not None:
+            break
+    if not isinstance(kind, str):
+        parts = typing.get_args(kind) or (kind,)
+        return {"None" if part is type(None) else getattr(part, "__name__", str(part)) for part in parts}
+    return {part.strip() for part in kind.split("|")}
+
+
+def field_range(config_class: type, name: str) -> Range | None:
+    """Returns the `Range` of the field `name` of `config_class`: the first in its MRO's `FIELD_RANGES`, None when none
+    declares one."""
+    for owner in config_class.__mro__:
+        valid = vars(owner).get("FIELD_RANGES", {}).get(name)
+        if valid is not None:
+            return valid
+    return None
 
 
 def check_ranges(config) -> None:
     """Raises a ValueError naming the class, the field, the value and the valid values for the first numeric field of
-    `config` outside the `Range` its metadata declares (or not a finite number, or not an integer where the field
+    `config` outside its declared `Range` (`field_range`; or not a finite number, or not an integer where the field
     is an `int`); integral floats of `int` fields (`4.0` from a YAML file) become ints."""
     for config_field in dataclasses.fields(config):
-        valid = config_field.metadata.get("range")
+        name = config_field.name
+        valid = field_range(type(config), name)
         if valid is None:
             continue
-        name, value, annotation = config_field.name, getattr(config, config_field.name), _annotation(config_field)
-        none_ok = "None" in annotation
+        value, types = getattr(config, name), _type_names(type(config), name)
+        none_ok = "None" in types
         if value is None and none_ok:
             continue
-        integer = annotation.split("|")[0].strip() == "int"
+        integer = "int" in types
         if integer and isinstance(value, float) and value.is_integer():
             value = int(value)
             setattr(config, name, value)
@@ -136,7 +158,7 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     """
 
     warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
-                                                              "trainer's own loss.", "range": Range(0)})
+                                                              "trainer's own loss."})
     disable_dropout: bool | None = field(default=None, metadata={
         "help": "Set the model's dropout to 0 (default: True for MRT, False for the others)."})
     model_init_kwargs: dict | str | None = field(default=None, metadata={
@@ -151,14 +173,15 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     eval_target_column: str | None = field(default=None, metadata={
         "help": "Target column of the evaluation splits (default: target_column's), e.g. the gold references when "
                 "training on a teacher's outputs."})
-    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens.",
-                                                                   "range": Range(1)})
-    max_target_length: int | None = field(default=None, metadata={"help": "Truncate targets to this many tokens.",
-                                                                   "range": Range(1)})
+    max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
+    max_target_length: int | None = field(default=None, metadata={"help": "Truncate targets to this many tokens."})
     max_prompt_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the prompt's last "
-                                                                           "tokens.", "range": Range(1)})
+                                                                           "tokens."})
     max_completion_length: int | None = field(default=None, metadata={"help": "Decoder-only: keep the completion's "
-                                                                               "first tokens.", "range": Range(1)})
+                                                                               "first tokens."})
+
+    FIELD_RANGES = {"warmup_xe_steps": Range(0), "max_source_length": Range(1), "max_target_length": Range(1),
+                    "max_prompt_length": Range(1), "max_completion_length": Range(1)}
 
     def __post_init__(self):
         check_ranges(self)  # every numeric field of every subclass, before the slower set-up below
@@ -185,7 +208,11 @@ def parse_init_kwargs(config, name: str) -> None:
 
 # The length limit of a trainer that decodes its own outputs during training (the rewarded trainers, professor
 # forcing): one declaration and one check for the configs that hold it.
+# The range of `max_new_tokens`, for the `FIELD_RANGES` of the configs that hold it.
+MAX_NEW_TOKENS_RANGE = {"max_new_tokens": Range(1)}
+
+
 def max_new_tokens_field():
-    """Returns the dataclass field `max_new_tokens` of a config whose trainer decodes during training."""
-    return field(default=None, metadata={"help": "Length limit of the sequences the model writes during training.",
-                                         "range": Range(1)})
+    """Returns the dataclass field `max_new_tokens` of a config whose trainer decodes during training (its range:
+    `MAX_NEW_TOKENS_RANGE`)."""
+    return field(default=None, metadata={"help": "Length limit of the sequences the model writes during training."})

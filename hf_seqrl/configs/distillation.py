@@ -50,15 +50,14 @@ class DistillationConfig(BaselineConfig):
     `lmbda=0, beta=0, rl_weight=0.5`.
     """
 
-    lmbda: float = field(default=1.0, metadata={"help": "Share of optimizer steps on the student's own samples.",
-                                                "range": Range(0, 1)})
-    beta: float = field(default=1.0, metadata={"help": "0 forward KL, 1 reverse KL, between: generalized JSD.",
-                                               "range": Range(0, 1)})
+    lmbda: float = field(default=1.0, metadata={"help": "Share of optimizer steps on the student's own samples."})
+    beta: float = field(default=1.0, metadata={"help": "0 forward KL, 1 reverse KL, between: generalized JSD."})
     seq_kd: bool = field(default=False, metadata={"help": "Off-policy steps train on the teacher's beam decodes."})
-    seq_kd_num_beams: int = field(default=4, metadata={"help": "Beam width of the teacher's decodes (seq_kd).",
-                                                       "range": Range(1)})
+    seq_kd_num_beams: int = field(default=4, metadata={"help": "Beam width of the teacher's decodes (seq_kd)."})
     divergence_estimator: str = field(default="full", metadata={
         "help": "full (over the vocabulary) | sampled (reverse KL at the sampled tokens, as a policy gradient)."})
+
+    FIELD_RANGES = {"lmbda": Range(0, 1), "beta": Range(0, 1), "seq_kd_num_beams": Range(1)}
 
     def __post_init__(self):
         super().__post_init__()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schedules import SCHEDULES
-from .base import Range, SeqRLBaseConfig, check_choice, max_new_tokens_field
+from .base import MAX_NEW_TOKENS_RANGE, Range, SeqRLBaseConfig, check_choice, max_new_tokens_field
 
 SAMPLING = ("argmax", "sample")
 SCHEDULE_UNITS = ("step", "epoch")
@@ -47,9 +47,10 @@ class ScheduleConfig(OwnTokensConfig):
     """
 
     schedule: str = field(default="linear", metadata={"help": "linear | exponential | inverse_sigmoid | constant"})
-    schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule.",
-                                                        "range": Range(0, low_open=True)})
+    schedule_k: float = field(default=1000.0, metadata={"help": "Time constant of the schedule."})
     schedule_unit: str = field(default="step", metadata={"help": "step | epoch"})
+
+    FIELD_RANGES = {"schedule_k": Range(0, low_open=True)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -70,8 +71,9 @@ class ScheduledSamplingConfig(ScheduleConfig):
         Lower bound of ε (the constant schedule's value).
     """
 
-    min_teacher_forcing_ratio: float = field(default=0.5, metadata={"help": "Lower bound of the ratio.",
-                                                                    "range": Range(0, 1)})
+    min_teacher_forcing_ratio: float = field(default=0.5, metadata={"help": "Lower bound of the ratio."})
+
+    FIELD_RANGES = {"min_teacher_forcing_ratio": Range(0, 1)}
 
 
 @dataclass
@@ -100,10 +102,11 @@ class PrefixCorruptionConfig(ScheduleConfig):
     """
 
     schedule: str = field(default="constant", metadata={"help": "constant | linear | exponential | inverse_sigmoid"})
-    corruption_rate: float = field(default=0.15, metadata={"help": "σ: probability of corrupting a decoder input.",
-                                                           "range": Range(0, 1)})
+    corruption_rate: float = field(default=0.15, metadata={"help": "σ: probability of corrupting a decoder input."})
     replacement: str = field(default="random", metadata={"help": "random | model"})
     per_token_levels: bool = field(default=False, metadata={"help": "Noise-level forcing: σ_t ~ U(0, σ) per token."})
+
+    FIELD_RANGES = {"corruption_rate": Range(0, 1)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -127,9 +130,10 @@ class KStepRolloutConfig(OwnTokensConfig):
         model's tokens of the earlier chunks, and only anchor inputs are gold (see docs/math.md).
     """
 
-    rollout_steps: int = field(default=4, metadata={"help": "k: positions per anchor (1 = teacher forcing).",
-                                                    "range": Range(1)})
+    rollout_steps: int = field(default=4, metadata={"help": "k: positions per anchor (1 = teacher forcing)."})
     rollout_context: str = field(default="exact", metadata={"help": "exact | shared_row"})
+
+    FIELD_RANGES = {"rollout_steps": Range(1)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -157,13 +161,13 @@ class ProfessorForcingConfig(OwnTokensConfig):
     """
 
     max_new_tokens: int | None = max_new_tokens_field()
-    adversarial_weight: float = field(default=1.0, metadata={"help": "Weight of the adversarial loss.",
-                                                             "range": Range(0)})
+    adversarial_weight: float = field(default=1.0, metadata={"help": "Weight of the adversarial loss."})
     discriminator: str = field(default="gru", metadata={"help": "gru | transformer"})
-    discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator.",
-                                                                  "range": Range(1)})
-    discriminator_learning_rate: float = field(default=1e-4, metadata={"help": "Discriminator learning rate.",
-                                                                       "range": Range(0, low_open=True)})
+    discriminator_hidden_size: int = field(default=128, metadata={"help": "Width of the discriminator."})
+    discriminator_learning_rate: float = field(default=1e-4, metadata={"help": "Discriminator learning rate."})
+
+    FIELD_RANGES = {"adversarial_weight": Range(0), "discriminator_hidden_size": Range(1),
+                    "discriminator_learning_rate": Range(0, low_open=True), **MAX_NEW_TOKENS_RANGE}
 
     def __post_init__(self):
         super().__post_init__()

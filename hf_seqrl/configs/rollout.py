@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..functional.advantages import AGGREGATIONS, BASELINES, SCALINGS as SCALE_REWARDS, AdvantageSettings
-from .base import Range, SeqRLBaseConfig, check_choice, max_new_tokens_field, parse_init_kwargs
+from .base import MAX_NEW_TOKENS_RANGE, Range, SeqRLBaseConfig, check_choice, max_new_tokens_field, parse_init_kwargs
 
 
 @dataclass
@@ -105,31 +105,29 @@ class RolloutConfig(SeqRLBaseConfig):
         "help": "Gather a sharded (FSDP2, ZeRO-3) model once per rollout decode; False decodes per layer."})
     teacher_model_init_kwargs: dict | str | None = field(default=None, metadata={
         "help": "from_pretrained keyword arguments (JSON) when teacher_model is a Hub id or folder."})
-    reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process).",
-                                                     "range": Range(0)})
-    num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source.", "range": Range(1)})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.",
-                                                      "range": Range(0, low_open=True)})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off).", "range": Range(0)})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off).",
-                                                "range": Range(0, 1, low_open=True)})
-    rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE.",
-                                                    "range": Range(0, 1)})
-    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient.", "range": Range(0)})
-    kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient.",
-                                                  "range": Range(0)})
+    reward_workers: int = field(default=0, metadata={"help": "Processes scoring big reward batches (0 = in-process)."})
+    num_samples: int = field(default=1, metadata={"help": "Sampled sequences per source."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off)."})
+    rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
+    kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
     log_completions: bool = field(default=False, metadata={"help": "Write, print and report the samples at each "
                                                                     "log (output_dir/completions/step-N.jsonl)."})
     num_completions_to_print: int | None = field(default=None, metadata={"help": "Sample rows printed at each log "
-                                                                                  "(None: all).", "range": Range(0)})
+                                                                                  "(None: all)."})
     max_new_tokens: int | None = max_new_tokens_field()
     steps_per_generation: int | None = field(default=None, metadata={"help": "Micro-batches decoded together (must "
-                                                                              "divide gradient_accumulation_steps).",
-                                                                      "range": Range(1)})
+                                                                              "divide gradient_accumulation_steps)."})
     generation_batch_size: int | None = field(default=None, metadata={"help": "Sources decoded together over all "
-                                                                               "processes (or steps_per_generation).",
-                                                                       "range": Range(1)})
+                                                                               "processes (or steps_per_generation)."})
     length_normalize: bool = field(default=False, metadata={"help": "Mean instead of sum of token log-probs."})
+
+    FIELD_RANGES = {"reward_workers": Range(0), "num_samples": Range(1), "temperature": Range(0, low_open=True),
+                    "top_k": Range(0), "top_p": Range(0, 1, low_open=True), "rl_weight": Range(0, 1),
+                    "entropy_coef": Range(0), "kl_coef": Range(0), "num_completions_to_print": Range(0),
+                    "steps_per_generation": Range(1), "generation_batch_size": Range(1), **MAX_NEW_TOKENS_RANGE}
 
     def __post_init__(self):
         super().__post_init__()
@@ -227,8 +225,7 @@ class BaselineConfig(RolloutConfig):
     baseline: str | None = field(
         default=None, metadata={"help": "greedy | mean | moving_average | none (default: the trainer's)."}
     )
-    baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline.",
-                                                             "range": Range(0, 1, high_open=True)})
+    baseline_ema_decay: float = field(default=0.9, metadata={"help": "Decay of the moving-average baseline."})
     center_advantages: bool = field(default=False, metadata={"help": "Subtract the batch mean of the advantages."})
     scale_rewards: str = field(default="none", metadata={"help": "none | group | batch: divide the advantages by "
                                                                   "their std over the source or the batch."})
@@ -238,6 +235,8 @@ class BaselineConfig(RolloutConfig):
         "help": "Leave samples cut at the length limit (no EOS) out of the loss."})
     token_reward_to_go: bool = field(default=False, metadata={
         "help": "Per-token values (token-level rewards, distillation's log-ratios) summed to the end of the sample."})
+
+    FIELD_RANGES = {"baseline_ema_decay": Range(0, 1, high_open=True)}
 
     def __post_init__(self):
         super().__post_init__()

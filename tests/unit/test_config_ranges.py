@@ -1,14 +1,14 @@
-"""Every numeric field that an hf-seqrl config declares has a declared range (`configs.base.Range` in its metadata),
-and a value outside it, or a value that is no number, is refused when the config is built, with an error that names
-the class, the field, the value and the range. A new numeric field without a range or a row here fails
-`test_the_table_covers_every_numeric_field`."""
+"""Every numeric field that an hf-seqrl config declares has a declared range (a `configs.base.Range` in the
+`FIELD_RANGES` of its class), and a value outside it, or a value that is no number, is refused when the config is
+built, with an error that names the class, the field, the value and the range. A new numeric field without a range or
+a row here fails `test_the_table_covers_every_numeric_field`."""
 
 import re
 
 import pytest
 
 import hf_seqrl.configs as configs
-from hf_seqrl.configs.base import Range, SeqRLBaseConfig
+from hf_seqrl.configs.base import Range, SeqRLBaseConfig, field_range
 
 # An out-of-range value of every numeric field, by field name (the same name has the same range in every config).
 OUT_OF_RANGE = {
@@ -65,13 +65,13 @@ def test_the_table_covers_every_numeric_field():
     declared = {name for _, name, _ in CASES}
     assert declared == set(OUT_OF_RANGE), (declared ^ set(OUT_OF_RANGE))
     for cls, name, _ in CASES:
-        assert isinstance(cls.__dataclass_fields__[name].metadata.get("range"), Range), f"{cls.__name__}.{name}"
+        assert isinstance(field_range(cls, name), Range), f"{cls.__name__}.{name}"
 
 
 @pytest.mark.parametrize("cls,name,kind", CASES, ids=[f"{c.__name__}.{n}" for c, n, _ in CASES])
 def test_a_value_out_of_range_or_of_another_type_is_refused_naming_the_field(cls, name, kind):
     bad = OUT_OF_RANGE[name]
-    valid = str(cls.__dataclass_fields__[name].metadata["range"])
+    valid = str(field_range(cls, name))
     with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{name}={re.escape(repr(bad))} is out of range: {name} "
                                          rf"must be {re.escape(valid)}"):
         cls(output_dir="unused", **{name: bad})
@@ -88,7 +88,16 @@ def test_the_defaults_are_in_range(cls):
     config = cls(output_dir="unused", report_to=[])
     for name in declared_numeric_fields(cls):
         value = getattr(config, name)
-        assert value is None or value in cls.__dataclass_fields__[name].metadata["range"], name
+        assert value is None or value in field_range(cls, name), name
+
+
+@pytest.mark.parametrize("cls", config_classes(), ids=lambda cls: cls.__name__)
+def test_every_config_parses_from_the_command_line(cls):
+    # HfArgumentParser hands every metadata key of a field to argparse: a range there would break every CLI.
+    from transformers import HfArgumentParser
+
+    (config,) = HfArgumentParser(cls).parse_args_into_dataclasses(["--output_dir", "unused", "--report_to", "none"])
+    assert type(config) is cls
 
 
 def test_range_bounds_and_their_description():
