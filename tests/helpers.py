@@ -177,6 +177,15 @@ def heldout_chrf(model, tokenizer, sources, references, max_new_tokens: int = 8)
     return sum(get_reward("chrf")(predictions, references)) / len(predictions)
 
 
+def target_loss(model, tokenizer, sources, targets) -> float:
+    """Returns an encoder-decoder model's mean teacher-forced cross-entropy per target token on the pairs, in one
+    batch (what a trainer's evaluation reports as its loss when the split fits one batch)."""
+    labels = tokenizer(text_target=list(targets), padding=True, return_tensors="pt")["input_ids"]
+    labels[labels == tokenizer.pad_token_id] = -100
+    with torch.no_grad():
+        return model.eval()(**tokenizer(list(sources), padding=True, return_tensors="pt"), labels=labels).loss.item()
+
+
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Returns the p-value of Pearson's chi-square test of `counts` against `probs` (cells of probability > 0)."""
     keep = probs > 0

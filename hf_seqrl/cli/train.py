@@ -272,12 +272,16 @@ def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_
     from datasets import load_dataset
 
     s, data_args = script_args, training_args
+    # validation and test read the gold references of a model trained on a teacher's outputs (eval_target_column)
+    target_columns = {split: (split != "train" and data_args.eval_target_column) or data_args.target_column
+                      for split, _ in SPLITS}
     if s.dataset_name is not None:
         raw = load_dataset(s.dataset_name, s.dataset_config)
     else:
         files = {"train": s.train_file, "validation": s.validation_file, "test": s.test_file}
-        raw = load_text_files({k: v for k, v in files.items() if v}, data_args.source_column or "source",
-                              data_args.target_column or "target")
+        raw = {split: load_text_files({split: path}, data_args.source_column or "source",
+                                      target_columns[split] or "target")[split]
+               for split, path in files.items() if path}
     limits = {"train": s.max_train_samples, "validation": s.max_eval_samples, "test": s.max_test_samples}
     out = {}
     for split, _ in SPLITS:
@@ -287,8 +291,8 @@ def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_
         data = raw[split]
         if limits[split] is not None:
             data = data.select(range(min(limits[split], len(data))))
-        data = select_pair_columns(data, data_args.source_column, data_args.target_column, s.source_lang,
-                                   s.target_lang, where)
+        data = select_pair_columns(data, data_args.source_column, target_columns[split], s.source_lang,
+                                   s.target_lang, where, "target_column" if split == "train" else "eval_target_column")
         data = check_pairs(data, where, drop=s.drop_invalid_rows)
         out[split] = data.map(
             tokenize_for, batched=True, remove_columns=["source", "target"], desc=f"{where}: tokenize",

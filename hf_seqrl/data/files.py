@@ -101,13 +101,15 @@ def load_pairs(path: str, source_column: str = "source", target_column: str = "t
 
 
 def select_pair_columns(dataset, source_column: str | None = None, target_column: str | None = None,
-                        source_lang: str | None = None, target_lang: str | None = None, where: str = "dataset"):
+                        source_lang: str | None = None, target_lang: str | None = None, where: str = "dataset",
+                        target_field: str = "target_column"):
     """Returns `dataset` reduced to two columns, `source` and `target`.
 
     The pair is taken from `source_column` / `target_column` when given; else, when `source_lang` and
     `target_lang` are given and there is a `translation` column of dicts (wmt16, opus), from its entries; else
     from the columns named `source_lang` / `target_lang`; else from `source` / `target`. Raises an error naming
-    the missing column and listing the available ones.
+    the missing column and listing the available ones, with the flag that sets it (`target_field`: the field that
+    named `target_column`, e.g. `eval_target_column` for an evaluation split).
     """
     columns = list(dataset.column_names)
     if source_column is None and target_column is None and source_lang and target_lang and "translation" in columns:
@@ -129,7 +131,7 @@ def select_pair_columns(dataset, source_column: str | None = None, target_column
         if name not in columns:
             raise ValueError(
                 f"{where} has no column {name!r} (the {role}); available columns: {columns}. Set "
-                f"--{role}_column to one of them"
+                f"--{role + '_column' if role == 'source' else target_field} to one of them"
                 + (" (or source_lang / target_lang for a 'translation' column)." if role == "source" else ".")
             )
     source, target = wanted["source"], wanted["target"]

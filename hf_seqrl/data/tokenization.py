@@ -256,16 +256,36 @@ def _pick(columns: list[str], given: str | None, defaults: tuple[str, ...]) -> s
     return next((name for name in defaults if name in columns), None)
 
 
-def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None):
+def check_target_column(columns: list[str], name: str, args, field_name: str, evaluation: bool) -> None:
+    """Raises a ValueError when `args.<field_name>` (`target_column` or `eval_target_column`) names a column that the
+    dataset `name` (an `evaluation` split or the train split) lacks, naming the field that fixes it: an evaluation
+    split read through `target_column` takes its own column through `eval_target_column`, which leaves the train
+    split's alone."""
+    given = getattr(args, field_name, None)
+    if given is None or given in columns:
+        return
+    if evaluation and field_name == "target_column":
+        fix = (f"set eval_target_column to the column of its targets (e.g. the gold references when training on a "
+               f"teacher's outputs); target_column={given!r} stays the train split's")
+    else:
+        fix = f"set {field_name} to one of them" + (" (eval_target_column names the evaluation splits')"
+                                                    if not evaluation else "")
+    raise ValueError(f"{name} has no column {given!r} ({type(args).__name__}.{field_name}; its columns: {columns}): "
+                     f"{fix}.")
+
+
+def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None,
+                          evaluation: bool = False):
     """Returns `dataset` tokenized for a model of `family` when it holds text columns instead of `input_ids`
     (one `datasets.map`, cached as `datasets` caches maps; an `IterableDataset` is tokenized on the fly as its rows
     are read); tokenized datasets and other iterables are returned as they are.
 
     Encoder-decoder models read a source column (`args.source_column`; default `source`, else `prompt`) and a
     target column (`args.target_column`; default `target`, else `completion`), decoder-only models the same pair
-    as prompt → completion (text or chat messages). The target may be left out when a `references` column gives
-    the rewards' references (RL without cross-entropy). Every other column stays and reaches the rewards; a
-    `references` column of the dataset is kept over the target's.
+    as prompt → completion (text or chat messages); an `evaluation` split reads `args.eval_target_column` when set
+    (the gold references of a model trained on a teacher's outputs). The target may be left out when a `references`
+    column gives the rewards' references (RL without cross-entropy). Every other column stays and reaches the
+    rewards; a `references` column of the dataset is kept over the target's.
     """
     from datasets import IterableDataset
 
@@ -275,8 +295,11 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
         columns = list(next(iter(dataset)).keys())
     if not isinstance(columns, list) or "input_ids" in columns:
         return dataset
+    target_field = "eval_target_column" if evaluation and getattr(args, "eval_target_column", None) else "target_column"
     source = _pick(columns, getattr(args, "source_column", None), SOURCE_COLUMNS)
-    target = _pick(columns, getattr(args, "target_column", None), TARGET_COLUMNS)
+    target = _pick(columns, getattr(args, target_field, None), TARGET_COLUMNS)
+    if source is not None and target is None and "references" not in columns:
+        check_target_column(columns, name, args, target_field, evaluation)
     if source is None or (target is None and "references" not in columns):
         raise ValueError(
             f"{name} has no tokenized 'input_ids' and no text columns to tokenize (columns: {columns}): give "

@@ -76,13 +76,15 @@ def check_not_empty(dataset, name: str) -> None:
 
 def prepare_datasets(train_dataset, eval_dataset, family, tokenizer, args, start_id):
     """Returns `(train_dataset, eval_dataset)` as the Trainer takes them: each split checked not empty, text columns
-    tokenized for the model family (`tokenize_text_dataset`; `start_id` the labels' start token), the train split's
-    columns and every split's rows checked. `eval_dataset` may be a dict of named splits."""
+    tokenized for the model family (`tokenize_text_dataset`; `start_id` the labels' start token; the evaluation
+    splits' targets from `eval_target_column` when set), the train split's columns and every split's rows checked.
+    `eval_dataset` may be a dict of named splits."""
     named = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
     for name, data in (("train_dataset", train_dataset), *named):
         check_not_empty(data, name)
     train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, tokenizer, args, start_id)
-    evaluated = {name: tokenize_text_dataset(data, name, family, tokenizer, args, start_id) for name, data in named}
+    evaluated = {name: tokenize_text_dataset(data, name, family, tokenizer, args, start_id, evaluation=True)
+                 for name, data in named}
     if train_dataset is not None:
         check_dataset_columns(train_dataset, "train_dataset", family)
         check_rows(train_dataset, "train_dataset")

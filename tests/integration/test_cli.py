@@ -213,3 +213,40 @@ def test_distill_data_refuses_a_file_begun_with_other_settings_naming_them_unles
     record.unlink()  # a file without its record (written before settings were recorded) cannot be continued
     assert main(with_flags(common, teacher=tmp_path / "retrained", num_beams=3)) == 2
     assert "no record of the settings" in capsys.readouterr().err
+
+
+def test_sequence_level_kd_trains_on_the_teachers_decodes_and_evaluates_on_the_gold_references(tmp_path,
+                                                                                               monkeypatch):
+    """distill-data, then `hf-seqrl train --target_column teacher_target --eval_target_column target`: the student's
+    training rows are the teacher's decodes, the validation (JSON lines) and test (.txt) splits the gold pairs, whose
+    loss the final evaluation reports. Without `--eval_target_column` the validation file is refused naming it."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from helpers import target_loss
+    from hf_seqrl.cli import train as train_cli
+
+    rows, argv = distill_data_files(tmp_path)
+    assert main(argv) == 0
+    decoded = [json.loads(line)["teacher_target"] for line in (tmp_path / "teacher.jsonl").read_text().splitlines()]
+    gold = [("abcab", "bacba"), ("cd", "dc"), ("bbd", "dbb")]
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in gold))
+    (tmp_path / "test.txt").write_text("".join(f"{t}\t{s}\n" for s, t in gold))  # other pairs than dev's
+    built, build_trainer = [], train_cli.build_trainer
+    monkeypatch.setattr(train_cli, "build_trainer", lambda *args: built.append(build_trainer(*args)) or built[-1])
+    common = ["train", "--tiny_model", "t5", "--train_file", str(tmp_path / "teacher.jsonl"), "--validation_file",
+              str(tmp_path / "dev.jsonl"), "--test_file", str(tmp_path / "test.txt"), "--target_column",
+              "teacher_target", "--algorithm", "scst", "--warmup_xe_steps", "2", "--max_steps", "2",
+              "--learning_rate", "1e-2", "--output_dir", str(tmp_path / "student"), "--report_to", "none",
+              "--save_strategy", "no", "--max_new_tokens", "4", "--generation_max_length", "4",
+              "--dataloader_pin_memory", "false"]
+    assert main([*common, "--eval_target_column", "target"]) == 0
+    trainer = built[0]
+    assert trainer.train_dataset["references"] == [[text] for text in decoded] and decoded != [r["target"] for r in rows]
+    assert trainer.eval_dataset["references"] == [[t] for _, t in gold]
+    results = json.loads((tmp_path / "student" / "all_results.json").read_text())
+    student, tok = (auto.from_pretrained(tmp_path / "student") for auto in (AutoModelForSeq2SeqLM, AutoTokenizer))
+    assert results["eval_loss"] == pytest.approx(target_loss(student, tok, *zip(*gold)), rel=1e-4)
+    assert results["test_loss"] == pytest.approx(target_loss(student, tok, *zip(*[(t, s) for s, t in gold])), rel=1e-4)
+    with pytest.raises(ValueError, match="validation split of .*dev.jsonl has no column 'teacher_target' .*Set "
+                                         "--eval_target_column to one of them"):
+        main(common)

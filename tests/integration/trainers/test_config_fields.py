@@ -22,7 +22,8 @@ SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", mo
               top_k=5, top_p=0.95, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05, log_completions=True,
               num_completions_to_print=1, save_on_error=False, ds3_gather_for_generation=False,
               teacher_model_init_kwargs={"dtype": "float32"})
-SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", max_source_length=24, max_target_length=12)
+SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", eval_target_column="tgt", max_source_length=24,
+                    max_target_length=12)
 CAUSAL_ONLY = dict(max_prompt_length=24, max_completion_length=12)
 # Whole sequences drawn from the source alone: decoded ahead, scored by the mean; MIXER refuses them.
 SEQUENCE = dict(steps_per_generation=ACCUMULATION, generation_batch_size=BATCH * ACCUMULATION, length_normalize=True)

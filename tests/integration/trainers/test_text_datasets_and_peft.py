@@ -7,7 +7,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from helpers import byt5_tokenizer, make_config, tiny_causal_model, tiny_model, toy_pairs
+from helpers import byt5_tokenizer, make_config, target_loss, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       PrefixCorruptionConfig, PrefixCorruptionTrainer, ProfessorForcingConfig, ProfessorForcingTrainer,
                       ReinforceTrainer, ScheduledSamplingConfig, ScheduledSamplingTrainer, SCSTTrainer, SeqRLConfig,
@@ -110,6 +110,30 @@ def test_a_dataset_with_neither_form_names_both():
     with pytest.raises(ValueError, match=r"'source' and 'target'.*'prompt' and 'completion'"):
         SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir="unused", report_to=[]),
                     reward_funcs=overlap_reward, processing_class=byt5_tokenizer(), train_dataset=data)
+
+
+def test_a_student_trains_on_a_teacher_column_and_is_evaluated_on_the_gold_one(tmp_path):
+    """Sequence-level KD in Python: `target_column` names the teacher's outputs (the train split), `eval_target_column`
+    the gold references (the evaluation splits), whose labels give the evaluation loss. An evaluation split read
+    through `target_column` alone, which lacks that column, is refused naming `eval_target_column`."""
+    tokenizer = byt5_tokenizer()
+    train = pairs().add_column("teacher", [t[::-1] + "a" for t in pairs()["target"]])
+    gold = {"dev": pairs(n=3, seed=1), "test": pairs(n=3, seed=2)}
+    args = config(tmp_path, target_column="teacher", eval_target_column="target", warmup_xe_steps=2)
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs=overlap_reward, processing_class=tokenizer,
+                          train_dataset=train, eval_dataset=gold)
+    assert trainer.train_dataset["references"] == [[t] for t in train["teacher"]]
+    for name, data in gold.items():
+        assert trainer.eval_dataset[name]["references"] == [[t] for t in data["target"]]
+    trainer.train()
+    for name, data in gold.items():
+        loss = trainer.evaluate(trainer.eval_dataset[name], metric_key_prefix=name)[f"{name}_loss"]
+        assert loss == pytest.approx(target_loss(trainer.model, tokenizer, data["source"], data["target"]), rel=1e-5)
+    with pytest.raises(ValueError, match=r"dev has no column 'teacher' \(SeqRLConfig.target_column; .*set "
+                                         r"eval_target_column to the column of its targets .*target_column='teacher' "
+                                         r"stays the train split's"):
+        SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, target_column="teacher"),
+                    reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=train, eval_dataset=gold)
 
 
 # ---- LoRA ------------------------------------------------------------------------------------------------------
