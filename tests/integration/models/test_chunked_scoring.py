@@ -1,10 +1,11 @@
 """The scoring pass reduces the output layer's inputs chunk by chunk (`models.heads`, `functional.lm_head`): per
 architecture its values and gradients equal the whole-logits formula in float64 (T5's tied rescale, Marian's and
-BART's `final_logits_bias`, Llama, GPT-2, OPT, Phi's biased head, Gemma 2's soft cap, Cohere's scale, BERT2BERT's
-transform head), with bans, the rollout temperature, gold rows, a KL reference and label smoothing's terms, and no
-whole-logits warning: the head is recognized by a check forward, not by its architecture's name. No tensor of every
-position's logits is made; a head whose forward does something else, an adapter on the head or a forward hook falls
-back to the whole logits with one warning naming why, and still scores right."""
+BART's `final_logits_bias`, BERT2BERT's transform head, Llama, Qwen2, GPT-2, OPT, Phi's biased head, Falcon, OLMo,
+Mixtral, Gemma 2's soft cap, Cohere's scale), with bans, the rollout temperature, gold rows, a KL reference and
+label smoothing's terms, and no whole-logits warning: the head is recognized by a check forward, not by its
+architecture's name. No tensor of every position's logits is made; a head whose forward does something else, an
+adapter on the head or a forward hook falls back to the whole logits with one warning naming why, and still scores
+right."""
 
 import logging
 
@@ -44,6 +45,13 @@ CAUSAL = {  # tiny configs of decoder-only architectures beside Llama: (config c
                                                 intermediate_size=64)),  # a head with a bias
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                          num_attention_heads=2, num_key_value_heads=1, logit_scale=0.5)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=2)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                            num_attention_heads=2, num_key_value_heads=1,
+                                                            num_local_experts=2,
+                                                            experts_implementation="eager")),  # float64
 }
 
 
@@ -77,8 +85,8 @@ def bert2bert():
 def build(arch):
     if arch == "gemma2":
         model = gemma2()
-    elif arch == "llama":
-        model = tiny_causal_model("llama", seed=0)
+    elif arch in ("llama", "qwen2"):
+        model = tiny_causal_model(arch, seed=0)
     elif arch in CAUSAL:
         model = causal_model(arch)
     elif arch == "bert2bert":
@@ -101,7 +109,7 @@ def collate_rows(sources, targets):
 
 
 def batch_of(model, arch):
-    if arch in ("llama", "gemma2", *CAUSAL):
+    if arch in ("llama", "qwen2", "gemma2", *CAUSAL):
         tokenizer = byt5_tokenizer()
         data = prompt_completion_dataset(tokenizer, n=2, seed=3, lengths=(3, 3))  # no padding: Gemma 2's eager
         # attention gives NaN gradients on a fully masked (left-padded) row, whatever scores its logits
@@ -121,8 +129,8 @@ def head_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "hf_seqrl.models.heads"]
 
 
-@pytest.mark.parametrize("arch", ["t5", "marian", "bart", "llama", "gpt2", "opt", "phi", "gemma2", "cohere",
-                                  "bert2bert"])
+@pytest.mark.parametrize("arch", ["t5", "marian", "bart", "bert2bert", "llama", "qwen2", "gpt2", "opt", "phi",
+                                  "falcon", "olmo", "mixtral", "gemma2", "cohere"])
 def test_chunked_pass_equals_the_whole_logits_formula(monkeypatch, caplog, arch):
     monkeypatch.setattr(heads, "_warned", set())
     caplog.set_level(logging.WARNING, logger="hf_seqrl.models.heads")
