@@ -47,6 +47,83 @@ def normalize_references(references: Any, field_name: str = "references", offset
     return rows
 
 
+# What a cell of each kind of text column must hold, as errors say it.
+TEXT_KINDS = {
+    "text": "a string",
+    "prompt": "a string or a list of chat messages ({'role': ..., 'content': <string>} dicts)",
+    "references": "a string or a non-empty list of strings, each with text",
+    "completion": "a string with text, a non-empty list of such strings (references) or a list of chat messages",
+}
+
+
+def describe(value: Any) -> str:
+    """Returns how an error names a cell's value: `None`, `an empty string`, `an int (5)`, `a list holding None`."""
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else f"a string ({value[:40]!r})"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "an empty list"
+        bad = next((item for item in value if not has_text(item)), value[0])
+        return f"a list holding {describe(bad)}"
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({str(value)[:40]})"
+
+
+def _is_messages(value: Any) -> bool:
+    """Returns whether `value` is a non-empty list of chat messages, each a dict with a string `content`."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
+
+
+def _is_references(value: Any) -> bool:
+    """Returns whether `value` is a string with text or a non-empty list of them."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(has_text(item) for item in value)
+    return has_text(value)
+
+
+def _wrong_type(value: Any) -> bool:
+    """Returns whether a cell holds a type no text column takes (a number, a dict, a list holding one), as opposed to
+    a missing or empty text (None, "", [])."""
+    if value is None or isinstance(value, str):
+        return False
+    if not isinstance(value, (list, tuple)):
+        return True
+    return any(item is not None and not isinstance(item, (str, dict)) for item in value)
+
+
+def text_cell_ok(value: Any, kind: str) -> bool:
+    """Returns whether one cell of a text column of `kind` (a key of `TEXT_KINDS`) is what that kind holds. A "text"
+    or "prompt" cell may be an empty string here: the trainers' emptiness checks name those rows together."""
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "prompt":
+        return isinstance(value, str) or _is_messages(value)
+    if kind == "references":
+        return _is_references(value)
+    return _is_references(value) or _is_messages(value)
+
+
+def check_text_column(values, column: str, kind: str, name: str, rows=None) -> None:
+    """Raises a clear error naming the dataset, the row and the column for the first cell of `values` that is not what
+    a text column of `kind` holds (`TEXT_KINDS`): a target that is a number, a None, a list of non-strings, ...
+
+    Args:
+        values (`Sequence`): the column's cells.
+        column (`str`): the column's name.
+        kind (`str`): `"text"`, `"prompt"`, `"references"` or `"completion"`.
+        name (`str`): how errors name the dataset (`"train_dataset"`).
+        rows (`Iterable[int]`, *optional*): the row index of each cell (default: 0, 1, ...).
+    """
+    for row, value in zip(range(len(values)) if rows is None else rows, values):
+        if not text_cell_ok(value, kind):
+            raise (TypeError if _wrong_type(value) else ValueError)(
+                f"{name} row {row}: column {column!r} holds {describe(value)}, but each cell must be "
+                f"{TEXT_KINDS[kind]}. Drop or fix that row (or name another column).")
+
+
 def _batched_columns(dataset) -> list[str] | None:
     """Returns the column names of a `datasets.Dataset` that can be read in batches; None for any other dataset
     (plain lists, torch datasets, dataset dicts), which the row checks leave alone."""
@@ -65,16 +142,19 @@ def _row_batches(dataset, columns: list[str], batch_size: int):
         offset += len(batch[columns[0]])
 
 
-def check_rows(dataset, name: str = "train_dataset", batch_size: int = 1000) -> None:
+def check_rows(dataset, name: str = "train_dataset", batch_size: int = 1000, vocabulary: int | None = None) -> None:
     """Raises a clear error naming the row for rows that would poison training silently.
 
     Checks a `datasets.Dataset` (other datasets are left alone): empty `input_ids`, `labels` that are empty or
-    all -100, empty `sources`, and `references` that are not non-empty strings / lists of them.
+    all -100, `sources` that are not strings with text, `references` that are not strings with text / non-empty
+    lists of them (`check_text_column`), and with `vocabulary`, ids of `input_ids` or `labels` the model has no row
+    for (rows tokenized with another tokenizer: they would fail at the first step inside `torch.embedding`).
 
     Args:
         dataset (`datasets.Dataset`): the tokenized dataset.
         name (`str`, *optional*, defaults to `"train_dataset"`): how errors name the dataset.
         batch_size (`int`, *optional*, defaults to `1000`): rows read at a time.
+        vocabulary (`int`, *optional*): the rows of the model's smallest embedding matrix or output layer.
     """
     columns = _batched_columns(dataset)
     if columns is None:
@@ -93,10 +173,29 @@ def check_rows(dataset, name: str = "train_dataset", batch_size: int = 1000) -> 
                     raise ValueError(
                         f"{name} row {row}: 'labels' is empty or all -100, so it has no target. Drop or fix that row."
                     )
-            if "sources" in batch and not has_text(batch["sources"][i]):
-                raise ValueError(f"{name} row {row}: 'sources' is empty or not a string. Drop or fix that row.")
+            if vocabulary is not None:
+                check_ids(batch, i, row, name, vocabulary)
+            if "sources" in batch:
+                check_text_column(batch["sources"][i:i + 1], "sources", "text", name, [row])
+                if not has_text(batch["sources"][i]):
+                    raise ValueError(f"{name} row {row}: 'sources' is empty. Drop or fix that row.")
         if "references" in batch:
-            normalize_references(batch["references"], field_name=f"{name} references", offset=offset)
+            rows = range(offset, offset + len(batch["references"]))
+            check_text_column(batch["references"], "references", "references", name, rows)
+
+
+def check_ids(batch: dict, i: int, row: int, name: str, vocabulary: int) -> None:
+    """Raises a clear error when row `i` of `batch` (row `row` of the dataset `name`) holds an id in `input_ids` or
+    `labels` (-100 aside) outside `0 .. vocabulary - 1`."""
+    for column in ("input_ids", "labels"):
+        ids = batch[column][i] if column in batch else []
+        bad = [t for t in ids if not 0 <= t < vocabulary and t != -100]
+        if bad:
+            raise ValueError(
+                f"{name} row {row}: {column!r} holds id {bad[0]}, but the model has {vocabulary} rows of embeddings "
+                f"(ids 0..{vocabulary - 1}), so it would fail at the first step. Tokenize with the model's own "
+                "tokenizer (processing_class), or grow the model with model.resize_token_embeddings(...) to hold "
+                "every id of the tokenizer the rows were made with.")
 
 
 def check_causal_rows(dataset, name: str) -> None:

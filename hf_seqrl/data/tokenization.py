@@ -4,7 +4,7 @@ completion rows for decoder-only ones, and text datasets tokenized when a traine
 from __future__ import annotations
 
 from ..models.base import decoder_start_id, pad_columns
-from .checks import has_text, normalize_references
+from .checks import check_text_column, has_text, normalize_references
 
 # The column `count_cut=True` adds to the tokenized rows: [source cut, target cut]; `report_cut` counts and removes it.
 CUT_COLUMN = "cut_to_max_length"
@@ -274,6 +274,20 @@ def check_target_column(columns: list[str], name: str, args, field_name: str, ev
                      f"{fix}.")
 
 
+def check_source_column(columns: list[str], name: str, args) -> None:
+    """Raises a ValueError naming `args.source_column`, the columns of the dataset `name` and the closest of them,
+    when that column is not one of `columns`."""
+    import difflib
+
+    given = args.source_column
+    if given in columns:
+        return
+    close = difflib.get_close_matches(given, columns, n=1)
+    raise ValueError(f"{name} has no column {given!r} ({type(args).__name__}.source_column; its columns: {columns}): "
+                     f"set source_column to the column of its sources or prompts"
+                     f"{f' (did you mean {close[0]!r}?)' if close else ''}.")
+
+
 def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None,
                           evaluation: bool = False):
     """Returns `dataset` tokenized for a model of `family` when it holds text columns instead of `input_ids`
@@ -298,6 +312,8 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     target_field = "eval_target_column" if evaluation and getattr(args, "eval_target_column", None) else "target_column"
     source = _pick(columns, getattr(args, "source_column", None), SOURCE_COLUMNS)
     target = _pick(columns, getattr(args, target_field, None), TARGET_COLUMNS)
+    if source is None and getattr(args, "source_column", None) is not None:
+        check_source_column(columns, name, args)
     if source is not None and target is None and "references" not in columns:
         check_target_column(columns, name, args, target_field, evaluation)
     if source is None or (target is None and "references" not in columns):
@@ -313,6 +329,9 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     keep_references = "references" in columns
 
     def tokenize(batch, indices):
+        check_text_column(batch[source], source, "prompt" if causal else "text", name, indices)
+        if target is not None:
+            check_text_column(batch[target], target, "completion" if causal else "references", name, indices)
         empty = [row for row, value in zip(indices, batch[source]) if not has_text(source_text(value))]
         if empty:
             raise ValueError(f"{name} rows {empty}: the {source!r} text is empty, so there is nothing to "

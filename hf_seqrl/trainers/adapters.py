@@ -65,11 +65,51 @@ def with_adapter(model, peft_config):
         peft_config = dataclasses.replace(peft_config, modules_to_save=saved + [m for m in new_modules
                                                                                  if m not in saved])
     name = base_model_name(model)
-    wrapped = get_peft_model(model, peft_config)
+    check_target_modules(model, peft_config)
+    try:
+        wrapped = get_peft_model(model, peft_config)
+    except ValueError as err:  # no target_modules and no default of peft's for this model type, or a regex that misses
+        if "target_modules" not in str(err) and "Target modules" not in str(err):
+            raise
+        raise ValueError(target_modules_error(model, peft_config, str(err))) from err
     for config in wrapped.peft_config.values():
         config.base_model_name_or_path = config.base_model_name_or_path or name
     warn_if_base_unloadable(wrapped)
     return wrapped
+
+
+def linear_module_names(model) -> list[str]:
+    """Returns the last name of every linear layer of `model` (`torch.nn.Linear`, transformers' `Conv1D`), each once,
+    sorted: the names `target_modules` of a LoRA config takes (T5: `k, lm_head, o, q, v, wi, wo`)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    return sorted({name.rpartition(".")[2] for name, module in model.named_modules()
+                   if name and isinstance(module, (torch.nn.Linear, Conv1D))})
+
+
+def target_modules_error(model, peft_config, problem: str) -> str:
+    """Returns the message of an error in `peft_config.target_modules`: the field, its flag, `problem` and the names
+    of the model's linear layers it may take."""
+    return (f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} (hf-seqrl train "
+            f"--lora_target_modules): {problem}. The linear layers of {type(model).__name__}, by the names "
+            f"target_modules takes: {', '.join(linear_module_names(model))}.")
+
+
+def check_target_modules(model, peft_config) -> None:
+    """Raises a ValueError (`target_modules_error`) when a name in a list of `peft_config.target_modules` matches no
+    module of `model`, a name or a dotted suffix as peft matches them: peft refuses a list that matches nothing, but
+    wraps the modules of a list that matches some and drops the others without a word. A regex, `"all-linear"` and
+    None (peft's default for the model type) are left to peft."""
+    targets = getattr(peft_config, "target_modules", None)
+    if targets is None or isinstance(targets, str):
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = sorted(t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names))
+    if missing:
+        raise ValueError(target_modules_error(model, peft_config, f"{', '.join(map(repr, missing))} "
+                                                                  f"{'is' if len(missing) == 1 else 'are'} no module "
+                                                                  "of the model"))
 
 
 def newly_initialized_modules(model) -> list[str]:

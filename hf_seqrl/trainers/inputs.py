@@ -21,7 +21,8 @@ def load_model(model, args, field: str = "model_init_kwargs"):
     `teacher_model_init_kwargs`; `trust_remote_code` stays off unless they set it).
 
     A model passed built takes the `attn_implementation` of those keyword arguments; their other keys need a model to
-    load, and a warning names them as not applied."""
+    load, and a warning names them as not applied. A model that does not load raises an `OSError` naming the
+    trainer argument (`model`, `teacher_model`) beside the loader's own message."""
     init_kwargs = getattr(args, field) or {}
     if not isinstance(model, str):
         kwargs = dict(init_kwargs)
@@ -37,7 +38,18 @@ def load_model(model, args, field: str = "model_init_kwargs"):
 
     kwargs = dict(init_kwargs)
     kwargs.setdefault("trust_remote_code", False)
-    return load_pretrained(model, **kwargs)
+    try:
+        return load_pretrained(model, **kwargs)
+    except OSError as err:
+        from huggingface_hub import is_offline_mode
+
+        argument = field.removesuffix("_init_kwargs")
+        flag = "model_name_or_path" if argument == "model" else argument
+        offline = (" HF_HUB_OFFLINE is set: only a local folder or a model already in the Hub cache loads (unset it, "
+                   "or download the model first)." if is_offline_mode() else "")
+        raise OSError(f"{argument}={model!r} (the trainer's {argument} argument; hf-seqrl train --{flag}), loaded with "
+                      f"{type(args).__name__}.{field}, could not be loaded: {err}{offline} Pass a local folder, a Hub "
+                      "id that exists, or the model itself.") from err
 
 
 def check_model_family(family, supported: tuple[str, ...], trainer: str) -> None:
@@ -74,23 +86,24 @@ def check_not_empty(dataset, name: str) -> None:
                          "it came from, and any filter or select applied before the trainer.")
 
 
-def prepare_datasets(train_dataset, eval_dataset, family, tokenizer, args, start_id):
+def prepare_datasets(train_dataset, eval_dataset, family, tokenizer, args, start_id, model=None):
     """Returns `(train_dataset, eval_dataset)` as the Trainer takes them: each split checked not empty, text columns
     tokenized for the model family (`tokenize_text_dataset`; `start_id` the labels' start token; the evaluation
-    splits' targets from `eval_target_column` when set), the train split's columns and every split's rows checked.
-    `eval_dataset` may be a dict of named splits."""
+    splits' targets from `eval_target_column` when set), the train split's columns and every split's rows checked,
+    with `model` their ids too (`vocabulary_sizes`). `eval_dataset` may be a dict of named splits."""
     named = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
     for name, data in (("train_dataset", train_dataset), *named):
         check_not_empty(data, name)
     train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, tokenizer, args, start_id)
     evaluated = {name: tokenize_text_dataset(data, name, family, tokenizer, args, start_id, evaluation=True)
                  for name, data in named}
+    vocabulary = None if model is None else min(vocabulary_sizes(model).values(), default=None)
     if train_dataset is not None:
         check_dataset_columns(train_dataset, "train_dataset", family)
-        check_rows(train_dataset, "train_dataset")
+        check_rows(train_dataset, "train_dataset", vocabulary=vocabulary)
     for name, data in evaluated.items():
         if data is not None:
-            check_rows(data, name)
+            check_rows(data, name, vocabulary=vocabulary)
     return train_dataset, evaluated if isinstance(eval_dataset, dict) else evaluated["eval_dataset"]
 
 
@@ -163,11 +176,34 @@ def vocabulary_sizes(model) -> dict[str, int]:
     return sizes
 
 
+def largest_tokenizer_id(tokenizer) -> tuple[int, str]:
+    """Returns the largest id `tokenizer` can write and what it is: `len(tokenizer) - 1`, or the id of a special,
+    added or language token past it (an M2M100 tokenizer's `__en__` ... lie past `len(tokenizer)`, in its
+    `lang_token_to_id`; a prefix or suffix token it writes around every text counts too)."""
+    found = {len(tokenizer) - 1: f"the last of its {len(tokenizer)} tokens"}
+    named = [(getattr(tokenizer, "all_special_ids", None) or [], "special token"),
+             (getattr(tokenizer, "added_tokens_decoder", None) or {}, "added token"),
+             *[(getattr(tokenizer, side, None) or [], f"one of its {side}")
+               for side in ("prefix_tokens", "suffix_tokens")]]
+    for ids, what in named:
+        for token_id in ids:
+            if isinstance(token_id, int) and token_id not in found:
+                found[token_id] = f"{what} {tokenizer.convert_ids_to_tokens(token_id)!r}"
+    for attribute, table in vars(tokenizer).items():  # lang_code_to_id, lang_token_to_id, fairseq_tokens_to_ids, ...
+        if attribute.endswith(("_to_id", "_to_ids")) and isinstance(table, dict):
+            for key, token_id in table.items():
+                if isinstance(token_id, int) and token_id not in found:
+                    found[token_id] = f"{key!r} of its {attribute}"
+    top = max(found)
+    return top, found[top]
+
+
 def check_token_ids(tokenizer, model, trainer: str) -> None:
     """Raises a clear error, naming the id and the fix, when an id the trainer will feed the model or its decode will
-    force or ban is outside the model's embedding matrices or output layer: the tokenizer's vocabulary, its special
-    ids, and every special, forced and banned id of the model's config and generation config. Unchecked, such an id
-    fails at the first step inside `torch.embedding` ("index out of range in self")."""
+    force or ban is outside the model's embedding matrices or output layer: every id the tokenizer can write
+    (`largest_tokenizer_id`), and every special, forced and banned id of the model's config and generation config.
+    Unchecked, such an id fails at the first step inside `torch.embedding` ("index out of range in self"). A model
+    larger than its tokenizer (T5's padded vocabulary) is fine."""
     sizes = vocabulary_sizes(model)
     if not sizes:
         return
@@ -178,6 +214,13 @@ def check_token_ids(tokenizer, model, trainer: str) -> None:
             f"{trainer}: the tokenizer ({type(tokenizer).__name__}) has {tokens} tokens, but the model's {where} has "
             f"{size} rows, so ids {size}..{tokens - 1} would fail at the first step. Use the model's own tokenizer, "
             f"or grow the model with model.resize_token_embeddings(len(tokenizer)) before building the trainer.")
+    top, what = largest_tokenizer_id(tokenizer)
+    if top >= size:
+        raise ValueError(
+            f"{trainer}: the tokenizer ({type(tokenizer).__name__}) writes ids up to {top} ({what}), past "
+            f"len(tokenizer) = {tokens}, but the model's {where} has {size} rows (ids 0..{size - 1}), so those ids "
+            f"would fail at the first step. Grow the model with model.resize_token_embeddings({top + 1}) before "
+            f"building the trainer (len(tokenizer) leaves those tokens out), or build it with vocab_size={top + 1}.")
     special = {f"the tokenizer's {name}": getattr(tokenizer, name, None)
                for name in ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id")}
     for source, config in (("model.config", model.config), ("model.generation_config",

@@ -18,7 +18,9 @@ from ..configs import MRTConfig
 from ..hub import Method, Paper
 from ..models.base import cut_at_limit, decode_budget, eos_ids, pad_id, right_pad
 from ..models.beam import cap_lengths, length_limits
+from ..rewards.builtin import TOKEN_REWARDS
 from ..rewards.spans import TokenScore
+from ..rewards.token_match import TokenMatchReward
 from ..types import BatchText, RolloutBatch, ScoredRollout, repeat_rows
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
@@ -60,6 +62,22 @@ def candidate_set(parts: list[tuple[torch.Tensor, torch.Tensor, int]], drawn: in
     return token_ids.flatten(0, 1), token_mask.flatten(0, 1), is_drawn
 
 
+def token_level_rewards(reward_funcs) -> list[str]:
+    """Returns the names of the token-level rewards in `reward_funcs` (what a trainer's argument takes: a name, a
+    reward, a list of them, combinations and gates of them): the built-in names of `TOKEN_REWARDS` and the
+    `TokenMatchReward`s, wherever they are nested."""
+    found, todo = [], list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    while todo:
+        item = todo.pop(0)
+        if isinstance(item, str) and item in TOKEN_REWARDS:
+            found.append(item)
+        elif isinstance(item, TokenMatchReward):
+            found.append(item.__name__)
+        else:
+            todo.extend(getattr(item, "rewards", None) or [])
+    return found
+
+
 class Candidates(NamedTuple):
     """The rollout stage of MRT: each source's `group` candidates, contiguous (`candidate_set`)."""
 
@@ -88,6 +106,18 @@ class MRTTrainer(RolloutTrainer):
     method = Method("Minimum risk training", "mrt", "the expected cost 1 - reward under the model's alpha-sharpened "
                     "distribution over each source's candidate set", (SHEN_2016,))
     model_families = ("seq2seq", "causal")
+
+    def __init__(self, model=None, args: MRTConfig | None = None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_funcs=None, **kwargs):
+        token_level = token_level_rewards(reward_funcs)
+        if token_level:  # a reward of their own that returns token-level values is refused at its first value
+            raise ValueError(
+                f"MRTTrainer: reward_funcs holds the token-level reward {', '.join(map(repr, token_level))}, which MRT "
+                "cannot use: its risk weighs whole candidates. Train it with a policy-gradient trainer (SCSTTrainer, "
+                "ReinforceTrainer; hf-seqrl train --algorithm scst), or give MRT a sentence reward such as 'chrf'.")
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, reward_funcs=reward_funcs,
+                         **kwargs)
 
     def rollout_plan(self) -> RolloutPlan | None:
         plan = super().rollout_plan()

@@ -136,8 +136,9 @@ def test_module_path_reward_is_imported_only_when_named(tmp_path, tokenizer):
 @pytest.mark.parametrize("column,values,message", [
     ("sources", ["ab", "  ", "cd", "ab"], r"train_dataset row 1: 'sources' is empty"),
     ("labels", [[5, 1], [-100, -100], [6, 1], [7, 1]], r"train_dataset row 1: 'labels' is empty or all -100"),
-    ("references", [["ab"], [], ["cd"], ["x"]], r"train_dataset references\[1\] is an empty list"),
-    ("references", [["ab"], ["ok", ""], ["cd"], ["x"]], r"references\[1\] contains an empty reference string"),
+    ("references", [["ab"], [], ["cd"], ["x"]], r"train_dataset row 1: column 'references' holds an empty list"),
+    ("references", [["ab"], ["ok", ""], ["cd"], ["x"]], r"row 1: column 'references' holds a list holding an empty "
+                                                        r"string"),
 ])
 def test_bad_rows_are_named_at_construction(tmp_path, tokenizer, column, values, message):
     ds = toy_dataset(tokenizer, ["ab", "cd", "ef", "gh"], ["ab", "cd", "ef", "gh"])
