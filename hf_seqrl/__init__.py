@@ -28,6 +28,7 @@ _LAZY = {
     "RolloutTrainer": "trainers.rollout",
     "RolloutConfig": "configs",
     "SeqRLBaseTrainer": "trainers.base",
+    "CrossEntropyTrainer": "trainers.cross_entropy",
     "ReinforceTrainer": "trainers.policy_gradient",
     "SCSTTrainer": "trainers.policy_gradient",
     "MRTTrainer": "trainers.mrt",

@@ -326,18 +326,22 @@ RUN_SETTING_FIELDS = ("task", "source_column", "target_column", "eval_target_col
 PIPELINE_SETTINGS = ("source_prefix", "prompt_template", "use_chat_template")
 
 
-def run_settings(args, family_name: str, extra: dict | None = None) -> dict[str, Any]:
+def run_settings(args, family_name: str, extra: dict | None = None, training: dict | None = None) -> dict[str, Any]:
     """Returns what `write_run_settings` writes: the model family, `RUN_SETTING_FIELDS` of `args` (None where `args`
-    lacks one) and the `PIPELINE_SETTINGS` among `extra` that are set."""
+    lacks one), the `PIPELINE_SETTINGS` among `extra` that are set, and `training` when given."""
     settings: dict[str, Any] = {"family": family_name}
     settings.update({name: getattr(args, name, None) for name in RUN_SETTING_FIELDS})
     settings.update({name: value for name, value in (extra or {}).items()
                      if name in PIPELINE_SETTINGS and value not in (None, "", False)})
+    if training is not None:
+        settings["training"] = training
     return settings
 
 
-def write_run_settings(folder: str, args, family_name: str, extra: dict | None = None) -> str:
-    """Returns the path of `folder/seqrl_run.json` after writing `run_settings(args, family_name, extra)` there.
+def write_run_settings(folder: str, args, family_name: str, extra: dict | None = None,
+                       training: dict | None = None) -> str:
+    """Returns the path of `folder/seqrl_run.json` after writing `run_settings(args, family_name, extra, training)`
+    there.
 
     Args:
         folder: where the model is saved (the trainers call this from `save_model`, checkpoints included).
@@ -346,11 +350,13 @@ def write_run_settings(folder: str, args, family_name: str, extra: dict | None =
         family_name: `"seq2seq"` or `"causal"` (`hf_seqrl.models`).
         extra (`dict`, *optional*): `source_prefix`, `prompt_template`, `use_chat_template` of a pipeline that
             shaped the text before the trainer saw it (a trainer passes its `run_settings` attribute when set).
+        training (`dict`, *optional*): what trained the model (`SeqRLBaseTrainer.training_record`: the trainer, the
+            algorithm and method that ran, reward, baseline, teacher, steps), under `training`.
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, RUN_SETTINGS_FILE)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(run_settings(args, family_name, extra), f, indent=2)
+        json.dump(run_settings(args, family_name, extra, training), f, indent=2)
     os.replace(path + ".tmp", path)
     return path
 

@@ -250,7 +250,7 @@ def render_model_card(
     task: str | None = None,
     base_model: str | None = None,
     datasets: list[str] | None = None,
-    reward: str = "",
+    reward: str | None = None,
     teacher: str | None = None,
     settings: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
@@ -271,8 +271,9 @@ def render_model_card(
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
-    `method` is the algorithm that ran (`trainer.method`; a policy gradient's `trainers.policy_gradient.policy_gradient_method(baseline)`).
-    `algorithm_detail` is appended to its name; `license` (an SPDX id such as `"apache-2.0"`) goes into the metadata
+    `method` is the algorithm that ran (`trainer.method`; a policy gradient's `trainers.policy_gradient.policy_gradient_method(baseline)`;
+    cross-entropy, `trainers.run_record.CROSS_ENTROPY`, for a run that never reached its trainer's own loss).
+    `algorithm_detail` is appended to its name; `reward` (None: no reward line) names the reward as the user gave it; `license` (an SPDX id such as `"apache-2.0"`) goes into the metadata
     when known. `task` (`"translation"`, `"summarization"` or None) is what the card says the model does: None claims
     no task. `model_class` is the transformers Auto class that loads the model (`"AutoModelForCausalLM"` for a
     decoder-only model: its code feeds `example_input` as a prompt and prints the completion only).
@@ -338,7 +339,7 @@ def render_model_card(
         base_subfolder=base_subfolder,
         imports=", ".join(dict.fromkeys([model_class] * (not adapter) + [base_class] * adapter + ["AutoTokenizer"])),
         datasets=datasets,
-        reward=_safe(reward),
+        reward=_safe(reward) if reward else None,
         teacher=None if teacher is None else _safe(teacher),
         settings=[(k, _safe(v)) for k, v in settings.items()],
         metrics=metrics,

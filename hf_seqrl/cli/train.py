@@ -25,7 +25,7 @@ from ..data.files import check_pairs, load_text_files, select_pair_columns
 from ..evaluation import RUN_SETTINGS_FILE, build_compute_metrics
 from ..models import FAMILIES, family_for
 from ..models.tiny import ARCHITECTURES
-from ..trainers import TRAINER_CLASSES, RolloutTrainer
+from ..trainers import TRAINER_CLASSES, CrossEntropyTrainer, RolloutTrainer
 from . import UsageError, closing_block, flag_name, parse_dataclasses, suggest
 
 # algorithm -> trainer class; each trainer names its config class (`config_class`)
@@ -61,8 +61,9 @@ class ScriptArguments:
     config: str | None = field(default=None, metadata={"help": "YAML file of settings; CLI flags override it."})
     algorithm: str = field(default="scst", metadata={"choices": ALGORITHMS, "help": (
         "The trainer: " + " | ".join(name for name, trainer in TRAINERS.items() if issubclass(trainer, RolloutTrainer))
-        + " (rewarded), " + " | ".join(name for name, trainer in TRAINERS.items()
-                                       if not issubclass(trainer, RolloutTrainer))
+        + f" (rewarded), {CrossEntropyTrainer.algorithm_id} (plain cross-entropy: a teacher, a sequence-level KD "
+        "student), " + " | ".join(name for name, trainer in TRAINERS.items()
+                                  if not issubclass(trainer, (RolloutTrainer, CrossEntropyTrainer)))
         + " (cross-entropy on changed inputs).")})
     reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Reward names (bleu chrf rouge1 rouge2 rougeL rougeLsum, or module:function), weighted by "
@@ -125,6 +126,9 @@ class ScriptArguments:
         if self.teacher_model is not None and not takes_rewards(self.algorithm):
             raise ValueError(f"ScriptArguments.teacher_model applies to the rewarded algorithms; algorithm="
                              f"{self.algorithm!r} takes no teacher.")
+        if self.reward_funcs and not takes_rewards(self.algorithm):
+            warnings.warn(f"ScriptArguments.reward_funcs={self.reward_funcs} apply to the rewarded algorithms; "
+                          f"algorithm={self.algorithm!r} trains without a reward: ignored.", stacklevel=2)
         if self.teacher_model is None and self.algorithm == "distill":
             raise ValueError("algorithm='distill' needs teacher_model: a Hub id or folder of the model's family "
                              "and tokenizer.")

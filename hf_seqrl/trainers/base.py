@@ -22,17 +22,20 @@ from transformers.utils import logging
 from .. import losses
 from ..data import TEXT_COLUMNS, SeqRLDataCollator, normalize_references
 from ..evaluation import write_run_settings
-from ..hub import Method, card_example, card_settings, final_eval_metrics, training_curve, write_model_card
+from ..hub import card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
 from ..models.base import disable_dropout, label_logprobs
 from ..models.languages import align_target_language
 from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
-from .checkpoints import STATE_FILE, checkpoint_step, last_complete_checkpoint, read_state, write_state
+from .checkpoints import (STATE_FILE, TRAINED_BY, checkpoint_step, last_complete_checkpoint, read_state,
+                          training_changes, write_state)
 from .inputs import (check_model_family, check_token_ids, check_tokenizer, forward_arguments, load_model,
                      load_tokenizer_for, prepare_datasets, tokenizer_outputs, warn_half_precision_weights)
 from .log_window import window_rows, window_values
+from .run_record import (CROSS_ENTROPY, CROSS_ENTROPY_ID, changed_training_warning, cross_entropy_reason,
+                         cross_entropy_warning, trainer_identity, training_record)
 
 logger = logging.get_logger(__name__)
 
@@ -49,8 +52,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     """
 
     config_class: type = Seq2SeqTrainingArguments
-    algorithm_id = "cross_entropy"
-    method = Method("Cross-entropy", "cross-entropy", "maximum likelihood with teacher forcing")
+    algorithm_id = CROSS_ENTROPY_ID
+    method = CROSS_ENTROPY
     # The `hf_seqrl.models` families a trainer takes: a trainer opts in to decoder-only models once every pass of its
     # loss goes through `self.family`.
     model_families: tuple[str, ...] = ("seq2seq",)
@@ -82,7 +85,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         align_target_language(model, processing_class, type(self).__name__)
         warn_half_precision_weights(model, args, type(self).__name__)
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, family, processing_class, args,
-                                                       family.label_start_id(model), model)
+                                                       family.label_start_id(model))
         if data_collator is None:
             data_collator = DataCollatorForSeq2Seq(processing_class, model=model)
         if not isinstance(data_collator, SeqRLDataCollator):
@@ -293,14 +296,16 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         info = card_fields(model)
         if finetuned_from:
             info["base_model"] = finetuned_from
+        reason = self.cross_entropy_reason(self.steps_of_run())
         return dict(
             info,
             model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
-            method=self.method,
+            method=CROSS_ENTROPY if reason else self.method,
+            algorithm_detail=reason and f"{type(self).__name__}'s {self.method.name} never ran: {reason}",
             task=task or args.task,
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
-            reward=self.card_reward(),
-            teacher=self.card_teacher(),
+            reward=None if reason else self.card_reward(),
+            teacher=None if reason else self.card_teacher(),
             settings=card_settings(args),
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
@@ -312,13 +317,41 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
                            self.run_settings.get("prompt_template"), bool(self.run_settings.get("use_chat_template"))),
         )
 
-    def card_reward(self) -> str:
-        """Returns the reward as the model card names it (a rewarded trainer names what the user gave)."""
-        return self.reward_label
+    def card_reward(self) -> str | None:
+        """Returns the reward as the model card names it (a rewarded trainer names what the user gave), None without
+        one."""
+        return None
 
     def card_teacher(self) -> str | None:
         """Returns the teacher the model card names (a rewarded trainer's `teacher_model`), None without one."""
         return None
+
+    # ---- what the run trained with: the card, seqrl_run.json, the checkpoints -----------------------
+
+    def steps_of_run(self) -> int:
+        """Returns the optimizer steps the run trained (before training, `max_steps`: 0 when the epochs decide)."""
+        return self.state.global_step or max(self.args.max_steps, 0)
+
+    def own_loss_off(self) -> str | None:
+        """Returns why the steps after the warm-up train as `Seq2SeqTrainer` does (the settings leave nothing of the
+        trainer's own loss), None when they run it."""
+        return None
+
+    def cross_entropy_reason(self, steps: int) -> str | None:
+        """Returns why a run of `steps` optimizer steps is plain cross-entropy fine-tuning (`run_record`), or None."""
+        return cross_entropy_reason(self.algorithm_id, self.args.warmup_xe_steps, steps, self.own_loss_off())
+
+    def trainer_identity(self) -> dict:
+        """Returns what this trainer is set to train with, as its checkpoints record it (`run_record`)."""
+        method, rewarded = self.method, self.card_reward() is not None
+        return trainer_identity(type(self).__name__, self.algorithm_id, method,
+                                method.baseline or (getattr(self, "baseline", None) if rewarded else None))
+
+    def training_record(self) -> dict:
+        """Returns what trained the model, as `seqrl_run.json` says it (`run_record.training_record`)."""
+        steps = self.steps_of_run()
+        return training_record(self.trainer_identity(), self.cross_entropy_reason(steps), self.card_reward(),
+                               self.card_teacher(), steps, self.args.warmup_xe_steps)
 
     def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
                           tasks=None, dataset_tags=None, dataset=None, dataset_args=None):
@@ -331,7 +364,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:  # checkpoints too: `hf-seqrl evaluate` reads how this run cut and generated
-            write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name, self.run_settings)
+            write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name, self.run_settings,
+                               training=self.training_record())
         folder = output_dir or self.args.output_dir
         if output_dir is None or not _internal_call:  # the saved model, not a checkpoint: its card must load it
             save_base_beside(self.accelerator, self.model, folder, self.args.should_save)
@@ -374,7 +408,25 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         if isinstance(resume_from_checkpoint, str) and self.is_world_process_zero():
             logger.warning(f"{type(self).__name__}: resumed from step {checkpoint_step(resume_from_checkpoint)} "
                            f"({resume_from_checkpoint})")
+            self.warn_changed_training(resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    def warn_changed_training(self, checkpoint: str) -> None:
+        """Warns when the checkpoint being resumed was trained with another algorithm, method, objective or baseline
+        than this trainer's (`checkpoints.training_changes`), naming both."""
+        changes = training_changes(checkpoint, self.trainer_identity())
+        if changes:
+            logger.warning(changed_training_warning(type(self).__name__, self.method.name, checkpoint,
+                                                    read_state(checkpoint)[TRAINED_BY], changes))
+
+    def set_initial_training_values(self, args, dataloader):
+        """`Trainer.set_initial_training_values`; warns when the run's optimizer steps (its last value) never reach
+        this trainer's own loss (`cross_entropy_reason`): the run is then cross-entropy fine-tuning, as its card says."""
+        values = super().set_initial_training_values(args, dataloader)
+        reason = self.cross_entropy_reason(values[-1])
+        if reason and self.is_world_process_zero():
+            logger.warning(cross_entropy_warning(type(self).__name__, self.method.name, reason))
+        return values
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
@@ -384,7 +436,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         if self.args.should_save:
             if os.path.isdir(folder):
                 self.save_extra_files(folder)
-                write_state(folder, self.extra_state())  # last: it marks the checkpoint as complete
+                write_state(folder, {**self.extra_state(), TRAINED_BY: self.trainer_identity()})  # last: completes it
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)

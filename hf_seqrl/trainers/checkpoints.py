@@ -1,5 +1,5 @@
 """What a trainer adds to a `checkpoint-N` folder: the state file that marks it complete, written last and atomically,
-and how a resumed run finds the newest complete checkpoint."""
+with the record of what trained it; how a resumed run finds the newest complete checkpoint, and what it changes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import re
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..evaluation import settings_changes
 from ..rewards import RewardError
 
 STATE_FILE = "seqrl_state.json"
+# The state file's record of what trained the checkpoint (`SeqRLBaseTrainer.trainer_identity`).
+TRAINED_BY = "trained_by"
 
 
 def last_complete_checkpoint(folder: str) -> str | None:
@@ -55,6 +58,17 @@ def read_state(folder: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def training_changes(folder: str, current: dict) -> list[str]:
+    """Returns `"name: old → new"` for each entry of `current` (the resuming trainer's `trainer_identity`: algorithm,
+    method, objective, baseline) that differs from what trained the checkpoint `folder` (its state file's
+    `TRAINED_BY`; the trainer class is not compared, it names what trains); empty when the checkpoint records
+    nothing (one of another trainer)."""
+    recorded = (read_state(folder) or {}).get(TRAINED_BY)
+    if not isinstance(recorded, dict):
+        return []
+    return settings_changes(recorded, current, ignore=("trainer",))
 
 
 def checkpoint_on_error(error: RewardError, args, done: int, training: bool, save) -> RewardError:

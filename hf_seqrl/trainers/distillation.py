@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 
 import torch
+from transformers.utils import logging
 
 from .. import losses
 from ..configs.distillation import DistillationConfig
@@ -21,8 +22,12 @@ from ..functional.lm_head import Divergence
 from ..hub import Method, Paper
 from ..models import family_for
 from ..models.base import decode_budget, pad_id
-from ..types import BatchText, Rollout, RolloutBatch, ScoredRollout
+from ..models.languages import decode_texts
+from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
+from .rewards import sample_metrics
+
+logger = logging.get_logger(__name__)
 
 AGARWAL_2024 = Paper(key="agarwal2024gkd", cite="Agarwal et al., 2024", url="https://openreview.net/forum?id=3zKtaqxLhW",
                      title="On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes",
@@ -61,8 +66,10 @@ class DistillationTrainer(RolloutTrainer):
     over the counted tokens of the student's samples (on-policy steps) or of the gold / teacher targets, mixed with
     cross-entropy by `rl_weight`; with `reward_funcs` the policy gradient of that reward is added (its baseline from
     `baseline`). `teacher_model` (a model, a Hub id or a folder of the student's family) is required and
-    `reward_funcs` optional. `args` is a `DistillationConfig`. Logs `distill/divergence`, `distill/on_policy` and,
-    with the sampled estimator, `rl/teacher_logprob` and `distill/reverse_kl`.
+    `reward_funcs` optional. `args` is a `DistillationConfig`. Logs `distill/divergence`, `distill/on_policy`, the
+    student's samples' `rl/sample_length`, `rl/frac_truncated` (and the other `rl/*` metrics of `sample_metrics`) on
+    on-policy steps and, with the sampled estimator, `rl/teacher_logprob` and `distill/reverse_kl`; with
+    `log_completions`, the sample log holds the student's samples (with their rewards when a reward is given).
     """
 
     config_class = DistillationConfig
@@ -86,6 +93,10 @@ class DistillationTrainer(RolloutTrainer):
             raise ValueError(f"teacher_model is a {family_for(teacher).name} model and the student a {self.family.name} "
                              "one: the token-level divergence needs a teacher of the student's family and tokenizer "
                              "(for a teacher with another tokenizer, reward with rewards.TeacherLikelihoodReward).")
+        if self.args.log_completions and self.args.lmbda == 0 and self.is_world_process_zero():
+            logger.warning(f"{type(self.args).__name__}.log_completions=True logs the student's own samples, and "
+                           "lmbda=0 trains on none (every step is on the gold or the teacher's targets): no sample log "
+                           "will be written. Set lmbda > 0 to sample, or log_completions=False.")
 
     @property
     def method(self) -> Method:
@@ -144,15 +155,29 @@ class DistillationTrainer(RolloutTrainer):
         return super().cross_entropy_term(scored, batch, inputs)
 
     def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
-        """The rewards and advantages of the student's samples when a reward is given (`RolloutTrainer`'s); else
-        (or off-policy) the tokens alone, with no advantage."""
+        """The rewards and advantages of the student's samples when a reward is given (`RolloutTrainer`'s); without
+        one, the samples with what they measure and no advantage (`unrewarded_batch`); off-policy, the tokens alone."""
         on_policy = self.on_policy()
-        if self.rewards is not None and on_policy:
+        if on_policy and self.rewards is not None:
             batch = super().rollout_batch(rollout, text, unwrapped, inputs)
+        elif on_policy:
+            batch = self.unrewarded_batch(rollout, text, unwrapped, inputs)
         else:
             batch = RolloutBatch(rollout.sample_ids, rollout.sample_mask, None, group=rollout.num_samples)
         batch.metrics["distill/on_policy"] = float(on_policy)
         return batch
+
+    def unrewarded_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+        """The student's samples without a reward: their length and truncation metrics (`rewards.sample_metrics`) and,
+        with `log_completions`, their rows for the sample log, with no reward, baseline or advantage."""
+        n = rollout.num_samples
+        predictions = decode_texts(self.processing_class, rollout.sample_ids)
+        metrics = sample_metrics(predictions, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
+        if self.completions is not None:
+            none = torch.ones(len(predictions), dtype=torch.bool)
+            samples = RewardValues(predictions, [None] * len(predictions), {}, torch.zeros(len(predictions)), none)
+            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, None, metrics, group=n)
 
     def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
         """The student's scoring pass over the batch's tokens; with the full estimator the teacher's output-layer

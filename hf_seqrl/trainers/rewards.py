@@ -114,19 +114,13 @@ class RewardScorer:
 
     def metrics(self, samples: RewardValues, left_out, sample_mask, sample_cut,
                 text: BatchText | None = None) -> dict[str, float]:
-        """Returns the `rl/*` metrics of the sampled sequences: reward over the samples not `left_out` (`(N,)` bool),
-        the share cut at the length limit (`sample_cut` `(N,)`, `Rollout.sample_cut`),
-        each reward function's mean and std over the samples it gave a value (`RewardValues.part_rewards`), length,
-        the length ratio to the closest reference in words (to the source without one; `text` holds one row per
-        sample), degenerate shares, and the counts of missing (None) and dropped non-finite rewards."""
+        """Returns the `rl/*` metrics of the sampled sequences: those of `sample_metrics` (length, the share cut at the
+        length limit (`sample_cut` `(N,)`, `Rollout.sample_cut`), degenerate shares, the length ratio; `text` holds one
+        row per sample), the reward over the samples not `left_out` (`(N,)` bool), each reward function's mean and
+        std over the samples it gave a value (`RewardValues.part_rewards`), and the counts of missing (None) and
+        dropped non-finite rewards."""
         kept = samples.rewards[~left_out]
-        metrics = {
-            "rl/phase": 1.0,
-            "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
-            # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
-            "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
-            "rl/frac_truncated": sample_cut.float().mean().item(),
-        }
+        metrics = sample_metrics(samples.predictions, sample_mask, sample_cut, text)
         if kept.numel():
             metrics["rl/reward"] = kept.mean().item()
             metrics["rl/reward_std"] = kept.std().item() if kept.numel() > 1 else 0.0
@@ -135,12 +129,6 @@ class RewardScorer:
             if values.numel():
                 metrics[f"rl/rewards/{name}/mean"] = values.mean().item()
                 metrics[f"rl/rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
-        if text is not None and text.references is not None:
-            ratios = [LENGTH_RATIO.ratio(prediction, references, None if text.sources is None else text.sources[i])
-                      for i, (prediction, references) in enumerate(zip(samples.predictions, text.references))]
-            ratios = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
-            if ratios:
-                metrics["rl/length_ratio"] = sum(ratios) / len(ratios)
         if samples.token_values is not None:  # what the token-level rewards said of the counted tokens
             counted = sample_mask & ~left_out.unsqueeze(1)
             if counted.any():
@@ -151,6 +139,27 @@ class RewardScorer:
         if self.nonfinite == "drop":
             metrics["rl/nonfinite_rewards"] = float(samples.left_out.sum().item() - missing)
         return metrics
+
+
+def sample_metrics(predictions: list[str], sample_mask, sample_cut, text: BatchText | None = None) -> dict[str, float]:
+    """Returns the `rl/*` metrics of sampled sequences that need no reward: `rl/phase` (1), `rl/sample_length` (mean
+    counted tokens of `sample_mask` `(N, T)`, EOS included), `rl/frac_empty` (only EOS), `rl/frac_truncated` (the
+    share `sample_cut` `(N,)` marks cut at the length limit) and `rl/length_ratio`: the decoded `predictions`' length
+    in words over their closest reference's (their source's without one; `text` holds one row per sample)."""
+    metrics = {
+        "rl/phase": 1.0,
+        "rl/sample_length": sample_mask.sum(dim=1).float().mean().item(),
+        # Degenerate rollouts are logged, not fatal: samples that are only EOS, or hit the length limit.
+        "rl/frac_empty": (sample_mask.sum(dim=1) <= 1).float().mean().item(),
+        "rl/frac_truncated": sample_cut.float().mean().item(),
+    }
+    if text is not None and text.references is not None:
+        ratios = [LENGTH_RATIO.ratio(prediction, references, None if text.sources is None else text.sources[i])
+                  for i, (prediction, references) in enumerate(zip(predictions, text.references))]
+        ratios = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
+        if ratios:
+            metrics["rl/length_ratio"] = sum(ratios) / len(ratios)
+    return metrics
 
 
 def references_from_labels(labels, tokenizer) -> list[list[str]]:

@@ -115,9 +115,9 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """The KL reference when a model of its own (TRL's name), else None (the policy with its adapter off, or none)."""
         return getattr(self.frozen_models.get("reference"), "model", None)
 
-    def card_reward(self) -> str:
+    def card_reward(self) -> str | None:
         """Returns the reward as the model card names it: the names the user gave in `reward_funcs`, with weights."""
-        return "none" if self.rewards is None else self.rewards.card_label()
+        return None if self.rewards is None else self.rewards.card_label()
 
     def card_teacher(self) -> str | None:
         return getattr(self.frozen_models.get("teacher"), "card_name", None)
@@ -131,6 +131,11 @@ class RolloutTrainer(SeqRLBaseTrainer):
         if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
             return None
         return RolloutPlan(from_source=True, greedy=self.baseline == "greedy")
+
+    def own_loss_off(self) -> str | None:
+        if self.rollout_plan() is None:
+            return "rl_weight=0, kl_coef=0 and entropy_coef=0 leave nothing of a rollout in the loss"
+        return None
 
     @property
     def rollout_config(self):

@@ -86,6 +86,28 @@ def test_train_subcommand_runs_a_yaml_config(tmp_path, monkeypatch):
     assert any(key.startswith("test_") for key in results)
 
 
+def test_train_xe_is_plain_cross_entropy_and_an_scst_run_all_in_its_warm_up_says_so(tmp_path, monkeypatch):
+    """`--algorithm xe` (a teacher, a sequence-level KD student) trains with cross-entropy alone, the YAML's reward
+    ignored with a warning; the default SCST with `warmup_xe_steps >= max_steps` is cross-entropy too, and its card
+    and seqrl_run.json say so, not SCST with a reward and a baseline."""
+    monkeypatch.chdir(ROOT)
+    config = os.path.join("recipes", "configs", "tiny_offline_translation.yaml")
+    common = ["--max_steps", "2", "--max_train_samples", "8", "--eval_strategy", "no", "--validation_file", "",
+              "--test_file", "", "--tiny_d_model", "32"]
+    with pytest.warns(UserWarning, match=r"reward_funcs=\['chrf'\] apply to the rewarded algorithms; algorithm='xe'"):
+        assert main(["train", "--config", config, "--algorithm", "xe", "--output_dir", str(tmp_path / "xe"),
+                     *common]) == 0
+    assert main(["train", "--config", config, "--output_dir", str(tmp_path / "scst"), *common]) == 0  # warm-up: 200
+    for name, trainer in (("xe", "CrossEntropyTrainer"), ("scst", "SCSTTrainer")):
+        card = (tmp_path / name / "README.md").read_text()
+        training = json.loads((tmp_path / name / "seqrl_run.json").read_text())["training"]
+        assert "fine-tuned with **Cross-entropy**" in card and "- Reward:" not in card and "- Baseline:" not in card
+        assert (training["trainer"], training["algorithm"], training["reward"], training["baseline"]) == (
+            trainer, "xe", None, None)
+    assert "SCSTTrainer's REINFORCE with leave-one-out baseline never ran: warmup_xe_steps=200 covers all 2" in \
+        (tmp_path / "scst" / "README.md").read_text()
+
+
 @pytest.mark.slow
 def test_train_distills_from_a_teacher_folder(tmp_path, monkeypatch, capsys):
     """`--algorithm distill --teacher_model FOLDER` on the tiny YAML: a student trained toward a saved teacher (with
@@ -235,10 +257,9 @@ def test_sequence_level_kd_trains_on_the_teachers_decodes_and_evaluates_on_the_g
     monkeypatch.setattr(train_cli, "build_trainer", lambda *args: built.append(build_trainer(*args)) or built[-1])
     common = ["train", "--tiny_model", "t5", "--train_file", str(tmp_path / "teacher.jsonl"), "--validation_file",
               str(tmp_path / "dev.jsonl"), "--test_file", str(tmp_path / "test.txt"), "--target_column",
-              "teacher_target", "--algorithm", "scst", "--warmup_xe_steps", "2", "--max_steps", "2",
+              "teacher_target", "--algorithm", "xe", "--max_steps", "2",
               "--learning_rate", "1e-2", "--output_dir", str(tmp_path / "student"), "--report_to", "none",
-              "--save_strategy", "no", "--max_new_tokens", "4", "--generation_max_length", "4",
-              "--dataloader_pin_memory", "false"]
+              "--save_strategy", "no", "--generation_max_length", "4", "--dataloader_pin_memory", "false"]
     assert main([*common, "--eval_target_column", "target"]) == 0
     trainer = built[0]
     assert trainer.train_dataset["references"] == [[text] for text in decoded] and decoded != [r["target"] for r in rows]

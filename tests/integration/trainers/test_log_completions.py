@@ -125,3 +125,30 @@ def test_mrt_on_a_decoder_only_model_logs_its_samples(tmp_path):
     log = next(h for h in trainer.state.log_history if "mrt/risk" in h)
     means = [log[f"rl/rewards/{name}/mean"] for name in ("bleu_reward", "chrf_reward")]
     assert 0.5 * means[0] + 0.5 * means[1] == pytest.approx(log["rl/reward"], abs=1e-6)
+
+
+def test_distillation_without_a_reward_logs_the_students_samples_their_length_and_truncation(tmp_path):
+    """On-policy distillation has no reward: its sample log holds the student's samples (no reward or advantage),
+    and its logs their length and the share cut at the length limit, as every rolling-out trainer's do. A random
+    student with a 3-token budget seldom writes EOS: most samples are cut, and `rl/frac_truncated` says so."""
+    from hf_seqrl import DistillationConfig, DistillationTrainer
+
+    tok = byt5_tokenizer()
+    sources, targets = toy_pairs(8, seed=0, alphabet="abcd", lengths=(2, 5))
+    args = make_config(DistillationConfig, tmp_path, max_steps=2, num_samples=2, max_new_tokens=3,
+                       log_completions=True, num_completions_to_print=0)
+    trainer = DistillationTrainer(model=tiny_model("t5", seed=1), args=args, teacher_model=tiny_model("t5", seed=2),
+                                  train_dataset=toy_dataset(tok, sources, targets), processing_class=tok)
+    trainer.train()
+    files = completion_files(tmp_path / "out")
+    assert sorted(files) == [1, 2]
+    logs = {h["step"]: h for h in trainer.state.log_history if "distill/divergence" in h}
+    for step, rows in files.items():
+        assert len(rows) == 4 * 2 and [row["sample"] for row in rows] == [0, 1] * 4
+        for row in rows:
+            assert row["source"] in sources and row["references"] == [row["source"]]
+            assert isinstance(row["prediction"], str) and row["rewards"] == {} and row["reward"] is None
+            assert row["advantage"] is None and row["baseline"] is None
+        log = logs[step]
+        assert sum(row["truncated"] for row in rows) / len(rows) == log["rl/frac_truncated"] > 0.5
+        assert 1 <= log["rl/sample_length"] <= 3 and log["distill/on_policy"] == 1.0 and "rl/reward" not in log
