@@ -10,6 +10,7 @@ from datasets import Dataset
 
 from helpers import bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import DistillationConfig, DistillationTrainer, losses
+from hf_seqrl.models import heads
 from hf_seqrl.models.tiny import build_tiny_model
 
 config = partial(make_config, DistillationConfig, max_steps=2, num_samples=2, logging_steps=1)
@@ -217,6 +218,7 @@ def test_word_level_kd_scores_each_gold_row_once_with_the_loss_of_two_passes(tmp
     trainer = DistillationTrainer(model=student, args=args, train_dataset=text_pairs(causal), processing_class=tok,
                                   teacher_model=teacher)
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert heads.knows_head(student)  # its head's check forward (one row, once per model) runs before the count
     rows = []
     hook = student.get_decoder().register_forward_pre_hook(
         lambda module, args, kwargs: rows.append((kwargs.get("input_ids", args[0] if args else None)
