@@ -29,8 +29,8 @@ from ..models.languages import align_target_language
 from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
 from .adapters import card_fields, save_base_beside, with_adapter
-from .checkpoints import (STATE_FILE, TRAINED_BY, checkpoint_step, last_complete_checkpoint, read_state,
-                          training_changes, write_state)
+from .checkpoints import (STATE_FILE, TRAINED_BY, check_processes_agree, checkpoint_step, last_complete_checkpoint,
+                          read_state, training_changes, write_state)
 from .inputs import (check_model_family, check_token_ids, check_tokenizer, forward_arguments, load_model,
                      load_tokenizer_for, prepare_datasets, tokenizer_outputs, warn_half_precision_weights)
 from .log_window import window_rows, window_values
@@ -398,8 +398,10 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         logger.setLevel(self.args.get_process_log_level())  # hf-seqrl's messages follow `log_level` as transformers' do
         if self.is_world_process_zero():
             logger.info(f"{type(self).__name__}: {self.method.name}, reward {self.reward_label}")
+        latest = last_complete_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else None
+        check_processes_agree(self.args, resume_from_checkpoint, latest)  # before any process may fail alone
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            resume_from_checkpoint = latest
             if resume_from_checkpoint is None:
                 raise ValueError(
                     f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint "

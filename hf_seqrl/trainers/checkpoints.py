@@ -7,6 +7,7 @@ import json
 import os
 import re
 
+from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..evaluation import settings_changes
@@ -40,6 +41,50 @@ def checkpoint_step(folder: str) -> int | str:
             return int(json.load(f)["global_step"])
     except (OSError, ValueError, KeyError):
         return "?"
+
+
+def check_processes_agree(args, resume_from_checkpoint, latest: str | None) -> None:
+    """Raises on every process alike, on a job of several processes, when they would not resume from the same
+    checkpoint or when `save_on_each_node` spans machines (a collective: every process calls it).
+
+    `resume_from_checkpoint` is the `train` argument and `latest` the newest complete checkpoint this process found
+    when it is True. Each process reads the checkpoint from its own machine's disk; one that found none would fail
+    alone and leave the others waiting in their first collective."""
+    resuming = resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str)
+    if args.world_size == 1 or not (resuming or args.save_on_each_node):
+        return
+    if isinstance(resume_from_checkpoint, str):
+        latest = resume_from_checkpoint if os.path.isdir(resume_from_checkpoint) else None
+    name = None if latest is None else os.path.basename(os.path.normpath(latest))
+    seen = gather_object([(args.process_index == args.local_process_index, name)])
+    if args.save_on_each_node:
+        check_save_on_each_node([first_machine for first_machine, _ in seen])
+    if resuming:
+        check_same_checkpoint([found for _, found in seen], args.output_dir)
+
+
+def check_save_on_each_node(on_first_machine: list[bool]) -> None:
+    """Raises when `save_on_each_node=True` on a job whose processes do not all run on its first machine
+    (`on_first_machine[i]`: process i does): transformers' `save_pretrained` writes the weights on the job's first
+    process only, so the other machines' checkpoints would hold everything but the model and could not be resumed."""
+    if not all(on_first_machine):
+        raise ValueError("save_on_each_node=True on a job of several machines: transformers writes the model's weights "
+                         "on the job's first process only, so the other machines' checkpoints would hold no weights "
+                         "and could not be resumed from. Leave save_on_each_node off and put output_dir on storage "
+                         "every machine shares.")
+
+
+def check_same_checkpoint(found: list[str | None], output_dir: str) -> None:
+    """Raises unless every process found the same checkpoint folder to resume from (`found[i]`: the name of the one
+    process i found, None for none)."""
+    if len(set(found)) <= 1:
+        return
+    where = "; ".join(f"{name or 'none'} on process(es) {[i for i, f in enumerate(found) if f == name]}"
+                      for name in dict.fromkeys(found))
+    raise ValueError(f"resume_from_checkpoint: the processes did not find the same checkpoint ({where}): the "
+                     f"machines do not share {output_dir}. Put output_dir on storage every machine shares (the "
+                     "checkpoints are written once, by the job's first process), or copy the checkpoint folder to the "
+                     "same path on every machine.")
 
 
 def write_state(folder: str, state: dict) -> None:
