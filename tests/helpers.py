@@ -25,6 +25,23 @@ def run_benchmark(script: str, *args: str, timeout: int = 420):
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=timeout)
     return result, time.perf_counter() - start
+def free_port() -> int:
+    """Returns a TCP port of 127.0.0.1 free now, so that concurrent launches do not collide on accelerate's 29500."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(tmp_path) -> dict[str, str]:
+    """Returns the environment of a test's `accelerate launch`: one thread, offline, no user accelerate config and
+    caches of its own (HF_HOME under `tmp_path`), DeepSpeed on CPU processes, the repository on the path."""
+    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                WANDB_DISABLED="true", HF_HOME=str(Path(tmp_path) / "hf_home"), DS_ACCELERATOR="cpu",
+                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+
 SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
 # What every test trainer runs with unless it says otherwise: a few logged steps, nothing saved or reported.
 TRAIN_DEFAULTS = dict(per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1, report_to=[],

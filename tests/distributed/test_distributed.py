@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, free_port, launch_env
 
 pytestmark = [
     pytest.mark.distributed,
@@ -42,18 +40,12 @@ def launch(args: list[str], tmp_path: Path, timeout: int = 300,
            launcher: tuple[str, ...] = ("--multi_gpu",)) -> tuple[subprocess.CompletedProcess, float]:
     """Returns (result, seconds) of `accelerate launch --multi_gpu --num_processes 2 ARGS` from the repository root
     (`launcher` replaces `--multi_gpu`, e.g. with `--config_file FILE`)."""
-    with socket.socket() as s:  # a free port, so that concurrent runs do not collide on 29500
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               WANDB_DISABLED="true", HF_HOME=str(tmp_path / "hf_home"),  # no user accelerate config, own caches
-               DS_ACCELERATOR="cpu",  # DeepSpeed on CPU processes over gloo
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), *args]
+               "--main_process_port", str(free_port()), *args]
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, cwd=REPO, env=launch_env(tmp_path), capture_output=True, text=True,
+                            timeout=timeout)
     seconds = time.perf_counter() - start
     assert result.returncode == 0, f"exit code {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result, seconds

@@ -227,11 +227,6 @@ def test_script_arguments_errors(tmp_path):
 
 
 def test_every_recipe_config_parses_and_names_its_launch_command():
-    from accelerate.commands.config.config_args import load_config_from_file
-
-    types = {name: (load_config_from_file(str(REPO / "recipes" / "accelerate_configs" / f"{name}.yaml"))
-                       .distributed_type.value) for name in ("single_gpu", "multi_gpu", "deepspeed_zero2", "fsdp")}
-    assert types == {"single_gpu": "NO", "multi_gpu": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED", "fsdp": "FSDP"}
     for config in sorted(CONFIGS.glob("*.yaml")):
         first = config.read_text().splitlines()[0].split()
         assert first[:4] == ["#", "accelerate", "launch", "--config_file"], config.name
@@ -247,6 +242,62 @@ def test_every_recipe_config_parses_and_names_its_launch_command():
         students[script_args.model_name_or_path] = (script_args.teacher_model, args.lmbda, args.beta)
     assert students == {"facebook/nllb-200-distilled-600M": ("facebook/nllb-200-1.3B", 0.5, 0.5),
                         "Qwen/Qwen2.5-0.5B-Instruct": ("Qwen/Qwen2.5-7B-Instruct", 1.0, 1.0)}
+
+
+ACCELERATE_CONFIGS = REPO / "recipes" / "accelerate_configs"
+# What a multi-node config sets apart from the one-machine config it extends.
+MACHINE_FIELDS = {"num_machines", "num_processes", "machine_rank", "main_process_ip", "main_process_port"}
+
+
+def test_every_accelerate_config_parses_and_names_its_launch_command():
+    """Each accelerate config loads as accelerate reads it and names the command that runs it; a multi-node config is
+    its one-machine config over 2 machines (every other field the same) and its command gives the machine's rank."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    types = {}
+    for path in sorted(ACCELERATE_CONFIGS.glob("*.yaml")):
+        config = load_config_from_file(str(path))
+        types[path.stem] = config.distributed_type.value
+        commands = [line[2:].split() for line in path.read_text().splitlines() if line.startswith("# accelerate launch")]
+        assert len(commands) == 1, path.name
+        command = commands[0]
+        assert command[:4] == ["accelerate", "launch", "--config_file", f"recipes/accelerate_configs/{path.name}"]
+        script = next(token for token in command if token.endswith(".py"))
+        assert (REPO / script).is_file() and command[-2] == "--config" and (REPO / command[-1]).is_file(), path.name
+        if config.num_machines > 1:
+            assert command[command.index("--machine_rank") + 1] == "0", path.name
+            assert config.num_processes % config.num_machines == 0 and config.main_process_ip, path.name
+            assert (config.main_process_port, config.rdzv_backend) == (29500, "static"), path.name
+    assert types == {"single_gpu": "NO", "multi_gpu": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED",
+                     "deepspeed_zero3": "DEEPSPEED", "fsdp": "FSDP", "multi_node_ddp": "MULTI_GPU",
+                     "multi_node_deepspeed_zero3": "DEEPSPEED", "multi_node_fsdp": "FSDP"}
+    for multi, single in (("multi_node_ddp", "multi_gpu"), ("multi_node_deepspeed_zero3", "deepspeed_zero3"),
+                          ("multi_node_fsdp", "fsdp")):
+        many, one = (yaml.safe_load((ACCELERATE_CONFIGS / f"{name}.yaml").read_text()) for name in (multi, single))
+        assert {k for k in {*many, *one} if many.get(k) != one.get(k)} == MACHINE_FIELDS - {"machine_rank"}, multi
+        assert (many["num_machines"], many["num_processes"]) == (2, 2 * one["num_processes"]), multi
+    # DeepSpeed starts each machine's processes with torchrun, as the other configs do
+    assert yaml.safe_load((ACCELERATE_CONFIGS / "multi_node_deepspeed_zero3.yaml").read_text())[
+        "deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
+
+
+def test_the_slurm_script_names_its_command_and_is_valid_bash():
+    """recipes/slurm/multinode.sbatch: `sbatch` directives for one task per node, the command that submits it (a
+    recipe and its config that exist), a default accelerate config over several machines, and bash that parses
+    (tests/distributed/test_multinode.py runs it)."""
+    import subprocess
+
+    path = REPO / "recipes" / "slurm" / "multinode.sbatch"
+    text = path.read_text()
+    commands = [line[2:].split() for line in text.splitlines() if line.startswith("# sbatch ")]
+    assert len(commands) == 1
+    command = commands[0]
+    assert command[:4] == ["sbatch", "--nodes", "2", "recipes/slurm/multinode.sbatch"]
+    assert command[4:5] == ["recipes/translation.py"] and command[5] == "--config" and (REPO / command[6]).is_file()
+    assert "#SBATCH --ntasks-per-node=1" in text.splitlines()
+    default = text.split("ACCELERATE_CONFIG:-", 1)[1].split("}", 1)[0]
+    assert yaml.safe_load((REPO / default).read_text())["num_machines"] > 1
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
 
 
 # ---- data -------------------------------------------------------------------------------------------------------
