@@ -428,8 +428,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny shapes, no compilation (what the tests run)")
     parser.add_argument("--no-compile", action="store_true", help="leave out generate with a compiled static cache")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--output_dir", help="the folder of gpu_check.json and gpu_check.md (default: benchmarks/results; "
-                                            "with --quick, a new temporary folder)")
+    where.add_argument("--output_dir", help="the folder of gpu_check.json and gpu_check.md (default: "
+                                            "benchmarks/results; with --quick, a new temporary folder)")
     where.add_argument("--output", help="the JSON file to write, the table beside it (instead of --output_dir)")
     args = parser.parse_args(argv)
     if args.output is None:

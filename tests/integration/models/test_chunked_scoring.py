@@ -44,7 +44,8 @@ CAUSAL = {  # tiny configs of decoder-only architectures beside Llama: (config c
     "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                 intermediate_size=64)),  # a head with a bias
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                         num_attention_heads=2, num_key_value_heads=1, logit_scale=0.5)),
+                                                         num_attention_heads=2, num_key_value_heads=1,
+                                                         logit_scale=0.5)),
     "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                    num_attention_heads=2)),
