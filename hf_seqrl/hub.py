@@ -271,12 +271,14 @@ def render_model_card(
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
-    `method` is the algorithm that ran (`trainer.method`; a policy gradient's `trainers.policy_gradient.policy_gradient_method(baseline)`;
-    cross-entropy, `trainers.run_record.CROSS_ENTROPY`, for a run that never reached its trainer's own loss).
-    `algorithm_detail` is appended to its name; `reward` (None: no reward line) names the reward as the user gave it; `license` (an SPDX id such as `"apache-2.0"`) goes into the metadata
-    when known. `task` (`"translation"`, `"summarization"` or None) is what the card says the model does: None claims
-    no task. `model_class` is the transformers Auto class that loads the model (`"AutoModelForCausalLM"` for a
-    decoder-only model: its code feeds `example_input` as a prompt and prints the completion only).
+    `method` is the algorithm that ran (`trainer.method`; a policy gradient's
+    `trainers.policy_gradient.policy_gradient_method(baseline)`; cross-entropy, `trainers.run_record.CROSS_ENTROPY`,
+    for a run that never reached its trainer's own loss). `algorithm_detail` is appended to its name; `reward` (None:
+    no reward line) names the reward as the user gave it; `license` (an SPDX id such as `"apache-2.0"`) goes into the
+    metadata when known. `task` (`"translation"`, `"summarization"` or None) is what the card says the model does:
+    None claims no task. `model_class` is the transformers Auto class that loads the model
+    (`"AutoModelForCausalLM"` for a decoder-only model: its code feeds `example_input` as a prompt and prints the
+    completion only).
 
     The "How to use" code generates from `example_input` (a placeholder when None) with the model's generation config,
     `max_new_tokens` added when given; a decoder-only model trained on chat prompts gets `example_messages` (a list of

@@ -128,7 +128,7 @@ class ScriptArguments:
                              f"{self.algorithm!r} takes no teacher.")
         if self.reward_funcs and not takes_rewards(self.algorithm):
             warnings.warn(f"ScriptArguments.reward_funcs={self.reward_funcs} apply to the rewarded algorithms; "
-                          f"algorithm={self.algorithm!r} trains without a reward: ignored.", stacklevel=2)
+                          f"algorithm={self.algorithm!r} trains without a reward: ignored.")
         if self.teacher_model is None and self.algorithm == "distill":
             raise ValueError("algorithm='distill' needs teacher_model: a Hub id or folder of the model's family "
                              "and tokenizer.")

@@ -423,7 +423,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def set_initial_training_values(self, args, dataloader):
         """`Trainer.set_initial_training_values`; warns when the run's optimizer steps (its last value) never reach
-        this trainer's own loss (`cross_entropy_reason`): the run is then cross-entropy fine-tuning, as its card says."""
+        this trainer's own loss (`cross_entropy_reason`): the run is then cross-entropy training, as its card says."""
         values = super().set_initial_training_values(args, dataloader)
         reason = self.cross_entropy_reason(values[-1])
         if reason and self.is_world_process_zero():

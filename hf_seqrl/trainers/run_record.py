@@ -48,7 +48,8 @@ def cross_entropy_warning(trainer: str, method: str, reason: str) -> str:
     """Returns the warning of a run that never reaches the trainer's (`trainer`, running `method`) own loss."""
     return (f"{trainer}: {reason}, so every step is plain cross-entropy and {method} never runs; the model card and "
             f"seqrl_run.json will say cross-entropy fine-tuning. Lower warmup_xe_steps below the run's steps for "
-            f"{method} steps, or train with CrossEntropyTrainer (hf-seqrl train --algorithm xe) for cross-entropy alone.")
+            f"{method} steps, or train with CrossEntropyTrainer (hf-seqrl train --algorithm xe) for cross-entropy "
+            "alone.")
 
 
 def changed_training_warning(trainer: str, method: str, checkpoint: str, recorded: dict, changes: list[str]) -> str:
