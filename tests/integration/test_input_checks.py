@@ -241,8 +241,8 @@ def test_pretokenized_rows_with_ids_past_the_embeddings_are_named(tmp_path):
 # ---- text columns: named when missing, typed row by row ---------------------------------------------------------
 
 def test_a_source_column_that_is_not_there_is_named_with_the_columns(tmp_path):
-    with pytest.raises(ValueError, match=r"train_dataset has no column 'sorce' \(SeqRLConfig.source_column; its columns: "
-                                         r"\['source', 'target'\]\).*did you mean 'source'\?"):
+    with pytest.raises(ValueError, match=r"train_dataset has no column 'sorce' \(SeqRLConfig.source_column; its "
+                                         r"columns: \['source', 'target'\]\).*did you mean 'source'\?"):
         build(tmp_path, tiny_model("t5"), source_column="sorce")
 
 
@@ -270,7 +270,8 @@ TEXT_CELLS = [
      r"row 0: column 'completion' holds an int \(7\)"),
     # tokenized rows: the text columns the rewards read
     ("tokenized", {"references": ["ab", None, "ef"]}, {}, ValueError, r"row 1: column 'references' holds None"),
-    ("tokenized", {"references": [["ab"], [], ["ef"]]}, {}, ValueError, r"row 1: column 'references' holds an empty list"),
+    ("tokenized", {"references": [["ab"], [], ["ef"]]}, {}, ValueError,
+     r"row 1: column 'references' holds an empty list"),
     ("tokenized", {"sources": [1, 2, 3]}, {}, TypeError, r"row 0: column 'sources' holds an int \(1\)"),
 ]
 
