@@ -25,6 +25,8 @@ def run_benchmark(script: str, *args: str, timeout: int = 420):
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=timeout)
     return result, time.perf_counter() - start
+
+
 def free_port() -> int:
     """Returns a TCP port of 127.0.0.1 free now, so that concurrent launches do not collide on accelerate's 29500."""
     import socket

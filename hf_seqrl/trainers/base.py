@@ -85,7 +85,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         align_target_language(model, processing_class, type(self).__name__)
         warn_half_precision_weights(model, args, type(self).__name__)
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, family, processing_class, args,
-                                                       family.label_start_id(model))
+                                                       family.label_start_id(model), model)
         if data_collator is None:
             data_collator = DataCollatorForSeq2Seq(processing_class, model=model)
         if not isinstance(data_collator, SeqRLDataCollator):
