@@ -92,8 +92,12 @@ def check_sources(family, tokenizer, sources: Sequence, max_source_length: int |
 
 def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, batch_size: int = 32,
                    max_new_tokens: int | None = None, max_length: int | None = None,
-                   max_source_length: int | None = None, progress: bool = True, desc: str = "generate") -> list[str]:
+                   max_source_length: int | None = None, progress: bool = True, desc: str = "generate",
+                   decode: str = "beam", **selection: Any) -> list[str]:
     """Returns the model's decoded output for each source, in order (greedy when `num_beams` is 1).
+
+    `decode="mbr"` or `"qe"` samples candidates and picks one per source instead (`hf_seqrl.candidates`; docs/mbr.md):
+    `selection` holds `num_candidates`, `utility`, `qe_reward`, `epsilon_cutoff`, `seed` (`SelectionDecoding`).
 
     Sources are batched by length (less padding); the model's own generation config applies otherwise (its
     `max_new_tokens` when not given), except that decoding always uses the KV cache (see
@@ -108,6 +112,14 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
     if num_beams < 1 or batch_size < 1:
         raise ValueError(f"num_beams and batch_size must be >= 1, got {num_beams} and {batch_size}.")
     check_sources(family, tokenizer, sources, max_source_length)
+    if decode != "beam" or selection:
+        from .candidates import SelectionDecoding, selected_texts
+
+        if num_beams != 1:
+            raise ValueError(f"num_beams={num_beams} with decode={decode!r}: candidates are sampled; leave num_beams 1.")
+        return selected_texts(model, tokenizer, sources, SelectionDecoding(decode, **selection), batch_size=batch_size,
+                              progress=progress, desc=desc, max_new_tokens=max_new_tokens, max_length=max_length,
+                              max_source_length=max_source_length)
     order = sorted(range(len(sources)), key=lambda i: len(str(sources[i])))
     outputs = [""] * len(sources)
     kwargs = {"num_beams": num_beams, "do_sample": False, "use_cache": True}

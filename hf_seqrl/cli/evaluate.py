@@ -69,6 +69,19 @@ class EvaluateArguments(CheckpointDataArguments):
                 "rouge1 rouge2 rougeL for summarization, else bleu chrf)."})
     num_beams: int | None = field(default=None, metadata={
         "help": "1 = greedy; more = beam search (default: the run's generation_num_beams, else 1)."})
+    decode: str = field(default="beam", metadata={
+        "help": "beam: greedy or beam search (--num_beams); mbr: minimum Bayes risk over --num_candidates samples per "
+                "source with --utility; qe: the sample --qe_reward scores highest (docs/mbr.md)."})
+    num_candidates: int = field(default=16, metadata={"help": "mbr / qe: samples per source."})
+    utility: str = field(default="chrf", metadata={
+        "help": "mbr: the reward each candidate is scored with against the others (a built-in name, a COMET "
+                "checkpoint folder or module:function; chrf goes through fastchrf when installed)."})
+    qe_reward: str | None = field(default=None, metadata={
+        "help": "qe: a reference-free reward (a CometKiwi checkpoint folder or module:function reading predictions "
+                "and sources)."})
+    epsilon_cutoff: float = field(default=0.02, metadata={
+        "help": "mbr / qe: epsilon sampling, tokens below this probability are never drawn (0: plain sampling)."})
+    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the candidates' draws."})
     output: str | None = field(default=None, metadata={"help": "Write the scores (and settings) to this JSON file."})
     predictions: str | None = field(default=None, metadata={"help": "Write one JSON line per source with its "
                                                                     "output."})
@@ -81,6 +94,13 @@ class EvaluateArguments(CheckpointDataArguments):
                 raise ValueError(f"metrics: unknown or no metric {unknown}; choose from {', '.join(BUILTIN_REWARDS)}.")
         if self.num_beams is not None and self.num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {self.num_beams}.")
+        if self.decode not in ("beam", "mbr", "qe"):
+            raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
+        if self.decode == "qe" and not self.qe_reward:
+            raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
+                             "or module:function reading predictions and sources).")
+        if self.decode != "beam" and (self.num_beams or 1) > 1:
+            raise ValueError(f"--decode {self.decode} samples its candidates: drop --num_beams {self.num_beams}.")
 
 
 def load_model_and_pairs(args: CheckpointDataArguments):
@@ -140,12 +160,18 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
     model, tokenizer, sources, references = load_model_and_pairs(args)
     inputs, settings, from_run = shape_sources(args, model, sources)
     metrics = args.metrics or task_metrics(settings.get("task"))
-    num_beams = settings.get("num_beams") or 1
+    num_beams = 1 if args.decode != "beam" else settings.get("num_beams") or 1
+    selection = {} if args.decode == "beam" else {
+        "decode": args.decode, "num_candidates": args.num_candidates, "epsilon_cutoff": args.epsilon_cutoff,
+        "seed": args.seed, **({"utility": args.utility} if args.decode == "mbr" else {"qe_reward": args.qe_reward})}
     scores, predictions = evaluate_model(model, tokenizer, inputs, references, metrics, num_beams=num_beams,
                                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                          max_length=settings.get("max_length"),
-                                         max_source_length=settings.get("max_source_length"))
+                                         max_source_length=settings.get("max_source_length"), **selection)
     decoding = "greedy" if num_beams == 1 else f"beam {num_beams}"
+    if selection:
+        decoding = f"{args.decode}, {args.num_candidates} candidates, " + \
+            (args.utility if args.decode == "mbr" else args.qe_reward)
     for name, value in scores.items():
         print(f"{name:<10}{value:8.2f}")
     cut = settings.get("max_source_length")
@@ -160,12 +186,21 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
         with open(args.output, "w") as f:
             json.dump({"scores": scores, "num_examples": len(sources), "decoding": decoding, "model": args.model,
                        "data": args.data, "max_new_tokens": args.max_new_tokens, "settings": settings,
-                       "from_run_settings": from_run}, f, indent=2)
+                       "from_run_settings": from_run, "selection": _selection_record(selection)}, f, indent=2)
     if args.predictions:
         with open(args.predictions, "w") as f:
             for source, prediction, refs in zip(sources, predictions, references):
                 f.write(json.dumps({"source": source, "prediction": prediction, "references": refs}) + "\n")
     return 0
+
+
+def _selection_record(selection: dict) -> dict | None:
+    """Returns the MBR / QE settings as `SelectionDecoding.record` writes them, or None for greedy / beam search."""
+    if not selection:
+        return None
+    from ..candidates import SelectionDecoding
+
+    return SelectionDecoding(**selection).record()
 
 
 def main(argv: list[str] | None = None) -> int:

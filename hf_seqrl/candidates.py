@@ -1,0 +1,137 @@
+"""MBR and QE decoding: each source's candidates sampled from the model (`sample_candidates`), then one picked per
+source by `hf_seqrl.selection` (`selected_texts`). `hf_seqrl.evaluation.generate_texts(..., decode="mbr" | "qe")` and
+`hf-seqrl evaluate --decode mbr|qe` run it.
+
+Candidates are `num_candidates` samples per source from `generate` (`do_sample=True`, `num_return_sequences`):
+temperature 1 with no top-k or top-p cut, and epsilon sampling when `epsilon_cutoff` is set (transformers'
+`epsilon_cutoff`: tokens below that probability are never drawn; 0.02 by default, as Freitag et al., 2023 found best
+for MBR). The draws are seeded (`seed`), so a call gives the same candidates each time on the same machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from .data import tokenize_sources
+from .models import family_for
+from .models.base import eval_mode
+from .models.languages import decode_texts
+from .rewards import build_reward, place_on, reward_name
+from .selection import mbr_select, qe_select
+
+DECODE_MODES = ("beam", "mbr", "qe")
+
+
+@dataclass(frozen=True)
+class SelectionDecoding:
+    """How `selected_texts` decodes: `decode` (`"mbr"` or `"qe"`), `num_candidates` samples per source,
+    `epsilon_cutoff` (None or 0: plain ancestral sampling), `seed`; MBR's `utility` (a reference-based reward, default
+    chrF) or QE's `qe_reward` (a reference-free reward, required for QE)."""
+
+    decode: str = "mbr"
+    num_candidates: int = 16
+    utility: Any = "chrf"
+    qe_reward: Any = None
+    epsilon_cutoff: float | None = 0.02
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.decode not in ("mbr", "qe"):
+            raise ValueError(f"decode={self.decode!r}: candidates are selected by 'mbr' or 'qe' (or decode='beam' "
+                             "for greedy / beam search).")
+        if self.num_candidates < 1 or (self.decode == "mbr" and self.num_candidates < 2):
+            raise ValueError(f"num_candidates must be >= 2 for MBR (>= 1 for QE), got {self.num_candidates}.")
+        if self.epsilon_cutoff is not None and not 0 <= self.epsilon_cutoff < 1:
+            raise ValueError(f"epsilon_cutoff must be in [0, 1) (or None), got {self.epsilon_cutoff}.")
+        if self.decode == "qe" and self.qe_reward is None:
+            raise ValueError("decode='qe' needs qe_reward: a reference-free reward (a CometKiwi or MetricX-QE "
+                             "checkpoint name, a TeacherLikelihoodReward, or a callable reading predictions and "
+                             "sources).")
+
+    def record(self) -> dict[str, Any]:
+        """Returns the settings as JSON data (a reward by its name), as evaluation outputs record them."""
+        settings = asdict(self)
+        settings["utility"] = reward_name(self.utility) if self.decode == "mbr" else None
+        settings["qe_reward"] = reward_name(self.qe_reward) if self.decode == "qe" else None
+        return settings
+
+
+def sample_candidates(model, tokenizer, sources: Sequence, num_candidates: int, *, epsilon_cutoff: float | None = 0.02,
+                      seed: int = 0, batch_size: int = 32, max_new_tokens: int | None = None,
+                      max_length: int | None = None, max_source_length: int | None = None, progress: bool = True,
+                      desc: str = "candidates") -> list[list[str]]:
+    """Returns `num_candidates` sampled outputs per source, in the order of `sources` (decoded text, stripped).
+
+    `batch_size` sources per `generate` call, in the order given, each with `num_candidates` rows; `max_new_tokens`,
+    `max_length` and `max_source_length` as in `generate_texts`. The random state is seeded with `seed` inside and
+    restored after. The model is left in its original train/eval mode."""
+    from tqdm.auto import tqdm
+
+    family = family_for(model)
+    kwargs = {"do_sample": True, "num_return_sequences": num_candidates, "num_beams": 1, "temperature": 1.0,
+              "top_k": 0, "top_p": 1.0, "use_cache": True}
+    if epsilon_cutoff:
+        kwargs["epsilon_cutoff"] = epsilon_cutoff
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
+    elif max_length is not None:
+        kwargs["max_length"] = max_length
+    candidates: list[list[str]] = []
+    devices = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), eval_mode(model), torch.no_grad():
+        torch.manual_seed(seed)
+        for start in tqdm(range(0, len(sources), batch_size), desc=desc, leave=False, disable=not progress):
+            batch = tokenize_sources(family, tokenizer, list(sources[start:start + batch_size]), max_source_length)
+            ids = family.generate(model, {k: v.to(model.device) for k, v in batch.items()}, **kwargs)
+            texts = [text.strip() for text in decode_texts(tokenizer, ids)]
+            candidates.extend(texts[i:i + num_candidates] for i in range(0, len(texts), num_candidates))
+    return candidates
+
+
+def source_text(source) -> str:
+    """Returns a source as the selection's rewards read it: the text, or a chat prompt's last message."""
+    return source if isinstance(source, str) else str(source[-1]["content"])
+
+
+def select(candidates: Sequence[Sequence[str]], sources: Sequence, decoding: SelectionDecoding) -> list[str]:
+    """Returns the candidate `decoding` picks for each source (`mbr_select` or `qe_select`); a source whose
+    candidates the QE reward scores none of is refused, naming it."""
+    texts = [source_text(s) for s in sources]
+    if decoding.decode == "mbr":
+        return [pick.text for pick in mbr_select(candidates, decoding.utility, texts)]
+    picks = qe_select(candidates, texts, decoding.qe_reward)
+    unscored = [i for i, pick in enumerate(picks) if pick.index is None]
+    if unscored:
+        raise ValueError(f"qe_reward {reward_name(decoding.qe_reward)!r} scored none of the candidates of "
+                         f"{len(unscored)} sources (first: {texts[unscored[0]]!r}): use a reward that scores them.")
+    return [pick.text for pick in picks]
+
+
+def selected_texts(model, tokenizer, sources: Sequence, decoding: SelectionDecoding, *, batch_size: int = 32,
+                   progress: bool = True, desc: str = "generate", **generate_kwargs) -> list[str]:
+    """Returns one output per source: `decoding.num_candidates` samples per source (`sample_candidates`, all
+    sources, seeded once), then the pick of `decoding` over each source's candidates, `batch_size` sources per
+    selection call. A reward given by name is loaded once, and a model reward on the CPU moved to the model's device
+    (`place_on`). `generate_kwargs`: `max_new_tokens`, `max_length`, `max_source_length`."""
+    from tqdm.auto import tqdm
+
+    name = "utility" if decoding.decode == "mbr" else "qe_reward"
+    spec = getattr(decoding, name)
+    if not (decoding.decode == "mbr" and spec == "chrf"):  # chrF stays a name: fastchrf when installed
+        reward = build_reward(spec)
+        place_on(reward, model.device)
+        decoding = replace(decoding, **{name: reward})
+
+    candidates = sample_candidates(model, tokenizer, sources, decoding.num_candidates,
+                                   epsilon_cutoff=decoding.epsilon_cutoff, seed=decoding.seed, batch_size=batch_size,
+                                   progress=progress, desc=f"{desc} ({decoding.decode} candidates)", **generate_kwargs)
+    outputs: list[str] = []
+    for start in tqdm(range(0, len(sources), batch_size), desc=f"{desc} ({decoding.decode} selection)", leave=False,
+                      disable=not progress):
+        stop = start + batch_size
+        outputs.extend(select(candidates[start:stop], sources[start:stop], decoding))
+    return outputs
