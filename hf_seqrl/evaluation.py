@@ -116,7 +116,8 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
         from .candidates import SelectionDecoding, selected_texts
 
         if num_beams != 1:
-            raise ValueError(f"num_beams={num_beams} with decode={decode!r}: candidates are sampled; leave num_beams 1.")
+            raise ValueError(f"num_beams={num_beams} with decode={decode!r}: the candidates are sampled; leave "
+                             "num_beams 1.")
         return selected_texts(model, tokenizer, sources, SelectionDecoding(decode, **selection), batch_size=batch_size,
                               progress=progress, desc=desc, max_new_tokens=max_new_tokens, max_length=max_length,
                               max_source_length=max_source_length)

@@ -84,8 +84,8 @@ def test_evaluate_cli_decodes_by_mbr_and_qe_and_records_it(tmp_path, capsys):
     data.write_text("".join(json.dumps({"source": s, "target": s}) + "\n" for s in SOURCES))
     out, predictions = tmp_path / "scores.json", tmp_path / "predictions.jsonl"
     argv = ["evaluate", "--model", str(folder), "--data", str(data), "--decode", "mbr", "--num_candidates", "4",
-            "--utility", "test_mbr_decoding:length_agreement", "--epsilon_cutoff", "0.002", "--seed", "7", "--max_new_tokens", "6",
-            "--batch_size", "2", "--output", str(out), "--predictions", str(predictions)]
+            "--utility", "test_mbr_decoding:length_agreement", "--epsilon_cutoff", "0.002", "--seed", "7",
+            "--max_new_tokens", "6", "--batch_size", "2", "--output", str(out), "--predictions", str(predictions)]
     assert main(argv) == 0
     recorded = json.loads(out.read_text())
     assert recorded["decoding"] == "mbr, 4 candidates, test_mbr_decoding:length_agreement"
