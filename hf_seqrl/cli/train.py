@@ -254,9 +254,14 @@ def load_model_and_tokenizer(script_args: ScriptArguments, training_args=None):
         model = build_tiny_model(script_args.tiny_model, tokenizer=tokenizer, d_model=script_args.tiny_d_model,
                                  layers=script_args.tiny_layers, max_positions=positions)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name or script_args.model_name_or_path,
-                                                  trust_remote_code=remote)
-        model = load_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
+        name = script_args.tokenizer_name or script_args.model_name_or_path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=remote)
+            model = load_pretrained(script_args.model_name_or_path, trust_remote_code=remote)
+        except OSError as error:
+            raise UsageError(f"--model_name_or_path {script_args.model_name_or_path!r} (--tokenizer_name "
+                             f"{script_args.tokenizer_name!r}) could not be loaded: {error} Pass a local folder or a "
+                             "Hub id that exists (offline, one already in the Hub cache).") from error
     try:
         set_language_codes(model, tokenizer, script_args.src_lang, script_args.tgt_lang)
     except ValueError as error:
@@ -363,7 +368,10 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     family = family_for(model)
     with training_args.main_process_first(desc="data"):
         splits = load_splits(script_args, training_args, tokenizer, family.label_start_id(model), family)
-    trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
+    try:  # what the trainer refuses when it is built (bad settings, data, ids, a teacher that does not load)
+        trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
+    except (ValueError, OSError) as error:
+        raise UsageError(str(error)) from error
 
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):

@@ -202,17 +202,21 @@ def test_an_m2m100_whose_embedding_leaves_out_the_language_tokens_is_refused_wit
     assert trainer.state.global_step == 1
 
 
-def test_hf_seqrl_train_refuses_that_m2m100_before_training(tmp_path):
+def test_hf_seqrl_train_refuses_that_m2m100_before_training(tmp_path, capsys):
+    import re
+
     from hf_seqrl.cli import main
 
     tokenizer, model = m2m100_built_with_len_of_its_tokenizer(tmp_path)
     model.save_pretrained(tmp_path / "m2m100")
     tokenizer.save_pretrained(tmp_path / "m2m100")
     write_jsonl(tmp_path / "train.jsonl", [{"source": s, "target": t} for s, t in zip(*pairs_data()[:].values())])
-    with pytest.raises(ValueError, match=r"writes ids up to .* past len\(tokenizer\) = .*resize_token_embeddings"):
-        main(["train", "--model_name_or_path", str(tmp_path / "m2m100"), "--train_file", str(tmp_path / "train.jsonl"),
-              "--src_lang", "de", "--tgt_lang", "en", "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
-              "--report_to", "none", "--use_cpu", "true"])
+    assert main(["train", "--model_name_or_path", str(tmp_path / "m2m100"), "--train_file",
+                 str(tmp_path / "train.jsonl"), "--src_lang", "de", "--tgt_lang", "en", "--output_dir",
+                 str(tmp_path / "out"), "--max_steps", "1", "--report_to", "none", "--use_cpu", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "hf-seqrl train: error: " in err and "Traceback" not in err
+    assert re.search(r"writes ids up to .* past len\(tokenizer\) = .*resize_token_embeddings", err)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("checkpoint-*"))
 
 
@@ -351,3 +355,14 @@ def test_mrt_refuses_a_token_level_reward_when_it_is_built(tmp_path, rewards):
                                          r"MRT cannot use.*SCSTTrainer"):
         MRTTrainer(model=tiny_model("t5"), args=make_config(MRTConfig, tmp_path, num_samples=2), reward_funcs=rewards,
                    processing_class=byt5_tokenizer(), train_dataset=text_data())
+
+
+def test_hf_seqrl_train_names_a_model_that_does_not_load(tmp_path, capsys, monkeypatch):
+    from hf_seqrl.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write_jsonl(tmp_path / "train.jsonl", [{"source": "a", "target": "b"}])
+    assert main(["train", "--model_name_or_path", "nobody/no-such-model", "--train_file", str(tmp_path / "train.jsonl"),
+                 "--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--report_to", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "--model_name_or_path 'nobody/no-such-model'" in err and "could not be loaded" in err
