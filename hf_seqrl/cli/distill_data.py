@@ -1,8 +1,10 @@
 """`hf-seqrl distill-data`: a teacher's beam decodes of a data file's sources, as a text-column dataset (JSON lines):
 the data of sequence-level knowledge distillation (cross-entropy on the teacher's outputs, `--target_column
 teacher_target`, validated on the gold `--eval_target_column target`) and of `DistillationConfig.seq_kd` without
-decoding during training. The decode settings are recorded beside the file (`OUTPUT.settings.json`): a run continues a
-file begun with the same settings and refuses one begun with others, naming them, unless `--overwrite`.
+decoding during training. `--decode mbr|qe` writes the teacher's (or the model's own) MBR or QE pick among sampled
+candidates instead: MBR / QE fine-tuning's data (docs/mbr.md). The decode settings are recorded beside the file
+(`OUTPUT.settings.json`): a run continues a file begun with the same settings and refuses one begun with others,
+naming them, unless `--overwrite`.
 
 Under `accelerate launch` (several processes, on one machine or several) each process decodes its block of rows into
 a part file of its own (`process_part`), and the job's first process writes the output from every part (the parts'
@@ -31,7 +33,21 @@ class DistillDataArguments:
     source_column: str = field(default="source", metadata={"help": "Column of the sources."})
     output_column: str = field(default="teacher_target", metadata={
         "help": "Column of the teacher's decode in the output; every column of the data is kept beside it."})
-    num_beams: int = field(default=4, metadata={"help": "Beam width (Kim & Rush: the beam's best)."})
+    num_beams: int = field(default=4, metadata={"help": "Beam width (Kim & Rush: the beam's best) of --decode beam."})
+    decode: str = field(default="beam", metadata={
+        "help": "beam: the teacher's beam search (--num_beams); mbr: MBR over --num_candidates samples per source "
+                "with --utility; qe: the sample --qe_reward scores highest (MBR / QE fine-tuning's data, "
+                "docs/mbr.md)."})
+    num_candidates: int = field(default=16, metadata={"help": "mbr / qe: samples per source."})
+    utility: str = field(default="chrf", metadata={
+        "help": "mbr: the reward of each candidate against the others (a built-in name, a COMET checkpoint folder or "
+                "module:function; chrf goes through fastchrf when installed)."})
+    qe_reward: str | None = field(default=None, metadata={
+        "help": "qe: a reference-free reward (a CometKiwi checkpoint folder or module:function reading predictions "
+                "and sources)."})
+    epsilon_cutoff: float = field(default=0.02, metadata={
+        "help": "mbr / qe: epsilon sampling, tokens below this probability are never drawn (0: plain sampling)."})
+    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the candidates' draws."})
     batch_size: int = field(default=32, metadata={"help": "Sources per generate call."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Decode budget (default: the teacher's)."})
     max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
@@ -51,6 +67,19 @@ class DistillDataArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or left unset where optional), got {value}.")
+        if self.decode not in ("beam", "mbr", "qe"):
+            raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
+        if self.decode == "qe" and not self.qe_reward:
+            raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
+                             "or module:function reading predictions and sources).")
+
+    def selection(self) -> dict:
+        """Returns the MBR / QE keywords of `write_teacher_outputs` (none for beam search)."""
+        if self.decode == "beam":
+            return {}
+        reward = {"utility": self.utility} if self.decode == "mbr" else {"qe_reward": self.qe_reward}
+        return {"decode": self.decode, "num_candidates": self.num_candidates, "epsilon_cutoff": self.epsilon_cutoff,
+                "seed": self.seed, **reward}
 
 
 def distill_data(args: DistillDataArguments) -> int:
@@ -81,16 +110,19 @@ def distill_data(args: DistillDataArguments) -> int:
         raise UsageError(str(error)) from error
     try:
         written = write_teacher_outputs(model, tokenizer, rows, args.source_column, output,
-                                        output_column=args.output_column, num_beams=args.num_beams,
+                                        output_column=args.output_column,
+                                        num_beams=args.num_beams if args.decode == "beam" else 1,
                                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                        max_source_length=args.max_source_length, overwrite=args.overwrite)
+                                        max_source_length=args.max_source_length, overwrite=args.overwrite,
+                                        **args.selection())
     except ValueError as error:  # an output file from other data or settings, a source that tokenizes to nothing
         raise UsageError(str(error)) from error
     if state is not None:
         written = join_parts(state, output, args.output, written)
         if not state.is_main_process:
             return 0
-    print(f"wrote {written} rows to {args.output} ({len(dataset)} in all; the teacher's decodes in "
+    decodes = "decodes" if args.decode == "beam" else f"{args.decode.upper()} picks"
+    print(f"wrote {written} rows to {args.output} ({len(dataset)} in all; the teacher's {decodes} in "
           f"{args.output_column!r}, its settings in {args.output}{TEACHER_SETTINGS_SUFFIX}). Train on them, validating "
           f"on the gold references: hf-seqrl train ... --train_file {args.output} --target_column {args.output_column} "
           "--validation_file DEV_FILE --eval_target_column target")
@@ -103,9 +135,9 @@ def several_processes():
         return None
     from accelerate import PartialState
 
-    from .train import _no_accelerator
+    from .processes import no_accelerator
 
-    return PartialState(cpu=_no_accelerator())  # without an accelerator, the processes join over gloo
+    return PartialState(cpu=no_accelerator())  # without an accelerator, the processes join over gloo
 
 
 def process_rows(num_rows: int, process_index: int, num_processes: int) -> slice:

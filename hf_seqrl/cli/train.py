@@ -15,7 +15,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import transformers
 from transformers import HfArgumentParser
 
@@ -27,6 +26,7 @@ from ..models import FAMILIES, family_for
 from ..models.tiny import ARCHITECTURES
 from ..trainers import TRAINER_CLASSES, CrossEntropyTrainer, RolloutTrainer
 from . import UsageError, closing_block, flag_name, parse_dataclasses, suggest
+from .processes import destroy_process_group, no_accelerator, process_group_initialized
 
 # algorithm -> trainer class; each trainer names its config class (`config_class`)
 TRAINERS = {trainer.algorithm_id: trainer for trainer in TRAINER_CLASSES}
@@ -151,11 +151,6 @@ def takes_rewards(algorithm: str) -> bool:
     return issubclass(trainer_class(algorithm), RolloutTrainer)
 
 
-def _no_accelerator() -> bool:
-    accel = getattr(torch, "accelerator", None)
-    return not (accel.is_available() if accel is not None else torch.cuda.is_available())
-
-
 def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) -> tuple[ScriptArguments, Any]:
     """Returns `(ScriptArguments, config)` from `--config file.yaml` and CLI flags.
 
@@ -194,7 +189,7 @@ def parse_args(argv: list[str] | None = None, defaults: dict[str, Any] | None = 
         raise UsageError(f"{known.config}: unknown setting(s) {named}; `hf-seqrl train --help` lists the accepted "
                          "names.")
     parser.set_defaults(**values)
-    if "use_cpu" not in values and int(os.environ.get("WORLD_SIZE", "1")) > 1 and _no_accelerator():
+    if "use_cpu" not in values and int(os.environ.get("WORLD_SIZE", "1")) > 1 and no_accelerator():
         # `accelerate launch --multi_gpu` on a machine without GPUs: run the processes on CPU over gloo.
         parser.set_defaults(use_cpu=True)
     script_args, training_args = parse_dataclasses(parser, argv)
@@ -421,36 +416,13 @@ def train_main(argv: list[str] | None = None, task: str | None = None) -> dict[s
     that the run sets up (Accelerate does under `accelerate launch`) is destroyed before returning; one that existed
     before the call is left to its owner.
     """
-    owns_process_group = not _process_group_initialized()
+    owns_process_group = not process_group_initialized()
     script_args, training_args = parse_args(argv, defaults={"task": task} if task else None)
     if task is not None and training_args.task != task:
         other = "summarization" if task == "translation" else "translation"
         raise SystemExit(f"task={training_args.task!r}: this is the {task} recipe; use recipes/{other}.py.")
     # parse → data → trainer → train → evaluate on the test split → save (model, tokenizer, card) → push
     metrics = run(script_args, training_args)
-    if owns_process_group and _process_group_initialized():
+    if owns_process_group and process_group_initialized():
         destroy_process_group()
     return metrics
-
-
-def _process_group_initialized() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def destroy_process_group() -> None:
-    """Destroys the default process group once no trainer uses it, joining the backend's threads.
-
-    Gloo's worker threads release finished collectives, and with them tensors that Python no longer references. If
-    that happens once the interpreter is finalizing, the thread ends inside C++ code and the process aborts
-    ("terminate called without an active exception"), so the threads must be joined before exit. torch joins them
-    when the group's last reference goes, and releases the GIL (which such a release may need) only if that
-    reference is a Python one: if it is a DDP reducer's, the join waits, holding the GIL, on a thread that needs it.
-    Hence unreachable trainers, and their DDP wrappers, are collected first; call this with no trainer of the run
-    still referenced.
-    """
-    import gc
-
-    from accelerate import PartialState
-
-    gc.collect()
-    PartialState().destroy_process_group()

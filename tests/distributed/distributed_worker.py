@@ -196,7 +196,7 @@ def dump(trainer, path: str) -> None:
 
 
 def main(out: str, repo: str) -> None:
-    from hf_seqrl.cli.train import destroy_process_group
+    from hf_seqrl.cli.processes import destroy_process_group
 
     trainer = run_one_step(os.path.join(out, "one_step"))
     rank = trainer.args.process_index
@@ -314,7 +314,7 @@ SUITES = {"reuse_and_mrt": (("reuse", run_reuse), ("mrt", run_mrt)),
 
 
 def main_suite(out: str, suite: str) -> None:
-    from hf_seqrl.cli.train import destroy_process_group
+    from hf_seqrl.cli.processes import destroy_process_group
 
     if suite == "zero3":
         skip_deepspeed_shm_build()  # before the Trainer's arguments set up DeepSpeed's process group

@@ -36,6 +36,7 @@ sys.path.insert(0, REPO)
 from helpers import whole_state_dict  # noqa: E402
 
 import hf_seqrl.cli.train as pipeline  # noqa: E402
+from hf_seqrl.cli.processes import destroy_process_group, no_accelerator  # noqa: E402
 
 TRAINERS = []  # the trainer each pipeline run built
 
@@ -82,7 +83,7 @@ def main(out: str) -> None:
     from hf_seqrl.cli.distill_data import main as distill_data
 
     # The job's process group, set up here so that it outlives each pipeline run (a run destroys a group it set up).
-    state = PartialState(cpu=pipeline._no_accelerator())
+    state = PartialState(cpu=no_accelerator())
     rank = state.process_index
     train(out, "save_on_each_node", rank, "--max_steps", "2", "--save_on_each_node", "true", refused=True)
     train(out, "first", rank, "--max_steps", "2")
@@ -101,7 +102,7 @@ def main(out: str) -> None:
                                                                                     "toy_de_en.test.txt"),
                   "--output", os.path.join(out, f"machine{rank}", "distilled.jsonl"), "--max_examples", "7",
                   "--num_beams", "2", "--max_new_tokens", "8", "--batch_size", "2"])
-    pipeline.destroy_process_group()
+    destroy_process_group()
 
 
 if __name__ == "__main__":
