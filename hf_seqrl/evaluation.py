@@ -150,21 +150,28 @@ def write_teacher_outputs(model, tokenizer, rows: Sequence[dict], source_column:
     settings (`teacher_output_settings`) are recorded beside the file, in `output + ".settings.json"`, before its
     first row, and a file written with other settings is refused naming each one that differs: one file holds one
     kind of target. `overwrite=True` discards the file and decodes every row again. `generate_kwargs` go to
-    `generate_texts` (`max_new_tokens`, `max_length`, `max_source_length`)."""
+    `generate_texts` (`max_new_tokens`, `max_length`, `max_source_length`; `decode="mbr"` or `"qe"` with its
+    `num_candidates`, `utility`, `qe_reward`, `epsilon_cutoff`, `seed`: MBR / QE fine-tuning's data, docs/mbr.md).
+    Under MBR / QE the candidates of the rows from `start` on are drawn with seed `seed + start` (`start` a multiple of
+    `chunk`), so a continued file holds what one uninterrupted run writes."""
     from tqdm.auto import tqdm
 
     sources = [" ".join(map(str, s)) if isinstance(s, list) else s for s in (row[source_column] for row in rows)]
+    lengths = ("max_new_tokens", "max_length", "max_source_length")
+    selection = {name: value for name, value in generate_kwargs.items() if name not in lengths}
     settings = teacher_output_settings(model, tokenizer, source_column, output_column, num_beams, **{
-        name: generate_kwargs.get(name) for name in ("max_new_tokens", "max_length", "max_source_length")})
+        name: generate_kwargs.get(name) for name in lengths}, selection=selection)
     done = 0 if overwrite else _rows_to_continue(output, settings, rows, source_column, output_column)
     if done == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         _write_json(output + TEACHER_SETTINGS_SUFFIX, settings)
     with open(output, "a" if done else "w", encoding="utf-8") as f, \
             tqdm(total=len(rows), initial=done, desc="teacher outputs", disable=not progress) as bar:
         for start in range(done, len(rows), chunk):
             stop = min(start + chunk, len(rows))
+            seeded = {"seed": selection.get("seed", 0) + start} if settings["selection"] else {}
             decoded = generate_texts(model, tokenizer, sources[start:stop], num_beams=num_beams, batch_size=batch_size,
-                                     progress=False, **generate_kwargs)
+                                     progress=False, **{**generate_kwargs, **seeded})
             for row, text in zip(rows[start:stop], decoded):
                 f.write(json.dumps({**row, output_column: text}, ensure_ascii=False) + "\n")
             f.flush()
@@ -179,12 +186,13 @@ _RESTART = "pass overwrite=True (`hf-seqrl distill-data --overwrite`) to decode 
 
 def teacher_output_settings(model, tokenizer, source_column: str, output_column: str, num_beams: int,
                             max_new_tokens: int | None = None, max_length: int | None = None,
-                            max_source_length: int | None = None) -> dict[str, Any]:
+                            max_source_length: int | None = None, selection: dict | None = None) -> dict[str, Any]:
     """Returns what decides `write_teacher_outputs`' decodes besides the sources, as JSON data: the columns, the beam
     width and length limits, the teacher (`teacher`: its name or folder, recorded but not compared; `teacher_weights`:
-    `weights_fingerprint`; `teacher_dtype`), the tokenizer's language codes (`src_lang`, `tgt_lang`) and the
+    `weights_fingerprint`; `teacher_dtype`), the tokenizer's language codes (`src_lang`, `tgt_lang`), the
     teacher's generation config where it differs from transformers' defaults (its `forced_bos_token_id`, length
-    penalty, ...). Decoding is greedy or beam search, never sampled (`generate_texts`)."""
+    penalty, ...) and `selection`: None for greedy or beam search, else the MBR / QE settings
+    (`SelectionDecoding.record`: decode, candidates, utility or QE reward by name, epsilon, seed)."""
     name = getattr(model, "name_or_path", "") or ""
     generation = {key: value for key, value in model.generation_config.to_diff_dict().items()
                   if not key.startswith("_") and key != "transformers_version"}
@@ -193,7 +201,11 @@ def teacher_output_settings(model, tokenizer, source_column: str, output_column:
                 "teacher": os.path.abspath(name) if os.path.isdir(name) else name,
                 "teacher_weights": weights_fingerprint(model), "teacher_dtype": str(model.dtype).replace("torch.", ""),
                 "src_lang": getattr(tokenizer, "src_lang", None), "tgt_lang": getattr(tokenizer, "tgt_lang", None),
-                "generation_config": generation}
+                "generation_config": generation, "selection": None}
+    if selection and (selection.get("decode", "beam") != "beam" or len(selection) > 1):
+        from .candidates import SelectionDecoding
+
+        settings["selection"] = SelectionDecoding(**selection).record()
     return json.loads(json.dumps(settings, default=str))  # as the file reads back (tuples as lists)
 
 

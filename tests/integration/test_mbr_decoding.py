@@ -103,3 +103,38 @@ def test_evaluate_cli_decodes_by_mbr_and_qe_and_records_it(tmp_path, capsys):
     assert [row["prediction"] for row in rows] == [min(cands, key=len) for cands in candidates]
     assert main(argv[:5] + ["--decode", "qe"]) == 2
     assert "--decode qe needs --qe_reward" in capsys.readouterr().err
+
+
+def test_distill_data_writes_mbr_picks_continues_them_and_refuses_other_selection_settings(tmp_path, capsys):
+    """`hf-seqrl distill-data --decode mbr`: each row's target is the MBR pick among the teacher's samples (the
+    candidates of the rows from a chunk's start drawn with seed + start), the selection settings recorded beside the
+    file; a rerun continues it as one run writes, and another utility or decode is refused by name."""
+    from hf_seqrl.cli import main
+
+    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=3)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    data, output = tmp_path / "data.jsonl", tmp_path / "mbr.jsonl"
+    data.write_text("".join(json.dumps({"source": s, "id": i}) + "\n" for i, s in enumerate(SOURCES)))
+    argv = ["distill-data", "--teacher", str(tmp_path / "teacher"), "--data", str(data), "--output", str(output),
+            "--decode", "mbr", "--num_candidates", "5", "--utility", "test_mbr_decoding:length_agreement",
+            "--epsilon_cutoff", "0.002", "--seed", "4", "--max_new_tokens", "6", "--batch_size", "2", "--device", "cpu"]
+    assert main([*argv, "--max_examples", "2"]) == 0 and main(argv) == 0
+    assert "wrote 3 rows" in capsys.readouterr().out
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["id"] for row in rows] == list(range(len(SOURCES)))
+    # The first run wrote rows 0-1 (one chunk from row 0: seed 4), the rerun rows 2-4 (seed 4 + 2).
+    expected = []
+    for start, stop in ((0, 2), (2, 5)):
+        cands = sample_candidates(teacher, tok, SOURCES[start:stop], 5, epsilon_cutoff=0.002, seed=4 + start,
+                                  batch_size=2, max_new_tokens=6, progress=False)
+        expected += by_hand_mbr(cands, length_agreement)
+    assert [row["teacher_target"] for row in rows] == expected
+    record = json.loads((tmp_path / "mbr.jsonl.settings.json").read_text())
+    assert record["num_beams"] == 1 and record["selection"] == {
+        "decode": "mbr", "num_candidates": 5, "utility": "test_mbr_decoding:length_agreement", "qe_reward": None,
+        "epsilon_cutoff": 0.002, "seed": 4}
+    assert main(argv[:argv.index("--utility")] + ["--utility", "chrf"] + argv[argv.index("--utility") + 2:]) == 2
+    assert "selection.utility: 'test_mbr_decoding:length_agreement' → 'chrf'" in capsys.readouterr().err
+    assert main(argv[:7] + argv[argv.index("--max_new_tokens"):]) == 2  # beam search now
+    assert "num_beams: 1 → 4; selection.decode: 'mbr' → None" in capsys.readouterr().err
