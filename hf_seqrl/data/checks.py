@@ -215,15 +215,25 @@ def check_causal_rows(dataset, name: str) -> None:
                                  "prompt to sample from: set labels to -100 on the prompt tokens.")
 
 
-def check_dataset_columns(dataset, name: str, family=None) -> None:
-    """Raises a clear error if a `datasets.Dataset` has neither `labels` nor `references`, no `input_ids`, a
-    column named like a reward keyword (`predictions`), or rows the model family cannot read (a causal row's labels
-    must align with its input_ids and leave a prompt).
+def missing_targets_message(name: str, columns, reasons: list[str]) -> str:
+    """Returns the error for the dataset `name` (its `columns`), which has sources and no targets, that the settings
+    `reasons` read (`hf_seqrl.trainers.references.target_settings`)."""
+    return (f"{name} has sources and no targets (columns: {columns}), which this run reads: " + "; ".join(reasons)
+            + ". Add a 'target' / 'completion' column (target_column names another), a 'references' column, or "
+            "tokenized 'labels'.")
+
+
+def check_dataset_columns(dataset, name: str, family=None, target_reasons: list[str] | None = None) -> None:
+    """Raises a clear error if a `datasets.Dataset` has no `input_ids`, a column named like a reward keyword
+    (`predictions`), rows the model family cannot read (a causal row's labels must align with its input_ids and leave
+    a prompt), or neither `labels` nor `references` while the run reads targets.
 
     Args:
         dataset (`datasets.Dataset`): the tokenized dataset; others are left alone.
         name (`str`): how errors name the dataset.
         family (`hf_seqrl.models.base.ModelFamily`, *optional*): the model's family; a causal one also checks rows.
+        target_reasons (`list[str]`, *optional*): the settings of the run that read targets; empty when sources
+            alone train it, `None` when targets are needed whatever the settings.
     """
     columns = getattr(dataset, "column_names", None)
     if columns is None or isinstance(columns, dict):
@@ -238,7 +248,9 @@ def check_dataset_columns(dataset, name: str, family=None) -> None:
             f"{name} has no 'input_ids' column (columns: {columns}): tokenize the sources first, e.g. with "
             "hf_seqrl.data.tokenize_pairs."
         )
-    if "labels" not in columns and "references" not in columns:
+    if "labels" not in columns and "references" not in columns and target_reasons != []:
+        if target_reasons:
+            raise ValueError(missing_targets_message(name, columns, target_reasons))
         raise ValueError(
             f"{name} has neither 'labels' nor 'references' (columns: {columns}): rewards need references. "
             "Add tokenized 'labels' (tokenizer(text_target=...)) or a 'references' text column."

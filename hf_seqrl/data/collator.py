@@ -16,7 +16,8 @@ class SeqRLDataCollator:
     The wrapped collator sees only the model's inputs (`model_input_names`; with None, every column except
     `references` / `sources`). The batch gets the rest back as lists, one entry per row: `batch["references"]`
     (list of lists of strings), `batch["sources"]` (list of strings) and each other column under its own name.
-    The trainers pass those other columns to the rewards as keywords.
+    The trainers pass those other columns to the rewards as keywords. A batch of rows without targets (sources
+    alone) has no `labels` key.
 
     Args:
         collator: e.g. `DataCollatorForSeq2Seq(tokenizer, model=model)`.
@@ -45,6 +46,8 @@ class SeqRLDataCollator:
                 extra.setdefault(name, []).append(feature.pop(name))
             stripped.append(feature)
         batch = self.collator(stripped)
+        if "labels" in batch and batch["labels"] is None:  # rows of sources alone: `Seq2SeqTrainer` reads the key
+            del batch["labels"]  # as labels, and `DataCollatorForSeq2Seq` writes None there
         for name, values in extra.items():
             if len(values) != len(features):
                 raise ValueError(f"Column {name!r} is missing in some rows of the batch: give it for every row.")

@@ -4,7 +4,7 @@ completion rows for decoder-only ones, and text datasets tokenized when a traine
 from __future__ import annotations
 
 from ..models.base import decoder_start_id, pad_columns
-from .checks import check_text_column, has_text, normalize_references
+from .checks import check_text_column, has_text, missing_targets_message, normalize_references
 
 # The column `count_cut=True` adds to the tokenized rows: [source cut, target cut]; `report_cut` counts and removes it.
 CUT_COLUMN = "cut_to_max_length"
@@ -289,7 +289,7 @@ def check_source_column(columns: list[str], name: str, args) -> None:
 
 
 def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_start_token_id: int | None = None,
-                          evaluation: bool = False):
+                          evaluation: bool = False, target_reasons: list[str] | None = None):
     """Returns `dataset` tokenized for a model of `family` when it holds text columns instead of `input_ids`
     (one `datasets.map`, cached as `datasets` caches maps; an `IterableDataset` is tokenized on the fly as its rows
     are read); tokenized datasets and other iterables are returned as they are.
@@ -298,8 +298,10 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     target column (`args.target_column`; default `target`, else `completion`), decoder-only models the same pair
     as prompt → completion (text or chat messages); an `evaluation` split reads `args.eval_target_column` when set
     (the gold references of a model trained on a teacher's outputs). The target may be left out when a `references`
-    column gives the rewards' references (RL without cross-entropy). Every other column stays and reaches the
-    rewards; a `references` column of the dataset is kept over the target's.
+    column gives the rewards' references (RL without cross-entropy), and when `target_reasons` is an empty list (no
+    setting of the run reads a target: `hf_seqrl.trainers.references`): the rows then hold the sources alone. With
+    reasons, a dataset without targets is refused naming them; `None` needs targets whatever the settings. Every other
+    column stays and reaches the rewards; a `references` column of the dataset is kept over the target's.
     """
     from datasets import IterableDataset
 
@@ -316,7 +318,9 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
         check_source_column(columns, name, args)
     if source is not None and target is None and "references" not in columns:
         check_target_column(columns, name, args, target_field, evaluation)
-    if source is None or (target is None and "references" not in columns):
+    if source is not None and target is None and "references" not in columns and target_reasons:
+        raise ValueError(missing_targets_message(name, columns, target_reasons))
+    if source is None or (target is None and "references" not in columns and target_reasons is None):
         raise ValueError(
             f"{name} has no tokenized 'input_ids' and no text columns to tokenize (columns: {columns}): give "
             "'source' and 'target' columns (encoder-decoder models; other names through source_column / "
@@ -336,7 +340,7 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
         if empty:
             raise ValueError(f"{name} rows {empty}: the {source!r} text is empty, so there is nothing to "
                              f"{'prompt' if causal else 'translate or summarize'}. Drop or fix those rows.")
-        if target is None:  # prompts / sources only: the rewards read `references`
+        if target is None:  # prompts / sources only: the rewards read `references`, or none
             out = {"sources": [source_text(value) for value in batch[source]]}
             if causal:
                 ids = [prompt_token_ids(value, tokenizer, limits[0]) for value in batch[source]]

@@ -16,7 +16,8 @@ A reward is a callable called with keywords, one value per prediction:
 
 from .builtin import (BUILTIN_REWARDS, GUARD_REWARDS, REWARD_NAMES, SACREBLEU_INTERNALS, RewardFn, bleu_reward,
                       chrf_reward, get_reward, rouge_reward)
-from .combine import GuardedReward, WeightedReward, as_reward, build_reward, guard, model_rewards, place_on, unique_names
+from .combine import (GuardedReward, WeightedReward, as_reward, build_reward, guard, model_rewards, place_on,
+                      reference_rewards, unique_names)
 from .convention import (CombinedReward, RewardError, call_reward, call_reward_parts, call_rewards, check_finite,
                          check_reward_spec, combine_parts, is_async_reward, is_evaluation_module, is_number,
                          part_weights, reward_loop, reward_name)
@@ -41,7 +42,7 @@ __all__ = ["BUILTIN_REWARDS", "CombinedReward", "RewardError", "SACREBLEU_INTERN
            "length_ratio_reward", "load_evaluate_module", "part_weights", "reward_loop", "CometModel", "load_comet",
            "TeacherLikelihoodReward", "GuardedReward", "guard", "repetition_rate", "repetition_reward",
            "source_copy_reward", "target_language_reward", "TokenScore", "token_char_spans", "span_token_values",
-           "aligned_words", "token_match_reward"]
+           "aligned_words", "token_match_reward", "reference_rewards"]
 
 
 def __getattr__(name):

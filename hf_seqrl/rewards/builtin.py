@@ -77,12 +77,18 @@ def bleu_reward(predictions: list[str], references: list[list[str]], sources: li
     return _sacrebleu_scores(BLEU(effective_order=True), predictions, references)
 
 
+bleu_reward.needs_references = True  # `combine.reference_rewards`: a source-only dataset cannot train it
+
+
 def chrf_reward(predictions: list[str], references: list[list[str]], sources: list[str] | None = None,
                 **columns: Any) -> list[float]:
     """Returns sacrebleu sentence chrF / 100 of each prediction against its references."""
     from sacrebleu.metrics import CHRF
 
     return _sacrebleu_scores(CHRF(), predictions, references)
+
+
+chrf_reward.needs_references = True
 
 
 class _CachedTokenizer:
@@ -126,6 +132,7 @@ def rouge_reward(rouge_type: str) -> RewardFn:
         ]
 
     reward.__name__ = reward.__qualname__ = f"{rouge_type}_reward"
+    reward.needs_references = True
     return reward
 
 

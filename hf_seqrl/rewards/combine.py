@@ -30,6 +30,31 @@ def as_reward(item: Any) -> RewardFn:
     return get_reward(item)
 
 
+def reference_rewards(spec: Any) -> list[str]:
+    """Returns the names of the rewards in `spec` (what `reward_funcs` takes, or a built reward) that score against
+    references: a dataset of sources alone cannot train them.
+
+    A reward says so with a `needs_references` attribute: the built-in metrics (`bleu`, `chrf`, `rouge*`,
+    `token_match`) and `evaluate` modules set it, the model rewards by how they are built (`CometReward` reading
+    references, `MetricXReward` without `qe`, `EmbeddingSimilarityReward(compare="references")`, `BERTScoreReward`,
+    `RewardModelReward(pair="prediction-reference")`). A reward without the attribute (the guards, a user's callable)
+    is taken to need none: from a dataset of sources alone it is called with an empty list of references per
+    prediction. A COMET checkpoint given as a path is taken to read references (a `CometReward` with its defaults
+    reads them when the model can; `CometReward(path, use_references=False)` scores the source alone)."""
+    if isinstance(spec, (list, tuple)):
+        return [name for item in spec for name in reference_rewards(item)]
+    if is_comet_checkpoint(spec):  # not loaded here just to ask
+        return [str(spec)]
+    if isinstance(spec, str):  # named as the user named it
+        return [spec] if reference_rewards(as_reward(spec)) else []
+    if is_evaluation_module(spec) or (is_torch_module(spec) and not takes_predictions(spec)):
+        spec = as_reward(spec)
+    parts = getattr(spec, "rewards", None) or ([spec.local] if hasattr(spec, "local") else None)
+    if isinstance(parts, (list, tuple)):  # a WeightedReward, a GuardedReward, a PooledReward
+        return reference_rewards(list(parts))
+    return [reward_name(spec)] if getattr(spec, "needs_references", False) else []
+
+
 def model_rewards(reward: RewardFn) -> list[ModelReward]:
     """Returns the model rewards in `reward` (itself, or the parts of a `WeightedReward`)."""
     return [part for part in getattr(reward, "rewards", [reward]) if isinstance(part, ModelReward)]

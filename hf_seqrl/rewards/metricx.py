@@ -104,6 +104,7 @@ class MetricXReward(ModelReward):
         self.tokenizer = _tokenizer_for(self.model, tokenizer)
         self.qe, self.normalize, self.score_token_id, self.max_length = qe, normalize, score_token_id, max_length
         self.__name__ = "metricx_qe" if qe else "metricx"
+        self.needs_references = not qe
         super().__init__(batch_size, device)
 
     def inputs(self, predictions, references, sources) -> tuple[list[str], list[int]]:

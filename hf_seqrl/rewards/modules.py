@@ -46,7 +46,7 @@ def load_evaluate_module(path: str, **load_kwargs: Any):
 
 
 class EvaluateReward:
-    """A reward that scores each prediction with an `evaluate.EvaluationModule`.
+    """A reward that scores each prediction with an `evaluate.EvaluationModule` (against references: it needs them).
 
     One `compute` call over the batch when the module returns a per-example list (one value per prediction) under
     `key`; otherwise one call per (prediction, reference) pair. The choice is made on the first batch and kept.
@@ -61,6 +61,8 @@ class EvaluateReward:
         scale (`float`, *optional*, defaults to `1.0`): multiplies every value (`0.01` for a metric in [0, 100]).
         compute_kwargs: passed to every `compute` call (e.g. `lang="en"`).
     """
+
+    needs_references = True
 
     def __init__(self, module, key: str | None = None, scale: float = 1.0, **compute_kwargs: Any):
         if not is_evaluation_module(module):

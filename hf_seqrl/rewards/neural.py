@@ -67,9 +67,12 @@ def unique(items: Sequence) -> tuple[list, list[int]]:
 
 
 class ModelReward:
-    """What the model rewards share: the device, eval mode, the batch size."""
+    """What the model rewards share: the device, eval mode, the batch size. `needs_references` says whether the
+    reward scores against references (a dataset of sources alone cannot train it); a subclass that reads the sources
+    alone, or can, says so."""
 
     model = None
+    needs_references = True
 
     def __init__(self, batch_size: int, device=None):
         if batch_size < 1:
@@ -126,6 +129,7 @@ class EmbeddingSimilarityReward(ModelReward):
         self.tokenizer = _tokenizer_for(self.model, tokenizer)
         self.compare, self.pooling, self.max_length = compare, pooling, max_length
         self.__name__ = "embedding_similarity" if compare == "references" else "embedding_similarity_source"
+        self.needs_references = compare == "references"
         super().__init__(batch_size, device)
 
     def embed(self, texts: list[str]):
@@ -260,6 +264,7 @@ class RewardModelReward(ModelReward):
         self.tokenizer = _tokenizer_for(self.model, tokenizer)
         self.pair, self.max_length = pair, max_length
         self.__name__ = f"reward_model:{pair}"
+        self.needs_references = pair == "prediction-reference"
         super().__init__(batch_size, device)
 
     def pairs(self, predictions, references, sources) -> tuple[list[tuple], list[int]]:
@@ -347,6 +352,7 @@ class CometReward(ModelReward):
         self.token_rewards, self.severity_weights = token_rewards, weights
         self.model = model
         self.uses_references = model.reads_references and use_references is not False
+        self.needs_references = self.uses_references  # quality estimation (use_references=False) reads sources alone
         self.reuses_embeddings = not model.unified
         self.last_error_spans: list[list[dict]] | None = None
         self.__name__ = "comet"

@@ -25,6 +25,8 @@ class TeacherLikelihoodReward(ModelReward):
         batch_size (`int`, *optional*, defaults to `16`), max_length (`int`, *optional*, defaults to `512`); device.
     """
 
+    needs_references = False  # it reads the source and the prediction alone
+
     def __init__(self, model, tokenizer=None, prompt_template: str | None = None, use_chat_template: bool = False,
                  batch_size: int = 16, max_length: int = 512, device=None):
         from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoConfig

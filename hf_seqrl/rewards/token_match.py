@@ -47,6 +47,8 @@ def aligned_words(prediction: list[str], reference: list[str]) -> list[bool]:
 class TokenMatchReward:
     """The `token_match` reward (`token_match_reward`); a class so that `reward_workers` can pickle it."""
 
+    needs_references = True
+
     def __init__(self, word_penalty: float = 0.1):
         if not word_penalty >= 0:
             raise ValueError(f"token_match_reward: word_penalty={word_penalty} must be >= 0.")

@@ -9,7 +9,6 @@ checkpoint files. The losses live in the subclasses (`policy_gradient`, `mrt`, `
 from __future__ import annotations
 
 import contextlib
-
 import os
 from collections import defaultdict
 
@@ -60,6 +59,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     # What `disable_dropout=None` means for this trainer (`SeqRLBaseConfig.disable_dropout`).
     default_disable_dropout = False
     reward_label = "none (cross-entropy)"  # a rewarded trainer names its reward
+    reads_targets: str | None = "trains on the gold targets by teacher forcing"  # None: sources may do (`references`)
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, peft_config=None, **kwargs):
@@ -85,7 +85,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         align_target_language(model, processing_class, type(self).__name__)
         warn_half_precision_weights(model, args, type(self).__name__)
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, family, processing_class, args,
-                                                       family.label_start_id(model), model)
+                                                       family.label_start_id(model), model, self,
+                                                       kwargs.get("compute_metrics"))
         if data_collator is None:
             data_collator = DataCollatorForSeq2Seq(processing_class, model=model)
         if not isinstance(data_collator, SeqRLDataCollator):
@@ -198,8 +199,9 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         generate = self.args.predict_with_generate and not prediction_loss_only
-        if not generate:
-            return self.gathered_prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+        if not generate:  # a batch of sources alone has no loss to compute (`trainers.references`)
+            return self.gathered_prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs) \
+                if inputs.get("labels") is not None else (None, None, None)
         with self.decoding(self.accelerator.unwrap_model(model)) as whole:
             if whole:  # each rank generates on its own: no rank waits for another's rows
                 defaults = getattr(self, "_gen_kwargs", {}) if self.family.trainer_generates else self.generation_kwargs
@@ -318,8 +320,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         )
 
     def card_reward(self) -> str | None:
-        """Returns the reward as the model card names it (a rewarded trainer names what the user gave), None without
-        one."""
+        """Returns the reward as the model card names it (a rewarded trainer: as the user gave it), None without."""
         return None
 
     def card_teacher(self) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from transformers.utils import logging
 
 from ..data import check_dataset_columns, check_rows, tokenize_text_dataset
+from .references import run_target_settings
 
 logger = logging.get_logger(__name__)
 
@@ -86,23 +87,33 @@ def check_not_empty(dataset, name: str) -> None:
                          "it came from, and any filter or select applied before the trainer.")
 
 
-def prepare_datasets(train_dataset, eval_dataset, family, tokenizer, args, start_id, model=None):
+def prepare_datasets(train_dataset, eval_dataset, family, tokenizer, args, start_id, model=None, trainer=None,
+                     compute_metrics=None):
     """Returns `(train_dataset, eval_dataset)` as the Trainer takes them: each split checked not empty, text columns
     tokenized for the model family (`tokenize_text_dataset`; `start_id` the labels' start token; the evaluation
     splits' targets from `eval_target_column` when set), the train split's columns and every split's rows checked,
-    with `model` their ids too (`vocabulary_sizes`). `eval_dataset` may be a dict of named splits."""
+    with `model` their ids too (`vocabulary_sizes`). `eval_dataset` may be a dict of named splits. With `trainer` (the
+    trainer being built) and its `compute_metrics`, a split of sources alone is taken where no setting reads its
+    targets (`references.run_target_settings`), refused naming those settings otherwise; without, targets are
+    needed."""
     named = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
     for name, data in (("train_dataset", train_dataset), *named):
         check_not_empty(data, name)
-    train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, tokenizer, args, start_id)
-    evaluated = {name: tokenize_text_dataset(data, name, family, tokenizer, args, start_id, evaluation=True)
+    train_reasons, eval_reasons = (None, None) if trainer is None else run_target_settings(trainer, args,
+                                                                                            compute_metrics)
+    train_dataset = tokenize_text_dataset(train_dataset, "train_dataset", family, tokenizer, args, start_id,
+                                          target_reasons=train_reasons)
+    evaluated = {name: tokenize_text_dataset(data, name, family, tokenizer, args, start_id, evaluation=True,
+                                             target_reasons=eval_reasons)
                  for name, data in named}
     vocabulary = None if model is None else min(vocabulary_sizes(model).values(), default=None)
     if train_dataset is not None:
-        check_dataset_columns(train_dataset, "train_dataset", family)
+        check_dataset_columns(train_dataset, "train_dataset", family, train_reasons)
         check_rows(train_dataset, "train_dataset", vocabulary=vocabulary)
     for name, data in evaluated.items():
         if data is not None:
+            if eval_reasons:  # a tokenized split without targets, for settings that read them
+                check_dataset_columns(data, name, family, eval_reasons)
             check_rows(data, name, vocabulary=vocabulary)
     return train_dataset, evaluated if isinstance(eval_dataset, dict) else evaluated["eval_dataset"]
 

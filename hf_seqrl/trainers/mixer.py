@@ -51,6 +51,7 @@ class MixerTrainer(RolloutTrainer):
     """
 
     config_class = MixerConfig
+    reads_targets = "samples continuations of the gold prefixes"
     default_baseline = "moving_average"
     default_disable_dropout = False  # the policy gradient's choice (`SeqRLTrainer`)
     algorithm_id = "mixer"

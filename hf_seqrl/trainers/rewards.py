@@ -162,6 +162,15 @@ def sample_metrics(predictions: list[str], sample_mask, sample_cut, text: BatchT
     return metrics
 
 
+def batch_references(inputs, tokenizer) -> list[list[str]]:
+    """Returns each row's references from the batch's `labels` (`references_from_labels`); without labels (a dataset
+    of sources alone, taken only when no setting reads a reference: `references.target_settings`), an empty list per
+    row: what the rewards get as `references` then."""
+    if inputs.get("labels") is None:
+        return [[] for _ in range(inputs["input_ids"].shape[0])]
+    return references_from_labels(inputs["labels"], tokenizer)
+
+
 def references_from_labels(labels, tokenizer) -> list[list[str]]:
     """Returns the decoded `labels` `(B, T)` as each row's single reference, or raises naming the row without."""
     if labels is None:

@@ -20,7 +20,7 @@ from ..configs import BaselineConfig, RolloutConfig
 from ..configs.rollout import check_aggregation
 from ..functional import advantages as functional_advantages
 from ..models.base import ScoreOptions, replayed_rng, rng_state
-from ..rewards import RewardError, check_reward_spec
+from ..rewards import RewardError, check_reward_spec, reference_rewards
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from . import loss_tail
 from .base import SeqRLBaseTrainer
@@ -29,7 +29,7 @@ from .completions import CompletionLog
 from .frozen import FrozenModel
 from .generation import RolloutKeys, RolloutSource, model_inputs
 from .inputs import load_model
-from .rewards import RewardScorer, references_from_labels
+from .rewards import RewardScorer, batch_references
 
 
 class RolloutPlan(NamedTuple):
@@ -62,6 +62,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     # False for a trainer whose loss needs no reward (it then takes `reward_funcs=None`).
     needs_rewards = True
+    reads_targets = None  # sources alone train it, unless its settings or rewards read targets (`target_settings`)
 
     def __init__(self, model=None, args: RolloutConfig | None = None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_funcs=None, teacher_model=None, **kwargs):
@@ -76,10 +77,12 @@ class RolloutTrainer(SeqRLBaseTrainer):
             check_reward_spec(reward_funcs, weights, f"{type(args).__name__}.reward_weights")
         if isinstance(args, BaselineConfig):
             check_aggregation(args, args.baseline or self.default_baseline)
+        self.reward_funcs = reward_funcs  # read by the dataset checks of `SeqRLBaseTrainer.__init__`
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
-        self.reward_funcs = reward_funcs
         self.rewards = None if reward_funcs is None else RewardScorer(reward_funcs, self.args)
+        # Whether a reward scores against references (`rewards.reference_rewards`); the others score rows without any.
+        self.rewards_read_references = bool(reward_funcs is not None and reference_rewards(reward_funcs))
         unwrapped = self.accelerator.unwrap_model(self.model)
         # Models scored on the policy's tokens without training (`hf_seqrl.trainers.frozen`), by name.
         self.frozen_models: dict[str, FrozenModel] = {}
@@ -196,7 +199,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 "'labels' in the dataset: add them (tokenizer(text_target=...)) or set rl_weight=1.0 for pure RL on "
                 "'references'.")
         if text.references is None:
-            text = text._replace(references=references_from_labels(inputs.get("labels"), self.processing_class))
+            text = text._replace(references=batch_references(inputs, self.processing_class))
         self.slot = self.rollout_source.next_slot(self.state.global_step)
         return self.rl_loss(model, inputs, text)
 
@@ -360,8 +363,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     def on_generated(self, generated, inputs, text: BatchText) -> None:
         """Records `rl/reward` of the evaluation outputs (greedy or beam, as configured for generation)."""
-        if text.references is None and inputs.get("labels") is not None:
-            text = text._replace(references=references_from_labels(inputs["labels"], self.processing_class))
+        if text.references is None and (inputs.get("labels") is not None or not self.rewards_read_references):
+            text = text._replace(references=batch_references(inputs, self.processing_class))
         if text.references is not None and self.rewards is not None:
             ids = generated.masked_fill(generated < 0, self.processing_class.pad_token_id)
             scored = self.reward_values(ids, text)
