@@ -98,9 +98,13 @@ def distill_data(args: DistillDataArguments) -> int:
     if args.max_examples is not None:
         dataset = dataset.select(range(min(args.max_examples, len(dataset))))
     rows, output, state = list(dataset), args.output, several_processes()
+    selection = args.selection()
     if state is not None:  # this process's block, into its own part file
-        rows = rows[process_rows(len(rows), state.process_index, state.num_processes)]
+        block = process_rows(len(rows), state.process_index, state.num_processes)
+        rows = rows[block]
         output = process_part(args.output, state.process_index, state.num_processes)
+        if selection:  # each block's candidates drawn from its own seeds, as one process draws its rows'
+            selection["seed"] += block.start
     device = args.device or (str(state.device) if state is not None else "cuda" if torch.cuda.is_available() else "cpu")
     model = load_pretrained(args.teacher, trust_remote_code=False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(args.teacher, trust_remote_code=False)
@@ -114,7 +118,7 @@ def distill_data(args: DistillDataArguments) -> int:
                                         num_beams=args.num_beams if args.decode == "beam" else 1,
                                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                         max_source_length=args.max_source_length, overwrite=args.overwrite,
-                                        **args.selection())
+                                        **selection)
     except ValueError as error:  # an output file from other data or settings, a source that tokenizes to nothing
         raise UsageError(str(error)) from error
     if state is not None:

@@ -138,3 +138,31 @@ def test_distill_data_writes_mbr_picks_continues_them_and_refuses_other_selectio
     assert "selection.utility: 'test_mbr_decoding:length_agreement' → 'chrf'" in capsys.readouterr().err
     assert main(argv[:7] + argv[argv.index("--max_new_tokens"):]) == 2  # beam search now
     assert "num_beams: 1 → 4; selection.decode: 'mbr' → None" in capsys.readouterr().err
+
+
+def test_distill_data_processes_draw_their_rows_candidates_from_their_own_seeds(tmp_path, monkeypatch):
+    """Under a launcher, process 1 of 2 decodes rows 3-4 of 5 into its part file with seed `seed + 3`, as one process
+    draws the chunk that starts at row 3: no two processes' candidates come from the same seeds."""
+    from types import SimpleNamespace
+
+    import hf_seqrl.cli.distill_data as distill_data
+    from hf_seqrl.cli import main
+
+    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=3)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    data, output = tmp_path / "data.jsonl", tmp_path / "mbr.jsonl"
+    data.write_text("".join(json.dumps({"source": s}) + "\n" for s in SOURCES))
+    state = SimpleNamespace(process_index=1, num_processes=2, device="cpu", is_main_process=False)
+    monkeypatch.setattr(distill_data, "several_processes", lambda: state)
+    monkeypatch.setattr(distill_data, "join_parts", lambda state, part, output, written: written)
+    assert main(["distill-data", "--teacher", str(tmp_path / "teacher"), "--data", str(data), "--output",
+                 str(output), "--decode", "mbr", "--num_candidates", "5", "--utility",
+                 "test_mbr_decoding:length_agreement", "--epsilon_cutoff", "0.002", "--seed", "4", "--max_new_tokens",
+                 "6", "--batch_size", "2"]) == 0
+    part = tmp_path / "mbr.process-1-of-2.jsonl"
+    assert json.loads((tmp_path / "mbr.process-1-of-2.jsonl.settings.json").read_text())["selection"]["seed"] == 7
+    cands = sample_candidates(teacher, tok, SOURCES[3:], 5, epsilon_cutoff=0.002, seed=7, batch_size=2,
+                              max_new_tokens=6, progress=False)
+    assert [json.loads(line)["teacher_target"] for line in part.read_text().splitlines()] == \
+        by_hand_mbr(cands, length_agreement)
