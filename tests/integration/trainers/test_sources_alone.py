@@ -54,14 +54,15 @@ def test_on_policy_distillation_trains_from_sources_alone(tmp_path, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["t5", "llama"])
-@pytest.mark.parametrize("trainer_class,settings", [(SCSTTrainer, {}), (SeqRLTrainer, dict(baseline="mean"))],
-                         ids=["scst", "leave-one-out"])
-def test_policy_gradients_train_from_sources_alone_with_a_reference_free_reward(tmp_path, causal, trainer_class,
-                                                                                settings):
+@pytest.mark.parametrize("trainer_class,config_class,settings", [
+    (SCSTTrainer, SeqRLConfig, {}), (SeqRLTrainer, SeqRLConfig, dict(baseline="mean")), (MRTTrainer, MRTConfig, {})],
+    ids=["scst", "leave-one-out", "mrt"])
+def test_rewarded_trainers_train_from_sources_alone_with_a_reference_free_reward(tmp_path, causal, trainer_class,
+                                                                                 config_class, settings):
     SEEN.clear()
     model = student(causal)
     before = params(model)
-    args = make_config(SeqRLConfig, tmp_path, max_steps=3, num_samples=2, disable_dropout=False, **settings)
+    args = make_config(config_class, tmp_path, max_steps=3, num_samples=2, disable_dropout=False, **settings)
     trainer = trainer_class(model=model, args=args, processing_class=byt5_tokenizer(), reward_funcs=source_reward,
                             train_dataset=sources_only(causal))
     trainer.train()
