@@ -74,6 +74,11 @@ def overlap_reward(predictions, references, sources=None, **columns):
             for p, refs in zip(predictions, references)]
 
 
+def source_overlap_reward(predictions, references, sources, **columns):
+    """A reference-free reward of the sources alone: the character-set overlap with the source plus a length term."""
+    return [len(set(p) & set(s)) / max(len(set(p) | set(s)), 1) + len(p) / 20 for p, s in zip(predictions, sources)]
+
+
 def toy_pairs(n: int, seed: int = 0, task: str = "copy", alphabet: str = "abcdef", lengths=(3, 6)):
     """Returns (sources, targets) of a toy string task: copy or reverse random letter strings."""
     rng = random.Random(seed)

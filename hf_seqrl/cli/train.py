@@ -18,7 +18,7 @@ from typing import Any
 import transformers
 from transformers import HfArgumentParser
 
-from ..data import tokenize_for
+from ..data import tokenize_for, tokenize_source_rows
 from ..data.tokenization import report_cut
 from ..data.files import check_pairs, load_text_files, select_pair_columns
 from ..evaluation import RUN_SETTINGS_FILE, build_compute_metrics
@@ -295,6 +295,17 @@ def load_splits(script_args: ScriptArguments, training_args, tokenizer, decoder_
         data = raw[split]
         if limits[split] is not None:
             data = data.select(range(min(limits[split], len(data))))
+        source = data_args.source_column or s.source_lang or "source"
+        if split == "train" and source in data.column_names and "translation" not in data.column_names and (
+                target_columns[split] or s.target_lang or "target") not in data.column_names:
+            # sources alone: the trainer takes them where no setting reads a target, and names the settings otherwise
+            out[split] = data.map(tokenize_source_rows, batched=True, remove_columns=data.column_names,
+                                  desc=f"{where}: tokenize", fn_kwargs=dict(
+                                      family=family, tokenizer=tokenizer, source_column=source,
+                                      max_source_length=data_args.max_source_length, prefix=s.source_prefix,
+                                      prompt_template=s.prompt_template, use_chat_template=s.use_chat_template,
+                                      name=where))
+            continue
         data = select_pair_columns(data, data_args.source_column, target_columns[split], s.source_lang,
                                    s.target_lang, where, "target_column" if split == "train" else "eval_target_column")
         data = check_pairs(data, where, drop=s.drop_invalid_rows)

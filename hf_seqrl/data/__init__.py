@@ -10,7 +10,7 @@ from .collator import TEXT_COLUMNS, SeqRLDataCollator
 from .files import FILE_FORMATS, check_pairs, drop_empty_pairs, invalid_pairs, load_pairs, load_text_files, read_text_pairs, select_pair_columns
 from .tokenization import (SOURCE_COLUMNS, TARGET_COLUMNS, completion_token_ids, prompt_token_ids, render_prompt,
                            source_text, strip_start_token, tokenize_for, tokenize_pairs, tokenize_prompt_completion,
-                           tokenize_sources, tokenize_targets, tokenize_text_dataset)
+                           tokenize_source_rows, tokenize_sources, tokenize_targets, tokenize_text_dataset)
 
 __all__ = [
     "FILE_FORMATS", "SOURCE_COLUMNS", "TARGET_COLUMNS", "TEXT_COLUMNS", "SeqRLDataCollator", "check_causal_rows",
@@ -18,5 +18,6 @@ __all__ = [
     "invalid_pairs", "load_pairs",
     "load_text_files", "normalize_references", "prompt_token_ids", "read_text_pairs", "render_prompt",
     "select_pair_columns", "source_text", "strip_start_token", "tokenize_for", "tokenize_pairs",
-    "tokenize_prompt_completion", "tokenize_sources", "tokenize_targets", "tokenize_text_dataset",
+    "tokenize_prompt_completion", "tokenize_source_rows", "tokenize_sources", "tokenize_targets",
+    "tokenize_text_dataset",
 ]

@@ -220,6 +220,42 @@ def tokenize_for(examples: dict[str, list], family, tokenizer, source_column: st
                                       max_target_length, prompt_template, use_chat_template, count_cut)
 
 
+def tokenize_source_rows(examples: dict[str, list], family, tokenizer, source_column: str,
+                         max_source_length: int | None = None, prefix: str = "", prompt_template: str | None = None,
+                         use_chat_template: bool = False, rows=None, name: str = "dataset") -> dict[str, list]:
+    """Returns the features of rows of sources or prompts alone, with no target (a `datasets.map(batched=True)`
+    function): `input_ids`, `attention_mask` and the raw `sources`, each source read as `tokenize_for` reads it
+    (`prefix` before an encoder-decoder's source; a decoder-only prompt shaped by `prompt_template` /
+    `use_chat_template` and cut from the left). Raises naming the `rows` (of the dataset `name`) whose source is
+    empty or whose prompt tokenizes to nothing."""
+    sources = list(examples[source_column])
+    rows = range(len(sources)) if rows is None else rows
+    empty = [row for row, value in zip(rows, sources) if not has_text(source_text(value))]
+    if empty:
+        raise ValueError(f"{name} rows {empty}: the {source_column!r} text is empty, so there is nothing to prompt, "
+                         "translate or summarize. Drop or fix those rows.")
+    if family.name == "seq2seq":
+        if prompt_template is not None or use_chat_template:
+            raise ValueError("prompt_template and use_chat_template shape the prompts of decoder-only models; an "
+                             "encoder-decoder model reads the source itself (source_prefix adds a task prefix).")
+        enc = tokenizer([prefix + text for text in sources], max_length=max_source_length,
+                        truncation=max_source_length is not None)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "sources": sources}
+    template = prompt_template or (prefix + "{prompt}" if prefix else None)
+    ids = []
+    for prompt in sources:
+        if isinstance(prompt, str):
+            prompt = template.format(prompt=prompt) if template else prompt
+            prompt = [{"role": "user", "content": prompt}] if use_chat_template else prompt
+        ids.append(prompt_token_ids(prompt, tokenizer, max_source_length))
+    nothing = [row for row, prompt in zip(rows, ids) if not prompt]
+    if nothing:
+        raise ValueError(f"{name} rows {nothing}: the prompt tokenizes to no token at all, so there is nothing to "
+                         "sample from. Drop or fix those rows.")
+    return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids],
+            "sources": [source_text(prompt) for prompt in sources]}
+
+
 def tokenize_sources(family, tokenizer, sources, max_length: int | None = None) -> dict:
     """Returns the padded `input_ids` / `attention_mask` tensors `(B, S)` of source or prompt texts (prompts
     left-padded, as decoder-only models continue them)."""
@@ -341,18 +377,7 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
             raise ValueError(f"{name} rows {empty}: the {source!r} text is empty, so there is nothing to "
                              f"{'prompt' if causal else 'translate or summarize'}. Drop or fix those rows.")
         if target is None:  # prompts / sources only: the rewards read `references`, or none
-            out = {"sources": [source_text(value) for value in batch[source]]}
-            if causal:
-                ids = [prompt_token_ids(value, tokenizer, limits[0]) for value in batch[source]]
-                nothing = [row for row, prompt in zip(indices, ids) if not prompt]
-                if nothing:
-                    raise ValueError(f"{name} rows {nothing}: the prompt tokenizes to no token at all, so there is "
-                                     "nothing to sample from. Drop or fix those rows.")
-                out.update(input_ids=ids, attention_mask=[[1] * len(row) for row in ids])
-            else:
-                enc = tokenizer(list(batch[source]), max_length=limits[0], truncation=limits[0] is not None)
-                out.update(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-            return out
+            return tokenize_source_rows(batch, family, tokenizer, source, limits[0], rows=indices, name=name)
         out = tokenize_for(batch, family, tokenizer, source, target, limits[0], limits[1],
                            decoder_start_token_id=decoder_start_token_id, count_cut=not streamed)
         if keep_references:
