@@ -11,12 +11,20 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-# The advantage math and the vocabulary kernels live below the losses; the losses' users read them here too.
-from .functional.advantages import (advantages, center_advantages, group_std, leave_one_out_baseline,  # noqa: F401
-                                    moments, moving_average, normalized_sum, scale_advantages, std_from_moments)
-from .functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits  # noqa: F401
-from .functional.divergences import (forward_kl, generalized_jsd, reverse_kl,  # noqa: F401
-                                     reverse_kl_advantages)
+from .functional import advantages as _advantage_math
+
+
+def advantages(rewards: torch.Tensor, baseline: torch.Tensor | float) -> torch.Tensor:
+    """Returns `rewards - baseline` `(B*n,)`, with no gradient through either (a baseline tensor `(B*n,)` or a float):
+    the public form of `hf_seqrl.functional.advantages.advantages`, which the trainers' advantage math calls."""
+    return _advantage_math.advantages(rewards, baseline)
+
+
+def leave_one_out_baseline(rewards: torch.Tensor, num_samples: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns, for each sample of `rewards` `(B*n,)` (a source's `num_samples` contiguous), the mean reward of the
+    other (kept) samples of its source: the public form of `hf_seqrl.functional.advantages.leave_one_out_baseline`,
+    which documents `keep` and the errors."""
+    return _advantage_math.leave_one_out_baseline(rewards, num_samples, keep)
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -27,7 +27,8 @@ class DistillationConfig(BaselineConfig):
         The divergence between the student's and the teacher's next-token distributions at each position: 0 the
         forward `KL(teacher || student)`, 1 the reverse `KL(student || teacher)`, between the generalized
         Jensen-Shannon divergence with mixture `(1 - beta) p_student + beta p_teacher` (TRL's convention;
-        `hf_seqrl.losses.generalized_jsd`). Both distributions are taken at `temperature` (the rollouts' too).
+        `hf_seqrl.functional.divergences.generalized_jsd`). Both distributions are taken at `temperature` (the
+        rollouts' too).
     seq_kd (`bool`, *optional*, defaults to `False`):
         Off-policy steps train on the teacher's beam decodes (`seq_kd_num_beams`) instead of the gold targets
         (sequence-level knowledge distillation, Kim & Rush, 2016).
@@ -37,8 +38,8 @@ class DistillationConfig(BaselineConfig):
         `"full"`: the divergence summed over the whole vocabulary at each position (GKD), from the output layer a
         slice of the vocabulary at a time. `"sampled"`: the reverse KL estimated at the student's own sampled tokens,
         as a policy gradient whose per-token advantage is `-(log p_student - log p_teacher)`
-        (`hf_seqrl.losses.reverse_kl_advantages`; the on-policy distillation recipes' form); needs `beta=1` and
-        `lmbda=1` (it is unbiased on the student's own samples only).
+        (`hf_seqrl.functional.divergences.reverse_kl_advantages`; the on-policy distillation recipes' form); needs
+        `beta=1` and `lmbda=1` (it is unbiased on the student's own samples only).
     token_reward_to_go (`bool`, *optional*, defaults to `False`, a [`BaselineConfig`] field):
         With `divergence_estimator="sampled"`, each token's advantage sums the log-ratios from it to the end of the
         sample: its expectation is then the exact gradient of the sequence-level reverse KL. `False` keeps each

@@ -2,7 +2,8 @@
 
 Shapes: `B` sources, `n` samples per source (a source's samples are contiguous rows). A `keep` mask is false for the
 samples left out (a reward that does not apply, or a dropped non-finite one): they count in no other sample's
-baseline, mean or scale. `hf_seqrl.losses` re-exports every function.
+baseline, mean or scale. `hf_seqrl.losses` also offers `advantages` and `leave_one_out_baseline`
+(its public API).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ One step, as every rewarded trainer's (`RolloutTrainer.rl_loss`): the tokens to 
 on the optimizer steps drawn on-policy, `lmbda` of them; else the gold targets, or with `seq_kd` the teacher's beam
 decodes) → rewards and advantages when a sequence reward is given → the scoring pass, the teacher's output-layer
 inputs at the same positions handed to the student's pass, which reduces the divergence slice by slice over the
-vocabulary → the divergence per counted token (`hf_seqrl.losses.generalized_jsd`'s math), or the sampled reverse KL
-as a policy gradient with per-token advantages (`hf_seqrl.losses.reverse_kl_advantages`) → the shared tail.
+vocabulary → the divergence per counted token (`functional.divergences.generalized_jsd`'s math), or the sampled
+reverse KL as a policy gradient with per-token advantages (`functional.divergences.reverse_kl_advantages`) → the
+shared tail.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from transformers.utils import logging
 
 from .. import losses
 from ..configs.distillation import DistillationConfig
+from ..functional.divergences import reverse_kl_advantages
 from ..functional.lm_head import Divergence
 from ..hub import Method, Paper
 from ..models import family_for
@@ -201,7 +203,7 @@ class DistillationTrainer(RolloutTrainer):
         metrics = dict(batch.metrics)
         if args.divergence_estimator == "sampled":
             teacher = batch.extra["teacher_logprobs"]
-            adv = losses.reverse_kl_advantages(scored.token_logprobs, teacher, mask, args.token_reward_to_go)
+            adv = reverse_kl_advantages(scored.token_logprobs, teacher, mask, args.token_reward_to_go)
             if batch.advantages is not None:  # the reward's advantage on every token of its sample
                 adv = adv + losses.token_advantages(batch.advantages, scored.token_logprobs) * mask
             loss = losses.policy_gradient_loss(scored.token_logprobs, mask, adv)

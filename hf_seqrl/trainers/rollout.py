@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 import torch
 
-from .. import losses
 from ..configs import BaselineConfig, RolloutConfig
 from ..configs.rollout import check_aggregation
 from ..functional import advantages as functional_advantages
@@ -249,8 +248,8 @@ class RolloutTrainer(SeqRLBaseTrainer):
             parts=parts, greedy_parts=greedy_parts, weights=weights, moving_average=self.baseline_ema,
             add_up=self.add_up_over_processes)
         if self.baseline == "moving_average" and kept.any():
-            self.baseline_ema = losses.moving_average(self.baseline_ema, samples.rewards[kept].mean().item(),
-                                                      args.baseline_ema_decay)
+            self.baseline_ema = functional_advantages.moving_average(
+                self.baseline_ema, samples.rewards[kept].mean().item(), args.baseline_ema_decay)
         metrics = self.rewards.metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
         metrics.update(functional_advantages.advantage_metrics(adv, baselines, kept))  # the left-out have none
         if self.completions is not None:

@@ -1,10 +1,10 @@
-"""`losses.normalized_sum`: each reward's advantages normalized over a source's samples, then weighted (GDPO)."""
+"""`normalized_sum`: each reward's advantages normalized over a source's samples, then weighted (GDPO)."""
 
 import math
 
 import torch
 
-from hf_seqrl import losses
+from hf_seqrl.functional.advantages import normalized_sum
 
 
 def test_normalized_sum_by_hand():
@@ -14,7 +14,7 @@ def test_normalized_sum_by_hand():
     # weights 0.5, 0.5: 0.5 * [1, 0, -1] + 0.5 * [-20, 10, 10] / 17.3205
     adv = torch.tensor([[0.1, 0.0, -0.1], [-20.0, 10.0, 10.0]], dtype=torch.float64)
     present = torch.ones(2, 3, dtype=torch.bool)
-    out = losses.normalized_sum(adv, torch.tensor([0.5, 0.5], dtype=torch.float64), 3, present)
+    out = normalized_sum(adv, torch.tensor([0.5, 0.5], dtype=torch.float64), 3, present)
     s = math.sqrt(300)
     torch.testing.assert_close(out, torch.tensor([0.5 - 10 / s, 5 / s, -0.5 + 5 / s], dtype=torch.float64))
     # Summed first, reward b alone orders the samples (1 and 2 tie at 5 and 4.95); normalized, reward a's preference
@@ -28,7 +28,7 @@ def test_a_reward_without_a_value_adds_nothing_and_a_flat_one_is_left_unscaled()
     # Reward b is the same for every sample (advantages 0, std 0): left as 0.
     adv = torch.tensor([[0.2, -0.2, 5.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
     present = torch.tensor([[True, True, False], [True, True, True]])
-    out = losses.normalized_sum(adv, torch.tensor([1.0, 3.0], dtype=torch.float64), 3, present)
+    out = normalized_sum(adv, torch.tensor([1.0, 3.0], dtype=torch.float64), 3, present)
     r = 0.2 / math.sqrt(0.08)
     torch.testing.assert_close(out, torch.tensor([r, -r, 0.0], dtype=torch.float64))
 
@@ -37,6 +37,6 @@ def test_sources_are_normalized_apart():
     # Two sources of two samples each; reward a's advantages [1, -1 | 10, -10] -> std sqrt(2), 10 sqrt(2):
     # both sources get [0.7071, -0.7071]
     adv = torch.tensor([[1.0, -1.0, 10.0, -10.0]], dtype=torch.float64)
-    out = losses.normalized_sum(adv, torch.tensor([1.0], dtype=torch.float64), 2, torch.ones(1, 4, dtype=torch.bool))
+    out = normalized_sum(adv, torch.tensor([1.0], dtype=torch.float64), 2, torch.ones(1, 4, dtype=torch.bool))
     r = 1 / math.sqrt(2)
     torch.testing.assert_close(out, torch.tensor([r, -r, r, -r], dtype=torch.float64))

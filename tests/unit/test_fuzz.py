@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_seqrl import losses
+from hf_seqrl.functional.advantages import moments, scale_advantages, std_from_moments
+from hf_seqrl.functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits
 from hf_seqrl.rewards import BUILTIN_REWARDS
 from hf_seqrl.rewards import get_reward
 
@@ -57,13 +59,13 @@ def masked_batch(draw):
 def test_policy_gradient_finite_and_masked_positions_get_no_gradient(batch, normalize):
     logits, ids, mask, rewards, n = batch
     logits.requires_grad_(True)
-    token_logprobs = losses.token_logprobs_from_logits(logits, ids)
+    token_logprobs = token_logprobs_from_logits(logits, ids)
     baseline = losses.leave_one_out_baseline(rewards, n) if n >= 2 else torch.zeros_like(rewards)
     adv = losses.advantages(rewards, baseline)
-    adv = losses.scale_advantages(adv, losses.std_from_moments(losses.moments(adv)))
+    adv = scale_advantages(adv, std_from_moments(moments(adv)))
     loss = losses.policy_gradient_loss(token_logprobs, mask, adv, length_normalize=normalize)
-    entropy = losses.masked_mean(losses.token_entropy(logits).flatten(), mask.flatten(), 0)
-    kl = losses.masked_mean(losses.token_kl(logits, logits.detach() * 0.5).flatten(), mask.flatten(), 0)
+    entropy = losses.masked_mean(token_entropy(logits).flatten(), mask.flatten(), 0)
+    kl = losses.masked_mean(token_kl(logits, logits.detach() * 0.5).flatten(), mask.flatten(), 0)
     total = loss - 0.01 * entropy + 0.1 * kl
     assert math.isfinite(total.item())
     total.backward()

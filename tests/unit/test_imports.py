@@ -84,7 +84,7 @@ def test_cycle_finder_finds_a_cycle_and_accepts_a_tree():
 def test_relative_imports_resolve_to_modules():
     graph = import_graph()
     assert "hf_seqrl.models.base" in graph["hf_seqrl.models.seq2seq"]
-    assert "hf_seqrl.functional.logprobs" in graph["hf_seqrl.losses"]
+    assert "hf_seqrl.functional.advantages" in graph["hf_seqrl.losses"]
     assert "hf_seqrl.trainers.policy_gradient" in graph["hf_seqrl.trainers"]
     # `from . import loss_tail` is an arrow to the sibling module; the module's own package is loaded before it.
     assert "hf_seqrl.trainers.loss_tail" in graph["hf_seqrl.trainers.rollout"]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from transformers.trainer_pt_utils import LabelSmoother
 
 from hf_seqrl import losses
+from hf_seqrl.functional.divergences import generalized_jsd
 from hf_seqrl.functional import lm_head
 from hf_seqrl.functional.lm_head import OutputLayer, Positions, position_stats
 
@@ -122,7 +123,7 @@ def test_label_smoothed_cross_entropy_equals_transformers_label_smoother():
 
 @pytest.mark.parametrize("beta,tau", [(0.0, 1.0), (1.0, 2.0), (0.3, 0.7)])
 def test_chunked_divergence_equals_the_whole_tensor_formula(monkeypatch, beta, tau):
-    """The `divergence` stat against `losses.generalized_jsd` over whole logits in float64: values and the
+    """The `divergence` stat against `generalized_jsd` over whole logits in float64: values and the
     gradients of hidden states, weight and bias, with per-row bans, a soft cap, a teacher with its own bias and
     width, and the divergence's own temperature (the samples' log-probs at another)."""
     generator = torch.Generator().manual_seed(1)
@@ -142,7 +143,7 @@ def test_chunked_divergence_equals_the_whole_tensor_formula(monkeypatch, beta, t
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * vocab)
     stats = position_stats(Positions(hidden, layer), ids, 1.3, banned, rows,
                            divergence=lm_head.Divergence(Positions(teacher_hidden, teacher_layer), beta, tau))
-    want = losses.generalized_jsd(layer(hidden), teacher_layer(teacher_hidden), beta, tau, banned[rows])
+    want = generalized_jsd(layer(hidden), teacher_layer(teacher_hidden), beta, tau, banned[rows])
     torch.testing.assert_close(stats.divergence.double(), want)
     weights = torch.randn(count, dtype=torch.float64, generator=generator)
     grads = torch.autograd.grad((stats.divergence * weights).sum(), (hidden, weight, bias))

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from hf_seqrl import losses
+from hf_seqrl.functional.advantages import center_advantages, group_std, moments, moving_average, scale_advantages, std_from_moments
+from hf_seqrl.functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits
 from hf_seqrl.functional import logprobs
 
 
@@ -64,20 +66,20 @@ def test_a_row_without_counted_tokens_is_out_of_the_loss_and_its_mean():
 def test_scale_advantages():
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     # moments [4, 0, 4]: std (unbiased) = sqrt((4 - 0/4) / 3) = sqrt(4/3)
-    assert losses.moments(adv).tolist() == [4.0, 0.0, 4.0]
-    std = losses.std_from_moments(losses.moments(adv))
+    assert moments(adv).tolist() == [4.0, 0.0, 4.0]
+    std = std_from_moments(moments(adv))
     torch.testing.assert_close(std.item(), math.sqrt(4 / 3))
-    torch.testing.assert_close(losses.scale_advantages(adv, std), adv / math.sqrt(4 / 3))
+    torch.testing.assert_close(scale_advantages(adv, std), adv / math.sqrt(4 / 3))
     const = torch.zeros(4)
-    assert losses.scale_advantages(const, 0.0).tolist() == [0.0] * 4  # no NaN from a zero std
+    assert scale_advantages(const, 0.0).tolist() == [0.0] * 4  # no NaN from a zero std
     # kept [2, 4] only: moments [2, 6, 20], std sqrt((20 - 36/2) / 1) = sqrt(2); one value: NaN, left unscaled
     keep = torch.tensor([False, True, True, False])
-    assert losses.moments(torch.tensor([9.0, 2.0, 4.0, 9.0]), keep).tolist() == [2.0, 6.0, 20.0]
-    assert math.isnan(losses.std_from_moments(losses.moments(adv[:1])).item())
-    assert losses.scale_advantages(adv, float("nan")).tolist() == adv.tolist()
+    assert moments(torch.tensor([9.0, 2.0, 4.0, 9.0]), keep).tolist() == [2.0, 6.0, 20.0]
+    assert math.isnan(std_from_moments(moments(adv[:1])).item())
+    assert scale_advantages(adv, float("nan")).tolist() == adv.tolist()
     # moments of two processes add up: [1, 2] and [3] -> [3, 6, 14], std sqrt((14 - 12) / 2) = 1
-    both = losses.moments(torch.tensor([1.0, 2.0])) + losses.moments(torch.tensor([3.0]))
-    assert losses.std_from_moments(both).item() == 1.0
+    both = moments(torch.tensor([1.0, 2.0])) + moments(torch.tensor([3.0]))
+    assert std_from_moments(both).item() == 1.0
 
 
 def test_group_std_per_source_over_the_kept_samples():
@@ -86,29 +88,29 @@ def test_group_std_per_source_over_the_kept_samples():
     adv = torch.tensor([1.0, 3.0, 0.0, 0.0, 2.0, 5.0, 2.0, 8.0, 1.0, 0.0, 0.0, 0.0])
     keep = torch.tensor([True, True, False, False, True, False, True, True, True, False, False, False])
     # without a mask, pairs: [1, 3] -> sqrt(2); [0, 0] -> 0
-    torch.testing.assert_close(losses.group_std(adv[:4], 2), torch.tensor([math.sqrt(2), math.sqrt(2), 0.0, 0.0]))
-    std = losses.group_std(adv, 4, keep)
+    torch.testing.assert_close(group_std(adv[:4], 2), torch.tensor([math.sqrt(2), math.sqrt(2), 0.0, 0.0]))
+    std = group_std(adv, 4, keep)
     torch.testing.assert_close(std[:8], torch.tensor([math.sqrt(2)] * 4 + [math.sqrt(12)] * 4))
     assert torch.isnan(std[8:]).all()
-    scaled = losses.scale_advantages(adv, std)
+    scaled = scale_advantages(adv, std)
     torch.testing.assert_close(scaled[4:8], adv[4:8] / math.sqrt(12))
     assert scaled[8:].tolist() == adv[8:].tolist()
 
 
 def test_center_advantages():
     adv = torch.tensor([1.0, 2.0, 3.0, 6.0])
-    assert losses.center_advantages(adv).tolist() == [-2.0, -1.0, 0.0, 3.0]
+    assert center_advantages(adv).tolist() == [-2.0, -1.0, 0.0, 3.0]
     # a left-out sample (non-finite reward, advantage 0) neither counts in the mean nor gets one
     keep = torch.tensor([True, True, False, True])
-    assert losses.center_advantages(torch.tensor([1.0, 2.0, 0.0, 6.0]), keep).tolist() == [-2.0, -1.0, 0.0, 3.0]
+    assert center_advantages(torch.tensor([1.0, 2.0, 0.0, 6.0]), keep).tolist() == [-2.0, -1.0, 0.0, 3.0]
     nothing = torch.zeros(3, dtype=torch.bool)
-    assert losses.center_advantages(torch.zeros(3), nothing).tolist() == [0.0] * 3
-    assert losses.center_advantages(torch.tensor([0.7])).tolist() == [0.0]
+    assert center_advantages(torch.zeros(3), nothing).tolist() == [0.0] * 3
+    assert center_advantages(torch.tensor([0.7])).tolist() == [0.0]
 
 
 def test_moving_average():
-    assert losses.moving_average(None, 0.4, 0.9) == 0.4
-    assert losses.moving_average(0.5, 1.0, 0.9) == pytest.approx(0.55)
+    assert moving_average(None, 0.4, 0.9) == 0.4
+    assert moving_average(0.5, 1.0, 0.9) == pytest.approx(0.55)
 
 
 def test_policy_gradient_loss_value_and_gradient():
@@ -137,20 +139,20 @@ def test_mix_losses():
 def test_token_logprobs_entropy_kl():
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]]))
     ids = torch.tensor([[0, 2]])
-    torch.testing.assert_close(losses.token_logprobs_from_logits(logits, ids),
+    torch.testing.assert_close(token_logprobs_from_logits(logits, ids),
                                torch.log(torch.tensor([[0.5, 0.8]])))
     # temperature 2: softmax(log p / 2) ∝ sqrt(p): [sqrt(.5), sqrt(.25), sqrt(.25)] normalized
     s = torch.tensor([0.5, 0.25, 0.25]).sqrt()
     expected = torch.log(s[0] / s.sum())
-    assert losses.token_logprobs_from_logits(logits, ids, temperature=2.0)[0, 0].item() == pytest.approx(
+    assert token_logprobs_from_logits(logits, ids, temperature=2.0)[0, 0].item() == pytest.approx(
         expected.item(), abs=1e-6)
     # entropy of [.5,.25,.25] = 1.5 bits = 1.5 ln 2
-    assert losses.token_entropy(logits)[0, 0].item() == pytest.approx(1.5 * math.log(2), abs=1e-6)
+    assert token_entropy(logits)[0, 0].item() == pytest.approx(1.5 * math.log(2), abs=1e-6)
     # KL([.5,.25,.25] || uniform) = ln 3 - H
     uniform = torch.zeros_like(logits)
-    assert losses.token_kl(logits, uniform)[0, 0].item() == pytest.approx(math.log(3) - 1.5 * math.log(2),
+    assert token_kl(logits, uniform)[0, 0].item() == pytest.approx(math.log(3) - 1.5 * math.log(2),
                                                                           abs=1e-6)
-    assert losses.token_kl(logits, logits).abs().max().item() < 1e-6
+    assert token_kl(logits, logits).abs().max().item() < 1e-6
 
 
 def test_cross_entropy_ignores_padding():
@@ -169,18 +171,18 @@ def test_token_logprobs_with_one_temperature_per_row():
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]], [[0.1, 0.1, 0.8]]]))
     ids = torch.tensor([[0], [2]])
     s = torch.tensor([0.5, 0.25, 0.25]).sqrt()
-    got = losses.token_logprobs_from_logits(logits, ids, torch.tensor([[2.0], [1.0]]))
+    got = token_logprobs_from_logits(logits, ids, torch.tensor([[2.0], [1.0]]))
     torch.testing.assert_close(got, torch.stack([torch.log(s[0] / s.sum()), torch.log(torch.tensor(0.8))]).view(2, 1))
     # Gradient: the same as the whole-tensor formula with the per-row division.
     x = (torch.randn(2, 3, 11, dtype=torch.float64) * 2).requires_grad_(True)
     temps = torch.tensor([[0.5], [1.0]], dtype=torch.float64)
     ids = torch.randint(0, 11, (2, 3))
-    assert torch.autograd.gradcheck(lambda x: losses.token_logprobs_from_logits(x, ids, temps), (x,))
+    assert torch.autograd.gradcheck(lambda x: token_logprobs_from_logits(x, ids, temps), (x,))
     whole = torch.log_softmax(x / temps.unsqueeze(-1), dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(losses.token_logprobs_from_logits(x, ids, temps), whole)
+    torch.testing.assert_close(token_logprobs_from_logits(x, ids, temps), whole)
     with pytest.MonkeyPatch.context() as patch:  # the whole-tensor path other devices take
         patch.setattr(logprobs, "BLOCKWISE_DEVICES", ())
-        torch.testing.assert_close(losses.token_logprobs_from_logits(x, ids, temps), whole)
+        torch.testing.assert_close(token_logprobs_from_logits(x, ids, temps), whole)
 
 
 def test_token_logprobs_equal_full_log_softmax_gather():
@@ -188,7 +190,7 @@ def test_token_logprobs_equal_full_log_softmax_gather():
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(6, 5, 50, generator=gen) * 4).requires_grad_(True)
     ids = torch.randint(0, 50, (6, 5), generator=gen)
-    lean = losses.token_logprobs_from_logits(logits, ids, temperature=0.7)
+    lean = token_logprobs_from_logits(logits, ids, temperature=0.7)
     (g_lean,) = torch.autograd.grad(lean.sum(), logits)
     full = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     (g_full,) = torch.autograd.grad(full.sum(), logits)
@@ -216,7 +218,7 @@ def test_blockwise_token_logprobs_on_a_strided_view(monkeypatch, temperature, bl
     ids[0, 4] = -100  # masked positions may hold -100: any value is allowed there
     view = whole[:, :3, :5]
     assert not view.is_contiguous()
-    lean = losses.token_logprobs_from_logits(view, ids, temperature)
+    lean = token_logprobs_from_logits(view, ids, temperature)
     assert lean.shape == ids.shape
     weights = torch.randn(ids.shape, generator=gen, dtype=torch.float64)
     (g_lean,) = torch.autograd.grad((lean * weights).sum(), whole)
@@ -227,7 +229,7 @@ def test_blockwise_token_logprobs_on_a_strided_view(monkeypatch, temperature, bl
     torch.testing.assert_close(g_lean, g_full)
     assert g_lean[:, 3].abs().max().item() == 0.0 and g_lean[:, :, 5:].abs().max().item() == 0.0
     probe = whole.detach().clone().requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x: losses.token_logprobs_from_logits(x[:, :3, :5], ids, temperature),
+    assert torch.autograd.gradcheck(lambda x: token_logprobs_from_logits(x[:, :3, :5], ids, temperature),
                                     (probe,))
 
 
@@ -236,7 +238,7 @@ def test_blockwise_token_logprobs_of_bf16_logits():
     gen = torch.Generator().manual_seed(2)
     logits = (torch.randn(4, 6, 30, generator=gen) * 5).to(torch.bfloat16).requires_grad_(True)
     ids = torch.randint(0, 30, (4, 6), generator=gen)
-    lean = losses.token_logprobs_from_logits(logits, ids, 0.7)
+    lean = token_logprobs_from_logits(logits, ids, 0.7)
     assert lean.dtype == torch.float32
     (g_lean,) = torch.autograd.grad(lean.sum(), logits)
     assert g_lean.dtype == torch.bfloat16
@@ -257,10 +259,10 @@ def test_blockwise_entropy_equals_whole_tensor(monkeypatch, block_elements):
     view = whole[:, :2, :5]
     logp = torch.log_softmax(view, dim=-1)
     expected = -(logp.exp() * logp).sum(-1)
-    torch.testing.assert_close(losses.token_entropy(view), expected)  # no autograd: the blockwise path
+    torch.testing.assert_close(token_entropy(view), expected)  # no autograd: the blockwise path
     # With a gradient wanted it takes the whole-tensor path and gives the same values.
     grad_view = whole.clone().requires_grad_(True)[:, :2, :5]
-    torch.testing.assert_close(losses.token_entropy(grad_view).detach(), expected)
+    torch.testing.assert_close(token_entropy(grad_view).detach(), expected)
 
 # ---- loss normalization, clipped updates, minimum risk ----------------------------------------------------------
 

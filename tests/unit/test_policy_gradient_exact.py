@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hf_seqrl import losses
+from hf_seqrl.functional.divergences import reverse_kl_advantages
 
 EOS, L, V = 0, 3, 3
 
@@ -222,7 +223,7 @@ def test_reverse_kl_estimator_expectation_is_the_exact_sequence_level_gradient()
     (target,) = torch.autograd.grad(exact, theta, retain_graph=True)
     probs = seq_s.detach().exp()
     for to_go in (True, False):
-        adv = losses.reverse_kl_advantages(lp, teacher_lp, mask, reward_to_go=to_go)
+        adv = reverse_kl_advantages(lp, teacher_lp, mask, reward_to_go=to_go)
         # policy_gradient_loss averages over rows: weight row k by N * P_s(k) for sum_k P_s(k) * (...)
         weighted = losses.policy_gradient_loss(lp, mask, adv * (probs * len(seqs)).unsqueeze(1))
         (estimate,) = torch.autograd.grad(weighted, theta, retain_graph=True)

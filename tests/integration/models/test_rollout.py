@@ -6,6 +6,7 @@ import torch
 
 from helpers import byt5_tokenizer, tiny_model
 from hf_seqrl import losses
+from hf_seqrl.functional.logprobs import token_logprobs_from_logits
 from hf_seqrl.models.base import completion_mask, decoder_start_id, pad_id, shift_right
 from hf_seqrl.models import family_for
 from hf_seqrl.models.seq2seq import rollout_generation_config
@@ -73,7 +74,7 @@ def naive_token_logprobs(model, ids, attn, sample_ids, n, temperature=1.0):
     start, pad = decoder_start_id(model), pad_id(model)
     out = model(input_ids=ids.repeat_interleave(n, 0), attention_mask=attn.repeat_interleave(n, 0),
                 decoder_input_ids=shift_right(sample_ids, start, pad), use_cache=False)
-    return losses.token_logprobs_from_logits(out.logits, sample_ids, temperature), out.logits
+    return token_logprobs_from_logits(out.logits, sample_ids, temperature), out.logits
 
 
 @pytest.mark.parametrize("arch", ARCHS)

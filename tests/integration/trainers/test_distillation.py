@@ -9,7 +9,8 @@ import torch
 from datasets import Dataset
 
 from helpers import bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, tiny_causal_model, tiny_model, toy_pairs
-from hf_seqrl import DistillationConfig, DistillationTrainer, losses
+from hf_seqrl import DistillationConfig, DistillationTrainer
+from hf_seqrl.functional.divergences import generalized_jsd, reverse_kl
 from hf_seqrl.models import heads
 from hf_seqrl.models.tiny import build_tiny_model
 
@@ -54,7 +55,7 @@ def heldout_kl(student, teacher, tok, causal: bool) -> float:
             labels = tok(text_target=[row["target"]], return_tensors="pt")["input_ids"]
             with torch.no_grad():
                 s, t = student(**enc, labels=labels).logits[0], teacher(**enc, labels=labels).logits[0]
-        total += losses.reverse_kl(s, t).sum().item()
+        total += reverse_kl(s, t).sum().item()
         count += s.shape[0]
     return total / count
 
@@ -237,7 +238,7 @@ def test_word_level_kd_scores_each_gold_row_once_with_the_loss_of_two_passes(tmp
 @pytest.mark.parametrize("arch,causal", [("t5", False), ("marian", False), ("llama", True)])
 def test_the_trainers_divergence_is_the_full_logits_formula_at_temperature_with_bans(tmp_path, arch, causal):
     """The scoring pass reduces the divergence a slice of the vocabulary at a time from hidden states; at each of the
-    student's sampled tokens it equals `losses.generalized_jsd` of the two models' whole logits, at the temperature,
+    student's sampled tokens it equals `generalized_jsd` of the two models' whole logits, at the temperature,
     with the student's banned tokens out of both distributions."""
     tok = byt5_tokenizer()
     build = tiny_causal_model if causal else tiny_model
@@ -264,8 +265,8 @@ def test_the_trainers_divergence_is_the_full_logits_formula_at_temperature_with_
             logits = [m(**sources, labels=labels).logits for m in (student, teacher)]
     banned = torch.zeros(logits[0].shape[-1], dtype=torch.bool)
     banned[[5, 6]] = True
-    expected = losses.generalized_jsd(*logits, beta=0.25, temperature=0.7, banned=banned)
-    other = losses.generalized_jsd(*logits, beta=0.75, temperature=0.7, banned=banned)
+    expected = generalized_jsd(*logits, beta=0.25, temperature=0.7, banned=banned)
+    other = generalized_jsd(*logits, beta=0.75, temperature=0.7, banned=banned)
     assert not torch.allclose(expected[mask], other[mask], rtol=1e-3)  # beta is told from 1 - beta
     assert mask.any() and scored.divergence.shape == expected.shape
     torch.testing.assert_close(scored.divergence[mask], expected[mask], rtol=1e-4, atol=1e-5)
