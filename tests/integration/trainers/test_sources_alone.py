@@ -2,7 +2,7 @@
 reference-free reward train from them on both model families; a setting that reads targets is refused when the
 trainer is built, named (`hf_seqrl.trainers.references`)."""
 
-from functools import partial
+import json
 
 import pytest
 import torch
@@ -62,11 +62,14 @@ def test_rewarded_trainers_train_from_sources_alone_with_a_reference_free_reward
     SEEN.clear()
     model = student(causal)
     before = params(model)
-    args = make_config(config_class, tmp_path, max_steps=3, num_samples=2, disable_dropout=False, **settings)
+    args = make_config(config_class, tmp_path, max_steps=3, num_samples=2, disable_dropout=False,
+                       log_completions=True, num_completions_to_print=0, **settings)
     trainer = trainer_class(model=model, args=args, processing_class=byt5_tokenizer(), reward_funcs=source_reward,
                             train_dataset=sources_only(causal))
     trainer.train()
     assert moved(before, trainer.model)
+    logged = [json.loads(line) for line in (tmp_path / "out" / "completions" / "step-3.jsonl").open()]
+    assert logged and all(row["references"] == [] and row["source"].strip() for row in logged)  # the sample log
     references, sources = SEEN[0]
     assert references == [[]] * len(sources) and all(s.strip() for s in sources)  # empty references, real sources
     assert all("rl/reward" in h for h in trainer.state.log_history if "loss" in h)
