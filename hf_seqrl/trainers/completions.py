@@ -144,12 +144,12 @@ def reward_cell(score: Any, spans: Sequence | None = None, tokens: Sequence | No
 
 def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> tuple[list[str], list[list[Any]]]:
     """Returns `(column names, cells)` of the rows flattened for a table: `step`, `process`, `source`, `references`
-    (joined by " | "), `prediction`, `greedy`, `reward/<name>` per reward (`reward_cell`: with its span count where
+    (joined by " | "; None without any: rows of sources alone), `prediction`, `greedy`, `reward/<name>` per reward (`reward_cell`: with its span count where
     it gave spans), `reward` (a number), `baseline`, `advantage`, `truncated`, or only those of `columns`; a column
     that is None in every row is left out."""
     reward_names = list(dict.fromkeys(name for row in rows for name in row["rewards"]))
     flat = [{"step": row["step"], "process": row["process"], "source": row["source"],
-             "references": " | ".join(row["references"]), "prediction": row["prediction"], "greedy": row["greedy"],
+             "references": " | ".join(row["references"]) or None, "prediction": row["prediction"], "greedy": row["greedy"],
              **{f"reward/{name}": reward_cell(row["rewards"].get(name), row.get("reward_spans", {}).get(name),
                                               row.get("reward_tokens", {}).get(name)) for name in reward_names},
              "reward": row["reward"], "baseline": row["baseline"], "advantage": row["advantage"],

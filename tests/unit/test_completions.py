@@ -73,6 +73,8 @@ def test_table_flattens_rows_and_drops_empty_columns():
     assert cells[2] == [3, 1, "zyx", "xy | xyz", "xyz", "xy", 1.0, 0.75, 0.875, 0.5, 0.375, False]
     names, _ = table(two_sources_two_samples(greedy=None, baselines=None, advantages=None))  # MRT has neither
     assert "greedy" not in names and "baseline" not in names and "advantage" not in names
+    names, _ = table(two_sources_two_samples(references=[[]] * 4))  # sources alone: no references column
+    assert "references" not in names and "source" in names
     names, _ = table(two_sources_two_samples(), columns=("prediction", "reward"))
     assert names == ["prediction", "reward"]
     assert table([]) == ([], [])
