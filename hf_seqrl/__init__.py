@@ -49,13 +49,11 @@ _LAZY = {
     "build_tiny_model": "models.tiny",
 }
 
-# Submodules reachable as attributes (`hf_seqrl.losses`), by where they live.
-# `metrics` names `evaluation`, as docs/metrics.md says.
-_MODULES = {"losses": "losses", "rewards": "rewards", "metrics": "evaluation", "evaluation": "evaluation",
-            "schedules": "schedules", "data": "data", "configs": "configs", "diagnostics": "diagnostics", "hub": "hub",
-            "models": "models", "functional": "functional", "types": "types"}
+# Submodules reachable as attributes (`hf_seqrl.losses`).
+_MODULES = {"losses", "rewards", "evaluation", "schedules", "data", "configs", "diagnostics", "hub", "models",
+            "functional", "types"}
 
-__all__ = sorted(_LAZY) + ["losses", "rewards", "metrics", "schedules", "__version__"]
+__all__ = sorted(_LAZY) + ["losses", "rewards", "evaluation", "schedules", "__version__"]
 
 
 def __getattr__(name):
@@ -65,5 +63,5 @@ def __getattr__(name):
         globals()[name] = value
         return value
     if name in _MODULES:
-        return importlib.import_module(f".{_MODULES[name]}", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'hf_seqrl' has no attribute {name!r}")

@@ -20,7 +20,8 @@ from .data import tokenize_sources
 from .models import family_for
 from .models.base import eval_mode
 from .models.languages import decode_texts
-from .rewards import build_reward, place_on, reward_name
+from .rewards import build_reward, reward_name
+from .rewards.combine import place_on
 from .selection import mbr_select, qe_select
 
 DECODE_MODES = ("beam", "mbr", "qe")

@@ -5,7 +5,7 @@ corpus scores against every reference, and `build_compute_metrics` for `Seq2SeqT
 `corpus_scores` gives sacrebleu corpus BLEU / chrF (every reference of each source) and the mean sentence ROUGE F1,
 apart from the sentence rewards of training (`hf_seqrl.rewards`); `bleu_brevity` splits a BLEU change into a length
 change and a precision change. Corpus metrics are on one scale everywhere, 0-100 (`evaluate`, `diagnose` and the
-trainers' `eval_*` metrics); sentence rewards (`rl/*`) stay in [0, 1]. `hf_seqrl.metrics` names this module too.
+trainers' `eval_*` metrics); sentence rewards (`rl/*`) stay in [0, 1].
 
 A saved run records how it cut and generated (`write_run_settings`: `seqrl_run.json` beside the weights), so that
 evaluating the folder later reproduces the trainer's own evaluation (`read_run_settings`, `run_generation_settings`).
@@ -25,7 +25,9 @@ from .data import has_text, normalize_references, prompt_token_ids, tokenize_sou
 from .models import family_for
 from .models.base import eval_mode
 from .models.languages import decode_texts
-from .rewards import BUILTIN_REWARDS, accepts_reference_lists, is_evaluation_module, is_number
+from .rewards import BUILTIN_REWARDS
+from .rewards.convention import is_evaluation_module, is_number
+from .rewards.modules import accepts_reference_lists
 
 
 def corpus_scores(predictions: list[str], references: list[list[str]],

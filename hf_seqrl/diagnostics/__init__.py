@@ -42,9 +42,8 @@ when a plot is drawn), `callback` (`DiagnosticsCallback`). `hf-seqrl diagnose` i
 """
 
 from .callback import DiagnosticsCallback
-from .measure import METRICS, closest_references, decode_budget, greedy_generation_config, rejoin_delay, run_diagnostics
+from .measure import METRICS, run_diagnostics
 from .plot import plot_diagnostics
-from .report import SUMMARY_KEYS, format_summary, write_report
+from .report import format_summary, write_report
 
-__all__ = ["DiagnosticsCallback", "METRICS", "SUMMARY_KEYS", "closest_references", "decode_budget", "format_summary",
-           "greedy_generation_config", "plot_diagnostics", "rejoin_delay", "run_diagnostics", "write_report"]
+__all__ = ["DiagnosticsCallback", "METRICS", "format_summary", "plot_diagnostics", "run_diagnostics", "write_report"]

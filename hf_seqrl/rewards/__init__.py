@@ -14,35 +14,27 @@ A reward is a callable called with keywords, one value per prediction:
     f(predictions: list[str], references: list[list[str]], sources: list[str] | None, **columns) -> list[float]
 """
 
-from .builtin import (BUILTIN_REWARDS, GUARD_REWARDS, REWARD_NAMES, SACREBLEU_INTERNALS, RewardFn, bleu_reward,
-                      chrf_reward, get_reward, rouge_reward)
-from .combine import (GuardedReward, WeightedReward, as_reward, build_reward, guard, model_rewards, place_on,
-                      reference_rewards, unique_names)
-from .convention import (CombinedReward, RewardError, call_reward, call_reward_parts, call_rewards, check_finite,
-                         check_reward_spec, combine_parts, is_async_reward, is_evaluation_module, is_number,
-                         part_weights, reward_loop, reward_name)
-from .guards import (length_ratio, length_ratio_reward, repetition_rate, repetition_reward, source_copy_reward,
-                     target_language_reward)
+from .builtin import BUILTIN_REWARDS, REWARD_NAMES, bleu_reward, chrf_reward, get_reward, rouge_reward
+from .combine import GuardedReward, WeightedReward, build_reward, guard, reference_rewards
+from .convention import (RewardError, call_reward, call_reward_parts, call_rewards, combine_parts, is_async_reward,
+                         reward_loop, reward_name)
+from .guards import length_ratio, length_ratio_reward, repetition_reward, source_copy_reward, target_language_reward
 from .metricx import MetricXReward
-from .modules import EvaluateReward, accepts_reference_lists, load_evaluate_module
-from .neural import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, ModelReward, RewardModelReward,
-                     model_reward)
+from .modules import EvaluateReward, load_evaluate_module
+from .neural import BERTScoreReward, CometReward, EmbeddingSimilarityReward, ModelReward, RewardModelReward
 from .pool import PooledReward
-from .spans import TokenScore, token_char_spans, span_token_values
-from .token_match import aligned_words, token_match_reward
+from .token_match import token_match_reward
 from .teacher import TeacherLikelihoodReward
 
-__all__ = ["BUILTIN_REWARDS", "CombinedReward", "RewardError", "SACREBLEU_INTERNALS", "BERTScoreReward", "CometReward",
-           "EmbeddingSimilarityReward",
-           "EvaluateReward", "ModelReward", "PooledReward", "RewardFn", "RewardModelReward", "WeightedReward",
-           "accepts_reference_lists", "as_reward", "bleu_reward", "build_reward", "call_reward", "call_reward_parts",
-           "check_finite", "check_reward_spec", "chrf_reward", "combine_parts", "get_reward", "is_evaluation_module",
-           "is_number", "model_reward", "model_rewards", "place_on", "reward_name", "rouge_reward", "unique_names",
-           "GUARD_REWARDS", "REWARD_NAMES", "MetricXReward", "call_rewards", "is_async_reward", "length_ratio",
-           "length_ratio_reward", "load_evaluate_module", "part_weights", "reward_loop", "CometModel", "load_comet",
-           "TeacherLikelihoodReward", "GuardedReward", "guard", "repetition_rate", "repetition_reward",
-           "source_copy_reward", "target_language_reward", "TokenScore", "token_char_spans", "span_token_values",
-           "aligned_words", "token_match_reward", "reference_rewards"]
+# What users call: the rewards to pass as `reward_funcs`, their builders and combinators, and the calling convention's
+# entry points that the docs name. The helpers stay in their modules (`hf_seqrl.rewards.convention`, `.spans`, ...).
+__all__ = ["BERTScoreReward", "BUILTIN_REWARDS", "CometModel", "CometReward", "EmbeddingSimilarityReward",
+           "EvaluateReward", "GuardedReward", "MetricXReward", "ModelReward", "PooledReward", "REWARD_NAMES",
+           "RewardError", "RewardModelReward", "TeacherLikelihoodReward", "WeightedReward", "bleu_reward",
+           "build_reward", "call_reward", "call_reward_parts", "call_rewards", "chrf_reward", "combine_parts",
+           "get_reward", "guard", "is_async_reward", "length_ratio", "length_ratio_reward", "load_comet",
+           "load_evaluate_module", "reference_rewards", "repetition_reward", "reward_loop", "reward_name",
+           "rouge_reward", "source_copy_reward", "target_language_reward", "token_match_reward"]
 
 
 def __getattr__(name):

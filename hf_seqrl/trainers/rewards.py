@@ -14,8 +14,9 @@ import torch
 
 from ..hub import reward_label
 from ..models.languages import decode_texts, text_ids
-from ..rewards import (CombinedReward, PooledReward, RewardError, build_reward, call_reward_parts, check_finite,
-                       combine_parts, model_rewards, part_weights, place_on, reward_name)
+from ..rewards import PooledReward, RewardError, build_reward, call_reward_parts, combine_parts, reward_name
+from ..rewards.combine import model_rewards, place_on
+from ..rewards.convention import CombinedReward, check_finite, part_weights
 from ..rewards.spans import TokenScore, piece_char_spans, sentence_score, token_char_spans
 from ..rewards.combine import set_attention
 from ..rewards.guards import LengthRatioReward

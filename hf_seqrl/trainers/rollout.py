@@ -19,7 +19,8 @@ from ..configs import BaselineConfig, RolloutConfig
 from ..configs.rollout import check_aggregation
 from ..functional import advantages as functional_advantages
 from ..models.base import ScoreOptions, replayed_rng, rng_state
-from ..rewards import RewardError, check_reward_spec, reference_rewards
+from ..rewards import RewardError, reference_rewards
+from ..rewards.convention import check_reward_spec
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from . import loss_tail
 from .base import SeqRLBaseTrainer

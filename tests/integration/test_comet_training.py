@@ -64,7 +64,7 @@ def test_a_comet_folder_or_checkpoint_path_in_reward_funcs_is_a_comet_reward(tmp
     # the folder, its model.ckpt and a Path all load the checkpoint CometReward(folder) loads
     texts = (["abc", "dd"], [["abc"], ["da"]], ["abc", "dda"])
     expected = CometReward(folder)(*texts)
-    from hf_seqrl.rewards import as_reward
+    from hf_seqrl.rewards.combine import as_reward
     for given in (folder, folder / "checkpoints" / "model.ckpt"):
         assert as_reward(given)(*texts) == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match="is a path but not a COMET checkpoint.*RewardModelReward"):

@@ -11,8 +11,8 @@ import torch
 from helpers import REPO, SHARED_DATA, byt5_tokenizer, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl.data import load_pairs
 from hf_seqrl.cli.diagnose import main as diagnose_main
-from hf_seqrl.diagnostics import (DiagnosticsCallback, closest_references, format_summary, rejoin_delay, run_diagnostics,
-                                  write_report)
+from hf_seqrl.diagnostics import DiagnosticsCallback, format_summary, run_diagnostics, write_report
+from hf_seqrl.diagnostics.measure import closest_references, rejoin_delay
 from hf_seqrl.models.base import decoder_start_id
 
 SMALL = dict(max_horizon=6, inject_positions=(0, 1, 3), max_new_tokens=8, batch_size=8, progress=False)

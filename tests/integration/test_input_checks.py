@@ -128,7 +128,8 @@ def test_save_on_error_off_writes_nothing(tmp_path):
 def test_an_evaluate_metric_offline_points_to_the_builtin(monkeypatch):
     import evaluate
 
-    from hf_seqrl.rewards import check_reward_spec, load_evaluate_module
+    from hf_seqrl.rewards import load_evaluate_module
+    from hf_seqrl.rewards.convention import check_reward_spec
 
     def offline(path, **kwargs):
         raise FileNotFoundError(f"Couldn't find a module script at {path}. Module '{path}' doesn't exist on the "

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers import COMET_FIXTURES, byt5_tokenizer, tiny_classifier
-from hf_seqrl.rewards import (BERTScoreReward, CometReward, EmbeddingSimilarityReward, RewardModelReward, build_reward,
-                              model_reward)
+from hf_seqrl.rewards import BERTScoreReward, CometReward, EmbeddingSimilarityReward, RewardModelReward, build_reward
+from hf_seqrl.rewards.neural import model_reward
 
 PAIRS = [  # (prediction, paraphrase of it, unrelated sentence)
     ("a cat sits on the mat", "a cat is sitting on the mat", "stock prices fell sharply on monday"),

@@ -6,8 +6,9 @@ import pickle
 
 import pytest
 
-from hf_seqrl.rewards import (BUILTIN_REWARDS, GUARD_REWARDS, build_reward, check_reward_spec, get_reward, length_ratio,
-                              length_ratio_reward)
+from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, get_reward, length_ratio, length_ratio_reward
+from hf_seqrl.rewards.builtin import GUARD_REWARDS
+from hf_seqrl.rewards.convention import check_reward_spec
 from hf_seqrl.rewards.guards import (SOURCE_COPY_THRESHOLD, band_value, closest_length, overlap_penalty,
                                      repetition_rate, text_length)
 
@@ -133,7 +134,8 @@ def test_target_language_is_the_share_of_letters_in_target_language_sentences():
 
 
 def test_a_gated_reward_multiplies_by_its_guards_and_logs_each_part():
-    from hf_seqrl.rewards import CombinedReward, call_reward_parts, guard
+    from hf_seqrl.rewards import call_reward_parts, guard
+    from hf_seqrl.rewards.convention import CombinedReward
 
     def quality(predictions, references, sources=None, **columns):
         return [0.8, 0.6, None]

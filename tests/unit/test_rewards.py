@@ -9,8 +9,10 @@ import torch
 from rouge_score import rouge_scorer
 
 from hf_seqrl import data, evaluation, rewards
-from hf_seqrl.rewards import (BUILTIN_REWARDS, build_reward, call_reward, call_reward_parts, combine_parts, get_reward,
-                              part_weights)
+from hf_seqrl.rewards import BUILTIN_REWARDS, build_reward, call_reward, call_reward_parts, combine_parts, get_reward
+from hf_seqrl.rewards import builtin
+from hf_seqrl.rewards.builtin import SACREBLEU_INTERNALS
+from hf_seqrl.rewards.convention import CombinedReward, check_finite, part_weights
 
 PREDS = [
     "the cat sat on the mat",
@@ -58,13 +60,13 @@ def test_sacrebleu_internals_are_still_there():
     from sacrebleu.metrics import BLEU, CHRF
 
     for metric in (BLEU(effective_order=True), CHRF()):
-        missing = [name for name in rewards.SACREBLEU_INTERNALS if not hasattr(metric, name)]
+        missing = [name for name in SACREBLEU_INTERNALS if not hasattr(metric, name)]
         assert not missing, f"sacrebleu {sacrebleu.__version__} has no {missing} on {type(metric).__name__}"
 
 
 def test_public_api_fallback_gives_the_same_values(monkeypatch):
     cached = get_reward("bleu")(PREDS, REFS), get_reward("chrf")(PREDS, REFS)
-    monkeypatch.setattr(rewards, "SACREBLEU_INTERNALS", ("_no_such_method",))
+    monkeypatch.setattr(builtin, "SACREBLEU_INTERNALS", ("_no_such_method",))  # the public sentence_score path
     assert (get_reward("bleu")(PREDS, REFS), get_reward("chrf")(PREDS, REFS)) == cached
 
 
@@ -146,7 +148,7 @@ def test_call_reward_validates_output():
         call_reward(lambda predictions, **_: "0.5", preds, refs)
     values = call_reward(lambda predictions, **_: [math.nan, 1.0], preds, refs)
     with pytest.raises(ValueError, match="non-finite"):
-        rewards.check_finite(values, "nanny")
+        check_finite(values, "nanny")
 
 
 def test_normalize_references():
@@ -238,10 +240,10 @@ def test_combined_rewards_declare_the_protocol_the_trainers_read():
     its own single part with weight 1."""
     weighted = rewards.WeightedReward(["bleu", "chrf"], [0.25, 0.75])
     pooled = rewards.PooledReward(["bleu", "chrf"], [0.25, 0.75], workers=2)
-    assert isinstance(weighted, rewards.CombinedReward) and isinstance(pooled, rewards.CombinedReward)
+    assert isinstance(weighted, CombinedReward) and isinstance(pooled, CombinedReward)
     assert weighted.part_weights() == pooled.part_weights() == {"bleu_reward": 0.25, "chrf_reward": 0.75}
-    assert not isinstance(rewards.get_reward("bleu"), rewards.CombinedReward)
+    assert not isinstance(rewards.get_reward("bleu"), CombinedReward)
     single = rewards.PooledReward("bleu", None, workers=2)
-    assert rewards.part_weights(single, {"bleu_reward": [0.5]}) == {"bleu_reward": 1.0}
+    assert part_weights(single, {"bleu_reward": [0.5]}) == {"bleu_reward": 1.0}
     parts = rewards.call_reward_parts(weighted, ["a b c"], [["a b c"]])
     assert rewards.combine_parts(weighted, parts) == weighted(["a b c"], [["a b c"]])

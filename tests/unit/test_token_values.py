@@ -9,8 +9,9 @@ import sacrebleu
 import torch
 
 from hf_seqrl.functional.advantages import token_level_advantages
-from hf_seqrl.rewards import (TokenScore, WeightedReward, aligned_words, call_reward, get_reward, span_token_values,
-                              token_char_spans)
+from hf_seqrl.rewards import WeightedReward, call_reward, get_reward
+from hf_seqrl.rewards.spans import TokenScore, span_token_values, token_char_spans
+from hf_seqrl.rewards.token_match import aligned_words
 from hf_seqrl.rewards.spans import sentence_score, token_score, weighted_sum
 from hf_seqrl.rewards.token_match import token_match_reward
 
