@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from . import UsageError, parse_command
+from .selection import SelectionArguments
 
 
 @dataclass
-class DistillDataArguments:
+class DistillDataArguments(SelectionArguments):
     """`hf-seqrl distill-data`: the teacher, the data and where the decodes go."""
 
     teacher: str = field(metadata={"help": "Local directory (or Hub id) of the teacher and its tokenizer."})
@@ -34,20 +35,6 @@ class DistillDataArguments:
     output_column: str = field(default="teacher_target", metadata={
         "help": "Column of the teacher's decode in the output; every column of the data is kept beside it."})
     num_beams: int = field(default=4, metadata={"help": "Beam width (Kim & Rush: the beam's best) of --decode beam."})
-    decode: str = field(default="beam", metadata={
-        "help": "beam: the teacher's beam search (--num_beams); mbr: MBR over --num_candidates samples per source "
-                "with --utility; qe: the sample --qe_reward scores highest (MBR / QE fine-tuning's data, "
-                "docs/mbr.md)."})
-    num_candidates: int = field(default=16, metadata={"help": "mbr / qe: samples per source."})
-    utility: str = field(default="chrf", metadata={
-        "help": "mbr: the reward of each candidate against the others (a built-in name, a COMET checkpoint folder or "
-                "module:function; chrf goes through fastchrf when installed)."})
-    qe_reward: str | None = field(default=None, metadata={
-        "help": "qe: a reference-free reward (a CometKiwi checkpoint folder or module:function reading predictions "
-                "and sources)."})
-    epsilon_cutoff: float = field(default=0.02, metadata={
-        "help": "mbr / qe: epsilon sampling, tokens below this probability are never drawn (0: plain sampling)."})
-    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the candidates' draws."})
     batch_size: int = field(default=32, metadata={"help": "Sources per generate call."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Decode budget (default: the teacher's)."})
     max_source_length: int | None = field(default=None, metadata={"help": "Truncate sources to this many tokens."})
@@ -63,23 +50,11 @@ class DistillDataArguments:
                 "settings of a file already begun)."})
 
     def __post_init__(self):
+        super().__post_init__()
         for name in ("num_beams", "batch_size", "max_new_tokens", "max_source_length", "max_examples"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or left unset where optional), got {value}.")
-        if self.decode not in ("beam", "mbr", "qe"):
-            raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
-        if self.decode == "qe" and not self.qe_reward:
-            raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
-                             "or module:function reading predictions and sources).")
-
-    def selection(self) -> dict:
-        """Returns the MBR / QE keywords of `write_teacher_outputs` (none for beam search)."""
-        if self.decode == "beam":
-            return {}
-        reward = {"utility": self.utility} if self.decode == "mbr" else {"qe_reward": self.qe_reward}
-        return {"decode": self.decode, "num_candidates": self.num_candidates, "epsilon_cutoff": self.epsilon_cutoff,
-                "seed": self.seed, **reward}
 
 
 def distill_data(args: DistillDataArguments) -> int:

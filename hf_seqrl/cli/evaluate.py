@@ -18,6 +18,7 @@ import torch
 from ..evaluation import RUN_SETTINGS_FILE, evaluate_model, prepare_sources, read_run_settings, run_generation_settings
 from ..rewards import BUILTIN_REWARDS
 from . import parse_command
+from .selection import SelectionArguments
 
 
 @dataclass
@@ -61,7 +62,7 @@ class CheckpointDataArguments:
 
 
 @dataclass
-class EvaluateArguments(CheckpointDataArguments):
+class EvaluateArguments(SelectionArguments, CheckpointDataArguments):
     """`hf-seqrl evaluate`: corpus scores of a checkpoint on a data file."""
 
     metrics: list[str] | None = field(default=None, metadata={
@@ -69,19 +70,6 @@ class EvaluateArguments(CheckpointDataArguments):
                 "rouge1 rouge2 rougeL for summarization, else bleu chrf)."})
     num_beams: int | None = field(default=None, metadata={
         "help": "1 = greedy; more = beam search (default: the run's generation_num_beams, else 1)."})
-    decode: str = field(default="beam", metadata={
-        "help": "beam: greedy or beam search (--num_beams); mbr: minimum Bayes risk over --num_candidates samples per "
-                "source with --utility; qe: the sample --qe_reward scores highest (docs/mbr.md)."})
-    num_candidates: int = field(default=16, metadata={"help": "mbr / qe: samples per source."})
-    utility: str = field(default="chrf", metadata={
-        "help": "mbr: the reward each candidate is scored with against the others (a built-in name, a COMET "
-                "checkpoint folder or module:function; chrf goes through fastchrf when installed)."})
-    qe_reward: str | None = field(default=None, metadata={
-        "help": "qe: a reference-free reward (a CometKiwi checkpoint folder or module:function reading predictions "
-                "and sources)."})
-    epsilon_cutoff: float = field(default=0.02, metadata={
-        "help": "mbr / qe: epsilon sampling, tokens below this probability are never drawn (0: plain sampling)."})
-    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the candidates' draws."})
     output: str | None = field(default=None, metadata={"help": "Write the scores (and settings) to this JSON file."})
     predictions: str | None = field(default=None, metadata={"help": "Write one JSON line per source with its "
                                                                     "output."})
@@ -94,11 +82,6 @@ class EvaluateArguments(CheckpointDataArguments):
                 raise ValueError(f"metrics: unknown or no metric {unknown}; choose from {', '.join(BUILTIN_REWARDS)}.")
         if self.num_beams is not None and self.num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {self.num_beams}.")
-        if self.decode not in ("beam", "mbr", "qe"):
-            raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
-        if self.decode == "qe" and not self.qe_reward:
-            raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
-                             "or module:function reading predictions and sources).")
         if self.decode != "beam" and (self.num_beams or 1) > 1:
             raise ValueError(f"--decode {self.decode} samples its candidates: drop --num_beams {self.num_beams}.")
 
@@ -161,9 +144,7 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
     inputs, settings, from_run = shape_sources(args, model, sources)
     metrics = args.metrics or task_metrics(settings.get("task"))
     num_beams = 1 if args.decode != "beam" else settings.get("num_beams") or 1
-    selection = {} if args.decode == "beam" else {
-        "decode": args.decode, "num_candidates": args.num_candidates, "epsilon_cutoff": args.epsilon_cutoff,
-        "seed": args.seed, **({"utility": args.utility} if args.decode == "mbr" else {"qe_reward": args.qe_reward})}
+    selection = args.selection()
     scores, predictions = evaluate_model(model, tokenizer, inputs, references, metrics, num_beams=num_beams,
                                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                          max_length=settings.get("max_length"),

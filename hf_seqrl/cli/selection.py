@@ -1,0 +1,42 @@
+"""The MBR / QE decoding flags that `hf-seqrl evaluate` and `hf-seqrl distill-data` share (docs/mbr.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(kw_only=True)
+class SelectionArguments:
+    """`--decode beam|mbr|qe` and the candidates, utility or QE reward of MBR / QE decoding."""
+
+    decode: str = field(default="beam", metadata={
+        "help": "beam: greedy or beam search (--num_beams); mbr: minimum Bayes risk over --num_candidates samples per "
+                "source with --utility; qe: the sample --qe_reward scores highest (docs/mbr.md)."})
+    num_candidates: int = field(default=16, metadata={"help": "mbr / qe: samples per source."})
+    utility: str = field(default="chrf", metadata={
+        "help": "mbr: the reward each candidate is scored with against the others (a built-in name, a COMET "
+                "checkpoint folder or module:function; chrf goes through fastchrf when installed)."})
+    qe_reward: str | None = field(default=None, metadata={
+        "help": "qe: a reference-free reward (a CometKiwi checkpoint folder or module:function reading predictions "
+                "and sources)."})
+    epsilon_cutoff: float = field(default=0.02, metadata={
+        "help": "mbr / qe: epsilon sampling, tokens below this probability are never drawn (0: plain sampling)."})
+    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the candidates' draws."})
+
+    def __post_init__(self):
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        if self.decode not in ("beam", "mbr", "qe"):
+            raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
+        if self.decode == "qe" and not self.qe_reward:
+            raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
+                             "or module:function reading predictions and sources).")
+
+    def selection(self) -> dict:
+        """Returns the MBR / QE keywords of `generate_texts` / `write_teacher_outputs` (none for beam search)."""
+        if self.decode == "beam":
+            return {}
+        reward = {"utility": self.utility} if self.decode == "mbr" else {"qe_reward": self.qe_reward}
+        return {"decode": self.decode, "num_candidates": self.num_candidates, "epsilon_cutoff": self.epsilon_cutoff,
+                "seed": self.seed, **reward}
