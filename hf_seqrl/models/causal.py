@@ -25,8 +25,7 @@ from .decoding import DecodeSteps, decode_rollout, decode_targets
 
 
 # Below this many prompt tokens, reading a prompt once per sample costs less than the extra forward call that shares
-# its KV cache. Measured on CPU, 2-layer width-64 Llama, 4 prompts x 4 samples, 12 new tokens: sharing took 8.8 ms
-# against 8.2 at 15 prompt tokens, 8.4 against 9.6 at 31, 9.7 against 14.6 at 63.
+# its KV cache (the timings: docs/performance.md, "Decoder-only prompts: one read per source or per row").
 PROMPT_CACHE_MIN_TOKENS = 24
 
 
