@@ -116,6 +116,20 @@ def toy_dataset(tokenizer, sources, targets, references=None, with_labels=True):
     return Dataset.from_dict(columns)
 
 
+def copy_dataset(tokenizer, n: int = 16, seed: int = 0, **kwargs):
+    """Returns a tokenized copy task (`toy_dataset`) of `n` strings of 2-5 letters from "abcd"; `kwargs` go to
+    `toy_dataset` (`references`, `with_labels`)."""
+    sources, targets = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
+    return toy_dataset(tokenizer, sources, targets, **kwargs)
+
+
+def equal_length_dataset(tokenizer, n: int = 8):
+    """Returns a tokenized copy task whose targets all have 4 letters: per-batch token means then add up exactly across
+    accumulation steps."""
+    sources, _ = toy_pairs(n, seed=5, alphabet="abcd", lengths=(4, 4))
+    return toy_dataset(tokenizer, sources, sources)
+
+
 def whole_state_dict(model) -> dict:
     """Returns the model's state dict with whole tensors on CPU: parameters partitioned by DeepSpeed ZeRO-3 are
     gathered, FSDP2's DTensors made full (both collective: every rank calls it)."""
@@ -153,12 +167,12 @@ def tiny_causal_model(arch: str = "llama", seed: int = 0, d_model: int = 32, lay
                             pad_token_id=0, eos_token_id=1, seed=seed)
 
 
-def text_pairs(causal: bool = False, n: int = 8, seed: int = 0):
-    """Returns a text dataset of the toy copy task as users bring one: `source` / `target` columns, or for a
-    decoder-only model `prompt` (`"<string>="`) / `completion`."""
+def text_pairs(causal: bool = False, n: int = 8, seed: int = 0, alphabet: str = "abcd"):
+    """Returns a text dataset of the toy copy task (strings of 2-5 letters of `alphabet`) as users bring one: `source` /
+    `target` columns, or for a decoder-only model `prompt` (`"<string>="`) / `completion`."""
     from datasets import Dataset
 
-    sources, targets = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
+    sources, targets = toy_pairs(n, seed=seed, alphabet=alphabet, lengths=(2, 5))
     if causal:
         return Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
     return Dataset.from_dict({"source": sources, "target": targets})

@@ -5,18 +5,12 @@ import pytest
 import torch
 
 import hf_seqrl.trainers.base as base
-from helpers import byt5_tokenizer, make_config, overlap_reward, params, tiny_model, toy_dataset, toy_pairs
+from helpers import byt5_tokenizer, equal_length_dataset, make_config, overlap_reward, params, tiny_model
 from hf_seqrl import ReinforceTrainer, SCSTTrainer, SeqRLConfig
 from hf_seqrl.trainers.reuse import RepeatBlockSampler, RolloutReuse
 from hf_seqrl.types import RolloutBatch
 
 config = partial(make_config, SeqRLConfig)  # config(tmp_path, **overrides)
-
-
-def equal_length_dataset(tok, n=8):
-    # Equal target lengths make per-batch token means add up exactly across accumulation steps.
-    src, _ = toy_pairs(n, seed=5, alphabet="abcd", lengths=(4, 4))
-    return toy_dataset(tok, src, src)
 
 
 def count_rollouts(monkeypatch):

@@ -6,22 +6,15 @@ from functools import partial
 
 import pytest
 import torch
-from datasets import Dataset
 
-from helpers import bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, tiny_causal_model, tiny_model, toy_pairs
+from helpers import (bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, text_pairs, tiny_causal_model,
+                     tiny_model)
 from hf_seqrl import DistillationConfig, DistillationTrainer
 from hf_seqrl.functional.divergences import generalized_jsd, reverse_kl
 from hf_seqrl.models import heads
 from hf_seqrl.models.tiny import build_tiny_model
 
 config = partial(make_config, DistillationConfig, max_steps=2, num_samples=2, logging_steps=1)
-
-
-def text_pairs(causal: bool, n: int = 8, seed: int = 0):
-    sources, targets = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
-    if causal:
-        return Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
-    return Dataset.from_dict({"source": sources, "target": targets})
 
 
 def sharp(model, scale: float = 4.0):

@@ -6,20 +6,12 @@ from functools import partial
 
 import pytest
 import torch
-from datasets import Dataset
 
-from helpers import byt5_tokenizer, make_config, overlap_reward, params, tiny_causal_model, tiny_model, toy_pairs
+from helpers import byt5_tokenizer, make_config, overlap_reward, params, text_pairs, tiny_causal_model, tiny_model
 from hf_seqrl import MRTConfig, MRTTrainer, SCSTTrainer, SeqRLConfig
 from hf_seqrl.models.tiny import build_tiny_model
 
 config = partial(make_config, SeqRLConfig, max_steps=2, num_samples=2, logging_steps=1)
-
-
-def text_pairs(causal: bool, n: int = 8):
-    sources, targets = toy_pairs(n, alphabet="abcd", lengths=(2, 5))
-    if causal:
-        return Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
-    return Dataset.from_dict({"source": sources, "target": targets})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal"])

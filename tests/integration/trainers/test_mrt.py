@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
-from helpers import heldout_chrf, make_config, params, tiny_model, toy_dataset, toy_pairs
+from helpers import copy_dataset, heldout_chrf, make_config, params, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import MRTConfig, MRTTrainer, losses
-from hf_seqrl.rewards import get_reward
 from hf_seqrl.models.base import completion_mask
 from hf_seqrl.models import family_for
 from hf_seqrl.trainers.mrt import candidate_set
@@ -17,11 +16,6 @@ config = partial(make_config, MRTConfig, max_steps=3)  # config(tmp_path, **over
 
 MRT_METRICS = ["mrt/risk", "mrt/q_entropy", "mrt/distinct_candidates", "rl/reward", "rl/reward_std",
                "rl/sample_length", "rl/entropy", "rl/kl", "rl/xe_loss", "rl/phase"]
-
-
-def copy_dataset(tok, n=16, seed=0):
-    src, tgt = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
-    return toy_dataset(tok, src, tgt)
 
 
 def test_candidate_set_pads_alike_and_finds_duplicates():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from helpers import byt5_tokenizer, make_config, target_loss, tiny_causal_model, tiny_model, toy_pairs
+from helpers import byt5_tokenizer, make_config, overlap_reward, target_loss, tiny_causal_model, tiny_model, toy_pairs
 from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       PrefixCorruptionConfig, PrefixCorruptionTrainer, ProfessorForcingConfig, ProfessorForcingTrainer,
                       ReinforceTrainer, ScheduledSamplingConfig, ScheduledSamplingTrainer, SCSTTrainer, SeqRLConfig,
@@ -18,11 +18,10 @@ config = partial(make_config, SeqRLConfig, max_steps=2, num_samples=2)  # config
 SEEN_COLUMNS: list[dict] = []
 
 
-def overlap_reward(predictions, references, sources=None, **columns):
-    """Non-zero, row-dependent rewards for an untrained model's outputs; records the extra columns it receives."""
+def recording_reward(predictions, references, sources=None, **columns):
+    """`overlap_reward`, recording the extra columns it receives."""
     SEEN_COLUMNS.append(columns)
-    return [max(len(set(p) & set(r)) / max(len(set(p) | set(r)), 1) + len(p) / 20 for r in refs)
-            for p, refs in zip(predictions, references)]
+    return overlap_reward(predictions, references, sources, **columns)
 
 
 def pairs(n=8, seed=0, source="source", target="target"):
@@ -47,7 +46,7 @@ def test_every_seq2seq_trainer_trains_on_text_columns(tmp_path, name):
     trainer_class, config_class, settings, rewarded = TRAINERS[name]
     tokenizer = byt5_tokenizer()
     args = make_config(config_class, tmp_path, max_steps=2, **settings)
-    rewards = {"reward_funcs": overlap_reward} if rewarded else {}
+    rewards = {"reward_funcs": recording_reward} if rewarded else {}
     trainer = trainer_class(model=tiny_model("t5"), args=args, processing_class=tokenizer, train_dataset=pairs(),
                             **rewards)
     assert {"input_ids", "labels", "references", "sources", "domain"} <= set(trainer.train_dataset.column_names)
@@ -62,7 +61,7 @@ def test_text_columns_reach_the_rewards_and_lengths_apply(tmp_path, arch):
     data = pairs(source="text", target="summary")
     trainer = SCSTTrainer(model=tiny_model(arch), args=config(tmp_path, source_column="text", target_column="summary",
                                                                max_source_length=3, rl_weight=0.5),
-                          reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=data)
+                          reward_funcs=recording_reward, processing_class=tokenizer, train_dataset=data)
     assert max(len(ids) for ids in trainer.train_dataset["input_ids"]) <= 3
     assert trainer.train_dataset["references"][0] == [data["summary"][0]]
     trainer.train()
@@ -73,7 +72,7 @@ def test_remove_unused_columns_drops_the_columns_the_model_does_not_take_as_seq2
     tokenizer = byt5_tokenizer()
     SEEN_COLUMNS.clear()
     trainer = SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, remove_unused_columns=True),
-                          reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=pairs())
+                          reward_funcs=recording_reward, processing_class=tokenizer, train_dataset=pairs())
     trainer.train()
     assert SEEN_COLUMNS and all(seen == {} for seen in SEEN_COLUMNS)  # "domain" is gone; the references stay
 
@@ -83,7 +82,7 @@ def test_causal_models_train_on_prompt_completion_text(tmp_path, arch, trainer_c
     tokenizer = byt5_tokenizer()
     data = pairs(source="prompt", target="completion")
     trainer = trainer_class(model=tiny_causal_model(arch), args=config(tmp_path, max_completion_length=4),
-                          reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=data)
+                          reward_funcs=recording_reward, processing_class=tokenizer, train_dataset=data)
     row = trainer.train_dataset[0]
     prompt_length = sum(label == -100 for label in row["labels"])
     assert row["input_ids"][:prompt_length] == tokenizer(data["prompt"][0])["input_ids"][:-1]  # no EOS before
@@ -97,7 +96,7 @@ def test_prompts_with_references_only_train_pure_rl(tmp_path):
     src, tgt = toy_pairs(8, seed=3, alphabet="abcd", lengths=(2, 5))
     messages = [[{"role": "user", "content": s}] for s in src]
     data = Dataset.from_dict({"prompt": src, "references": [[t, t + "a"] for t in tgt]})
-    trainer = SCSTTrainer(model=tiny_causal_model("llama"), args=config(tmp_path), reward_funcs=overlap_reward,
+    trainer = SCSTTrainer(model=tiny_causal_model("llama"), args=config(tmp_path), reward_funcs=recording_reward,
                           processing_class=tokenizer, train_dataset=data)
     assert "labels" not in trainer.train_dataset.column_names
     assert trainer.train_dataset["references"][0] == [tgt[0], tgt[0] + "a"]
@@ -109,7 +108,7 @@ def test_a_dataset_with_neither_form_names_both():
     data = Dataset.from_dict({"text": ["a"], "label": ["b"]})
     with pytest.raises(ValueError, match=r"'source' and 'target'.*'prompt' and 'completion'"):
         SCSTTrainer(model=tiny_model("t5"), args=SeqRLConfig(output_dir="unused", report_to=[]),
-                    reward_funcs=overlap_reward, processing_class=byt5_tokenizer(), train_dataset=data)
+                    reward_funcs=recording_reward, processing_class=byt5_tokenizer(), train_dataset=data)
 
 
 def test_a_student_trains_on_a_teacher_column_and_is_evaluated_on_the_gold_one(tmp_path):
@@ -120,7 +119,7 @@ def test_a_student_trains_on_a_teacher_column_and_is_evaluated_on_the_gold_one(t
     train = pairs().add_column("teacher", [t[::-1] + "a" for t in pairs()["target"]])
     gold = {"dev": pairs(n=3, seed=1), "test": pairs(n=3, seed=2)}
     args = config(tmp_path, target_column="teacher", eval_target_column="target", warmup_xe_steps=2)
-    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs=overlap_reward, processing_class=tokenizer,
+    trainer = SCSTTrainer(model=tiny_model("t5"), args=args, reward_funcs=recording_reward, processing_class=tokenizer,
                           train_dataset=train, eval_dataset=gold)
     assert trainer.train_dataset["references"] == [[t] for t in train["teacher"]]
     for name, data in gold.items():
@@ -133,7 +132,7 @@ def test_a_student_trains_on_a_teacher_column_and_is_evaluated_on_the_gold_one(t
                                          r"eval_target_column to the column of its targets .*target_column='teacher' "
                                          r"stays the train split's"):
         SCSTTrainer(model=tiny_model("t5"), args=config(tmp_path, target_column="teacher"),
-                    reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=train, eval_dataset=gold)
+                    reward_funcs=recording_reward, processing_class=tokenizer, train_dataset=train, eval_dataset=gold)
 
 
 # ---- LoRA ------------------------------------------------------------------------------------------------------
@@ -151,7 +150,7 @@ def test_lora_trains_only_the_adapter_and_the_reference_shares_the_base_weights(
     base = {k: v.clone() for k, v in model.state_dict().items()}
     data = pairs() if family == "seq2seq" else pairs(source="prompt", target="completion")
     trainer = SCSTTrainer(model=model, args=config(tmp_path, kl_coef=0.5, learning_rate=5e-2, max_steps=3),
-                          reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=data,
+                          reward_funcs=recording_reward, processing_class=tokenizer, train_dataset=data,
                           peft_config=lora(family))
     assert trainer.ref_model is None and trainer.frozen_models["reference"].adapter is None  # no second copy of the weights
     trainer.train()
@@ -172,7 +171,7 @@ def test_a_trained_adapter_is_its_own_frozen_reference_and_saves_as_an_adapter(t
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # an adapter trained before
     trainer = SCSTTrainer(model=model, args=config(tmp_path, kl_coef=0.5, learning_rate=5e-2),
-                          reward_funcs=overlap_reward, processing_class=tokenizer, train_dataset=pairs())
+                          reward_funcs=recording_reward, processing_class=tokenizer, train_dataset=pairs())
     assert trainer.frozen_models["reference"].adapter == "reference"
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rl/kl" in h]

@@ -7,12 +7,11 @@ from functools import partial
 
 import pytest
 import torch
-from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tokenizers.implementations import SentencePieceBPETokenizer
 from transformers import PreTrainedTokenizerFast
 
-from helpers import byt5_tokenizer, make_config, params, tiny_causal_model, tiny_model, toy_pairs
+from helpers import byt5_tokenizer, make_config, params, text_pairs, tiny_causal_model, tiny_model
 from hf_seqrl import (DistillationConfig, DistillationTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       ReinforceTrainer, SCSTTrainer, SeqRLConfig)
 from hf_seqrl.trainers.rewards import RewardScorer
@@ -83,13 +82,6 @@ def penalize_vowels(predictions, references, sources=None, **columns):
     return out
 
 
-def text_pairs(causal: bool):
-    sources, targets = toy_pairs(8, alphabet="abcde", lengths=(2, 5))
-    if causal:
-        return Dataset.from_dict({"prompt": [s + "=" for s in sources], "completion": targets})
-    return Dataset.from_dict({"source": sources, "target": targets})
-
-
 SETTINGS = {
     "scst": (SCSTTrainer, SeqRLConfig, {}),
     "loo": (SCSTTrainer, SeqRLConfig, dict(baseline="mean", num_samples=2, token_reward_to_go=True)),
@@ -113,7 +105,7 @@ def run(tmp_path, name: str, causal: bool):
     extra = {"teacher_model": build(seed=2)} if name == "distill" else {}
     args = make_config(config_class, tmp_path, max_steps=2, logging_steps=1, per_device_train_batch_size=4,
                        log_completions=True, **settings)
-    trainer = trainer_class(model=build(seed=1), args=args, train_dataset=text_pairs(causal),
+    trainer = trainer_class(model=build(seed=1), args=args, train_dataset=text_pairs(causal, alphabet="abcde"),
                             processing_class=byt5_tokenizer(), reward_funcs=penalize_vowels, **extra)
     seen = []
     stage = trainer.algorithm_loss
@@ -164,7 +156,7 @@ def test_every_rewarded_trainer_takes_token_level_rewards(tmp_path, name, causal
 
 def test_mrt_refuses_token_level_rewards(tmp_path):
     args = make_config(MRTConfig, tmp_path, max_steps=1, num_samples=2)
-    trainer = MRTTrainer(model=tiny_model("t5"), args=args, train_dataset=text_pairs(False),
+    trainer = MRTTrainer(model=tiny_model("t5"), args=args, train_dataset=text_pairs(False, alphabet="abcde"),
                          processing_class=byt5_tokenizer(), reward_funcs=penalize_vowels)
     with pytest.raises(ValueError, match="token-level values, which MRT cannot use"):
         trainer.train()

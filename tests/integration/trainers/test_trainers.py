@@ -10,19 +10,14 @@ import pytest
 import torch
 from transformers import Seq2SeqTrainingArguments
 
-from helpers import byt5_tokenizer, heldout_chrf, make_config, params, tiny_model, toy_dataset, toy_pairs
+from helpers import (byt5_tokenizer, copy_dataset, equal_length_dataset, heldout_chrf, make_config, params, tiny_model,
+                     toy_dataset, toy_pairs)
 from hf_seqrl import ReinforceTrainer, SCSTTrainer, SeqRLConfig
-from hf_seqrl.rewards import get_reward
 
 config = partial(make_config, SeqRLConfig)  # config(tmp_path, **overrides)
 
 RL_METRICS = ["rl/reward", "rl/reward_std", "rl/baseline_reward", "rl/advantage_abs", "rl/frac_zero_advantage",
               "rl/sample_length", "rl/pg_loss", "rl/xe_loss", "rl/entropy", "rl/kl", "rl/phase"]
-
-
-def copy_dataset(tok, n=16, seed=0, **kwargs):
-    src, tgt = toy_pairs(n, seed=seed, alphabet="abcd", lengths=(2, 5))
-    return toy_dataset(tok, src, tgt, **kwargs)
 
 
 # ---- learning: SCST and leave-one-out raise held-out greedy reward above the warm-up checkpoint --------------
@@ -138,12 +133,6 @@ def test_rewards_receive_all_references_and_sources(tmp_path, tokenizer):
 
 
 # ---- standard Trainer features ---------------------------------------------------------------------------------
-
-def equal_length_dataset(tok, n=8):
-    # Equal target lengths make per-batch token means add up exactly across accumulation steps.
-    src, _ = toy_pairs(n, seed=5, alphabet="abcd", lengths=(4, 4))
-    return toy_dataset(tok, src, src)
-
 
 def test_gradient_accumulation_matches_large_batch(tmp_path, tokenizer):
     # Deterministic rollouts (top_k=1 samples the argmax) so both runs see the same samples.
