@@ -1,11 +1,20 @@
-"""MBR and QE decoding: each source's candidates sampled from the model (`sample_candidates`), then one picked per
-source by `hf_seqrl.selection` (`selected_texts`). `hf_seqrl.evaluation.generate_texts(..., decode="mbr" | "qe")` and
-`hf-seqrl evaluate --decode mbr|qe` run it.
+"""MBR and QE decoding: each source's candidates decoded by the model (`source_candidates`: samples, the beam's n-best
+or both), then one picked per source by `hf_seqrl.selection` (`selected_texts`).
+`hf_seqrl.evaluation.generate_texts(..., decode="mbr" | "qe")` and `hf-seqrl evaluate --decode mbr|qe` run it.
 
-Candidates are `num_candidates` samples per source from `generate` (`do_sample=True`, `num_return_sequences`):
-temperature 1 with no top-k or top-p cut, and epsilon sampling when `epsilon_cutoff` is set (transformers'
-`epsilon_cutoff`: tokens below that probability are never drawn; 0.02 by default, as Freitag et al., 2023 found best
-for MBR). The draws are seeded (`seed`), so a call gives the same candidates each time on the same machine.
+`candidates` says which (`CANDIDATE_KINDS`):
+- `"samples"`: `num_candidates` samples per source from `generate` (`do_sample=True`, `num_return_sequences`):
+  temperature 1 with no top-k or top-p cut, and epsilon sampling when `epsilon_cutoff` is set (transformers'
+  `epsilon_cutoff`: tokens below that probability are never drawn; 0.02 by default, as Freitag et al., 2023 found
+  best for MBR). The draws are seeded (`seed`), so a call gives the same candidates each time on the same machine.
+- `"beam"`: the beam's n-best, `generate(num_beams=num_candidates, num_return_sequences=num_candidates)` with the
+  model's own generation config otherwise (length penalty, ...): deterministic, no seed or epsilon.
+- `"samples+beam"`: the `num_candidates` samples followed by the beam's `num_candidates`-best (`2 * num_candidates`
+  candidates per source).
+
+The candidates are a multiset: a text decoded twice (two samples alike, or a sample the beam also found) is two
+candidates, so under MBR it counts twice as support for what agrees with it, as in sampling-based MBR's Monte Carlo
+estimate of the expected utility.
 """
 
 from __future__ import annotations
@@ -25,13 +34,15 @@ from .rewards.combine import place_on
 from .selection import mbr_select, qe_select
 
 DECODE_MODES = ("beam", "mbr", "qe")
+CANDIDATE_KINDS = ("samples", "beam", "samples+beam")
 
 
 @dataclass(frozen=True)
 class SelectionDecoding:
-    """How `selected_texts` decodes: `decode` (`"mbr"` or `"qe"`), `num_candidates` samples per source,
-    `epsilon_cutoff` (None or 0: plain ancestral sampling), `seed`; MBR's `utility` (a reference-based reward, default
-    chrF) or QE's `qe_reward` (a reference-free reward, required for QE)."""
+    """How `selected_texts` decodes: `decode` (`"mbr"` or `"qe"`), `num_candidates` per source of each kind that
+    `candidates` names (`"samples"`, the `"beam"`'s n-best, or `"samples+beam"`: both), the samples' `epsilon_cutoff`
+    (None or 0: plain ancestral sampling) and `seed`; MBR's `utility` (a reference-based reward, default chrF) or QE's
+    `qe_reward` (a reference-free reward, required for QE)."""
 
     decode: str = "mbr"
     num_candidates: int = 16
@@ -39,8 +50,12 @@ class SelectionDecoding:
     qe_reward: Any = None
     epsilon_cutoff: float | None = 0.02
     seed: int = 0
+    candidates: str = "samples"
 
     def __post_init__(self):
+        if self.candidates not in CANDIDATE_KINDS:
+            raise ValueError(f"candidates={self.candidates!r}: choose 'samples', 'beam' (the beam's n-best) or "
+                             "'samples+beam'.")
         if self.decode not in ("mbr", "qe"):
             raise ValueError(f"decode={self.decode!r}: candidates are selected by 'mbr' or 'qe' (or decode='beam' "
                              "for greedy / beam search).")
@@ -54,11 +69,21 @@ class SelectionDecoding:
                              "sources).")
 
     def record(self) -> dict[str, Any]:
-        """Returns the settings as JSON data (a reward by its name), as evaluation outputs record them."""
+        """Returns the settings as JSON data (a reward by its name; the samples' epsilon and seed None when the
+        candidates are the beam's alone), as evaluation outputs record them."""
         settings = asdict(self)
         settings["utility"] = reward_name(self.utility) if self.decode == "mbr" else None
         settings["qe_reward"] = reward_name(self.qe_reward) if self.decode == "qe" else None
+        if self.candidates == "beam":
+            settings["epsilon_cutoff"] = settings["seed"] = None
         return settings
+
+    def describe(self) -> str:
+        """Returns the decoding in words, e.g. `"mbr, 16 candidates, chrf"` or `"mbr, 8 samples + 8-best beam, chrf"`."""
+        n = self.num_candidates
+        kinds = {"samples": f"{n} candidates", "beam": f"{n}-best beam", "samples+beam": f"{n} samples + {n}-best beam"}
+        reward = self.utility if self.decode == "mbr" else self.qe_reward
+        return f"{self.decode}, {kinds[self.candidates]}, {reward_name(reward)}"
 
 
 def sample_candidates(model, tokenizer, sources: Sequence, num_candidates: int, *, epsilon_cutoff: float | None = 0.02,
@@ -70,27 +95,61 @@ def sample_candidates(model, tokenizer, sources: Sequence, num_candidates: int, 
     `batch_size` sources per `generate` call, in the order given, each with `num_candidates` rows; `max_new_tokens`,
     `max_length` and `max_source_length` as in `generate_texts`. The random state is seeded with `seed` inside and
     restored after. The model is left in its original train/eval mode."""
+    kwargs = {"do_sample": True, "num_return_sequences": num_candidates, "num_beams": 1, "temperature": 1.0,
+              "top_k": 0, "top_p": 1.0}
+    if epsilon_cutoff:
+        kwargs["epsilon_cutoff"] = epsilon_cutoff
+    devices = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return _decoded_groups(model, tokenizer, sources, num_candidates, kwargs, batch_size, max_new_tokens,
+                               max_length, max_source_length, progress, desc)
+
+
+def beam_candidates(model, tokenizer, sources: Sequence, nbest: int, *, batch_size: int = 32,
+                    max_new_tokens: int | None = None, max_length: int | None = None,
+                    max_source_length: int | None = None, progress: bool = True,
+                    desc: str = "candidates") -> list[list[str]]:
+    """Returns the beam's `nbest` best outputs per source, best first, in the order of `sources` (decoded text,
+    stripped): `generate(num_beams=nbest, num_return_sequences=nbest)`, the model's generation config otherwise.
+    Arguments as in `sample_candidates`."""
+    kwargs = {"do_sample": False, "num_beams": nbest, "num_return_sequences": nbest}
+    return _decoded_groups(model, tokenizer, sources, nbest, kwargs, batch_size, max_new_tokens, max_length,
+                           max_source_length, progress, desc)
+
+
+def _decoded_groups(model, tokenizer, sources, group, kwargs, batch_size, max_new_tokens, max_length,
+                    max_source_length, progress, desc) -> list[list[str]]:
+    """Returns `generate(**kwargs)`'s `group` outputs per source, `batch_size` sources per call, in eval mode."""
     from tqdm.auto import tqdm
 
     family = family_for(model)
-    kwargs = {"do_sample": True, "num_return_sequences": num_candidates, "num_beams": 1, "temperature": 1.0,
-              "top_k": 0, "top_p": 1.0, "use_cache": True}
-    if epsilon_cutoff:
-        kwargs["epsilon_cutoff"] = epsilon_cutoff
+    kwargs = {**kwargs, "use_cache": True}
     if max_new_tokens is not None:
         kwargs["max_new_tokens"] = max_new_tokens
     elif max_length is not None:
         kwargs["max_length"] = max_length
     candidates: list[list[str]] = []
-    devices = [model.device] if model.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), eval_mode(model), torch.no_grad():
-        torch.manual_seed(seed)
+    with eval_mode(model), torch.no_grad():
         for start in tqdm(range(0, len(sources), batch_size), desc=desc, leave=False, disable=not progress):
             batch = tokenize_sources(family, tokenizer, list(sources[start:start + batch_size]), max_source_length)
             ids = family.generate(model, {k: v.to(model.device) for k, v in batch.items()}, **kwargs)
             texts = [text.strip() for text in decode_texts(tokenizer, ids)]
-            candidates.extend(texts[i:i + num_candidates] for i in range(0, len(texts), num_candidates))
+            candidates.extend(texts[i:i + group] for i in range(0, len(texts), group))
     return candidates
+
+
+def source_candidates(model, tokenizer, sources: Sequence, decoding: SelectionDecoding, **kwargs) -> list[list[str]]:
+    """Returns each source's candidates as `decoding.candidates` says: its samples (`sample_candidates`), the beam's
+    n-best (`beam_candidates`), or the samples followed by the n-best. `kwargs` as in `beam_candidates`."""
+    n = decoding.num_candidates
+    samples = beam = [[] for _ in sources]
+    if decoding.candidates != "beam":
+        samples = sample_candidates(model, tokenizer, sources, n, epsilon_cutoff=decoding.epsilon_cutoff,
+                                    seed=decoding.seed, **kwargs)
+    if decoding.candidates != "samples":
+        beam = beam_candidates(model, tokenizer, sources, n, **kwargs)
+    return [s + b for s, b in zip(samples, beam)]
 
 
 def source_text(source) -> str:
@@ -114,8 +173,8 @@ def select(candidates: Sequence[Sequence[str]], sources: Sequence, decoding: Sel
 
 def selected_texts(model, tokenizer, sources: Sequence, decoding: SelectionDecoding, *, batch_size: int = 32,
                    progress: bool = True, desc: str = "generate", **generate_kwargs) -> list[str]:
-    """Returns one output per source: `decoding.num_candidates` samples per source (`sample_candidates`, all
-    sources, seeded once), then the pick of `decoding` over each source's candidates, `batch_size` sources per
+    """Returns one output per source: each source's candidates (`source_candidates`, all sources, the samples
+    seeded once), then the pick of `decoding` over each source's candidates, `batch_size` sources per
     selection call. A reward given by name is loaded once, and a model reward on the CPU moved to the model's device
     (`place_on`). `generate_kwargs`: `max_new_tokens`, `max_length`, `max_source_length`."""
     from tqdm.auto import tqdm
@@ -127,9 +186,8 @@ def selected_texts(model, tokenizer, sources: Sequence, decoding: SelectionDecod
         place_on(reward, model.device)
         decoding = replace(decoding, **{name: reward})
 
-    candidates = sample_candidates(model, tokenizer, sources, decoding.num_candidates,
-                                   epsilon_cutoff=decoding.epsilon_cutoff, seed=decoding.seed, batch_size=batch_size,
-                                   progress=progress, desc=f"{desc} ({decoding.decode} candidates)", **generate_kwargs)
+    candidates = source_candidates(model, tokenizer, sources, decoding, batch_size=batch_size, progress=progress,
+                                   desc=f"{desc} ({decoding.decode} candidates)", **generate_kwargs)
     outputs: list[str] = []
     for start in tqdm(range(0, len(sources), batch_size), desc=f"{desc} ({decoding.decode} selection)", leave=False,
                       disable=not progress):

@@ -98,8 +98,9 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
                    decode: str = "beam", **selection: Any) -> list[str]:
     """Returns the model's decoded output for each source, in order (greedy when `num_beams` is 1).
 
-    `decode="mbr"` or `"qe"` samples candidates and picks one per source instead (`hf_seqrl.candidates`; docs/mbr.md):
-    `selection` holds `num_candidates`, `utility`, `qe_reward`, `epsilon_cutoff`, `seed` (`SelectionDecoding`).
+    `decode="mbr"` or `"qe"` decodes candidates and picks one per source instead (`hf_seqrl.candidates`; docs/mbr.md):
+    `selection` holds `candidates`, `num_candidates`, `utility`, `qe_reward`, `epsilon_cutoff`, `seed`
+    (`SelectionDecoding`).
 
     Sources are batched by length (less padding); the model's own generation config applies otherwise (its
     `max_new_tokens` when not given), except that decoding always uses the KV cache (see
@@ -118,8 +119,8 @@ def generate_texts(model, tokenizer, sources: Sequence, *, num_beams: int = 1, b
         from .candidates import SelectionDecoding, selected_texts
 
         if num_beams != 1:
-            raise ValueError(f"num_beams={num_beams} with decode={decode!r}: the candidates are sampled; leave "
-                             "num_beams 1.")
+            raise ValueError(f"num_beams={num_beams} with decode={decode!r}: the candidates are decoded as "
+                             "`candidates` says (the beam's n-best: num_candidates wide); leave num_beams 1.")
         return selected_texts(model, tokenizer, sources, SelectionDecoding(decode, **selection), batch_size=batch_size,
                               progress=progress, desc=desc, max_new_tokens=max_new_tokens, max_length=max_length,
                               max_source_length=max_source_length)
@@ -153,7 +154,8 @@ def write_teacher_outputs(model, tokenizer, rows: Sequence[dict], source_column:
     first row, and a file written with other settings is refused naming each one that differs: one file holds one
     kind of target. `overwrite=True` discards the file and decodes every row again. `generate_kwargs` go to
     `generate_texts` (`max_new_tokens`, `max_length`, `max_source_length`; `decode="mbr"` or `"qe"` with its
-    `num_candidates`, `utility`, `qe_reward`, `epsilon_cutoff`, `seed`: MBR / QE fine-tuning's data, docs/mbr.md).
+    `candidates`, `num_candidates`, `utility`, `qe_reward`, `epsilon_cutoff`, `seed`: MBR / QE fine-tuning's data,
+    docs/mbr.md).
     Under MBR / QE the candidates of the rows from `start` on are drawn with seed `seed + start` (`start` a multiple of
     `chunk`), so a continued file holds what one uninterrupted run writes."""
     from tqdm.auto import tqdm

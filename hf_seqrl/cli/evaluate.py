@@ -83,7 +83,8 @@ class EvaluateArguments(SelectionArguments, CheckpointDataArguments):
         if self.num_beams is not None and self.num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {self.num_beams}.")
         if self.decode != "beam" and (self.num_beams or 1) > 1:
-            raise ValueError(f"--decode {self.decode} samples its candidates: drop --num_beams {self.num_beams}.")
+            raise ValueError(f"--decode {self.decode} decodes its candidates by --candidates (the beam's n-best: "
+                             f"--num_candidates wide): drop --num_beams {self.num_beams}.")
 
 
 def load_model_and_pairs(args: CheckpointDataArguments):
@@ -151,8 +152,9 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
                                          max_source_length=settings.get("max_source_length"), **selection)
     decoding = "greedy" if num_beams == 1 else f"beam {num_beams}"
     if selection:
-        decoding = f"{args.decode}, {args.num_candidates} candidates, " + \
-            (args.utility if args.decode == "mbr" else args.qe_reward)
+        from ..candidates import SelectionDecoding
+
+        decoding = SelectionDecoding(**selection).describe()
     for name, value in scores.items():
         print(f"{name:<10}{value:8.2f}")
     cut = settings.get("max_source_length")

@@ -10,9 +10,13 @@ class SelectionArguments:
     """`--decode beam|mbr|qe` and the candidates, utility or QE reward of MBR / QE decoding."""
 
     decode: str = field(default="beam", metadata={
-        "help": "beam: greedy or beam search (--num_beams); mbr: minimum Bayes risk over --num_candidates samples per "
-                "source with --utility; qe: the sample --qe_reward scores highest (docs/mbr.md)."})
-    num_candidates: int = field(default=16, metadata={"help": "mbr / qe: samples per source."})
+        "help": "beam: greedy or beam search (--num_beams); mbr: minimum Bayes risk over each source's --candidates "
+                "with --utility; qe: the candidate --qe_reward scores highest (docs/mbr.md)."})
+    candidates: str = field(default="samples", metadata={
+        "help": "mbr / qe: the candidates of each source: samples, beam (the beam's n-best, --num_candidates wide) or "
+                "samples+beam (the samples, then the n-best)."})
+    num_candidates: int = field(default=16, metadata={
+        "help": "mbr / qe: candidates per source of each kind --candidates names (samples+beam: twice as many)."})
     utility: str = field(default="chrf", metadata={
         "help": "mbr: the reward each candidate is scored with against the others (a built-in name, a COMET "
                 "checkpoint folder or module:function; chrf goes through fastchrf when installed)."})
@@ -20,8 +24,9 @@ class SelectionArguments:
         "help": "qe: a reference-free reward (a CometKiwi checkpoint folder or module:function reading predictions "
                 "and sources)."})
     epsilon_cutoff: float = field(default=0.02, metadata={
-        "help": "mbr / qe: epsilon sampling, tokens below this probability are never drawn (0: plain sampling)."})
-    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the candidates' draws."})
+        "help": "mbr / qe: the samples' epsilon sampling, tokens below this probability are never drawn (0: plain "
+                "sampling)."})
+    seed: int = field(default=0, metadata={"help": "mbr / qe: the seed of the samples' draws."})
 
     def __post_init__(self):
         parent = getattr(super(), "__post_init__", None)
@@ -29,6 +34,8 @@ class SelectionArguments:
             parent()
         if self.decode not in ("beam", "mbr", "qe"):
             raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
+        if self.candidates not in ("samples", "beam", "samples+beam"):
+            raise ValueError(f"--candidates {self.candidates}: choose samples, beam or samples+beam.")
         if self.decode == "qe" and not self.qe_reward:
             raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
                              "or module:function reading predictions and sources).")
@@ -38,5 +45,5 @@ class SelectionArguments:
         if self.decode == "beam":
             return {}
         reward = {"utility": self.utility} if self.decode == "mbr" else {"qe_reward": self.qe_reward}
-        return {"decode": self.decode, "num_candidates": self.num_candidates, "epsilon_cutoff": self.epsilon_cutoff,
-                "seed": self.seed, **reward}
+        return {"decode": self.decode, "candidates": self.candidates, "num_candidates": self.num_candidates,
+                "epsilon_cutoff": self.epsilon_cutoff, "seed": self.seed, **reward}

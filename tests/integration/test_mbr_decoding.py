@@ -6,8 +6,10 @@ import json
 import pytest
 
 from helpers import byt5_tokenizer, overlap_reward, tiny_causal_model, tiny_model
-from hf_seqrl.candidates import SelectionDecoding, sample_candidates
+from hf_seqrl.candidates import SelectionDecoding, beam_candidates, sample_candidates, source_candidates
+from hf_seqrl.data import tokenize_sources
 from hf_seqrl.evaluation import generate_texts
+from hf_seqrl.models import family_for
 
 SOURCES = ["abc", "dcba", "bad", "cab ab", "a"]
 
@@ -58,6 +60,40 @@ def test_mbr_and_qe_picks_equal_the_selection_from_the_same_samples(arch):
     assert model.training  # the mode is restored
 
 
+@pytest.mark.parametrize("arch", ["t5", "llama"])
+def test_beam_candidates_are_generates_nbest_and_the_picks_over_them_are_by_hand(arch):
+    """`candidates="beam"`: each source's candidates are `generate(num_beams=k, num_return_sequences=k)`'s, best
+    first; `"samples+beam"`: the samples, then that n-best (a multiset: MBR counts a text found twice twice)."""
+    tok = byt5_tokenizer()
+    model = tiny_causal_model(arch) if arch == "llama" else tiny_model(arch, seed=5)  # seed 5: beams that differ
+    sources, common = SOURCES[:3], dict(batch_size=2, max_new_tokens=6, progress=False)
+    nbest = beam_candidates(model, tok, sources, 3, **common)
+    for source, cands in zip(sources, nbest):
+        batch = tokenize_sources(family_for(model), tok, [source])
+        ids = model.generate(**batch, num_beams=3, num_return_sequences=3, do_sample=False, max_new_tokens=6)
+        ids = ids[:, batch["input_ids"].shape[1]:] if arch == "llama" else ids
+        assert cands == [text.strip() for text in tok.batch_decode(ids, skip_special_tokens=True)]
+    assert sum(len(set(cands)) == 3 for cands in nbest) >= 2
+
+    beam = dict(decode="mbr", candidates="beam", num_candidates=3, utility=length_agreement, **common)
+    mbr = generate_texts(model, tok, sources, **beam)
+    assert mbr == by_hand_mbr(nbest, length_agreement)
+    assert any(pick != cands[0] for pick, cands in zip(mbr, nbest))  # not the beam's best alone
+    qe = generate_texts(model, tok, sources, **{**beam, "decode": "qe", "qe_reward": shortest})
+    assert qe == [min(cands, key=len) for cands in nbest]
+
+    both = SelectionDecoding("mbr", num_candidates=3, utility=length_agreement, epsilon_cutoff=0.002, seed=5,
+                             candidates="samples+beam")
+    samples = sample_candidates(model, tok, sources, 3, epsilon_cutoff=0.002, seed=5, **common)
+    pool = source_candidates(model, tok, sources, both, **common)
+    assert pool == [s + b for s, b in zip(samples, nbest)]
+    picks = generate_texts(model, tok, sources, decode="mbr", candidates="samples+beam", num_candidates=3,
+                           utility=length_agreement, epsilon_cutoff=0.002, seed=5, **common)
+    assert picks == by_hand_mbr(pool, length_agreement)
+    assert both.describe() == "mbr, 3 samples + 3-best beam, length_agreement"
+    assert SelectionDecoding("mbr", candidates="beam").record()["seed"] is None  # the beam draws nothing
+
+
 def test_decode_settings_are_checked():
     with pytest.raises(ValueError, match="needs qe_reward"):
         SelectionDecoding("qe")
@@ -67,9 +103,11 @@ def test_decode_settings_are_checked():
         generate_texts(tiny_model(), byt5_tokenizer(), ["ab"], num_candidates=4)
     with pytest.raises(ValueError, match="leave num_beams 1"):
         generate_texts(tiny_model(), byt5_tokenizer(), ["ab"], num_beams=2, decode="mbr")
+    with pytest.raises(ValueError, match="'samples', 'beam'"):
+        SelectionDecoding("mbr", candidates="nbest")
     assert SelectionDecoding("mbr", utility=overlap_reward).record() == {
         "decode": "mbr", "num_candidates": 16, "utility": "overlap_reward", "qe_reward": None,
-        "epsilon_cutoff": 0.02, "seed": 0}
+        "epsilon_cutoff": 0.02, "seed": 0, "candidates": "samples"}
 
 
 def test_evaluate_cli_decodes_by_mbr_and_qe_and_records_it(tmp_path, capsys):
@@ -90,7 +128,8 @@ def test_evaluate_cli_decodes_by_mbr_and_qe_and_records_it(tmp_path, capsys):
     recorded = json.loads(out.read_text())
     assert recorded["decoding"] == "mbr, 4 candidates, test_mbr_decoding:length_agreement"
     assert recorded["selection"] == {"decode": "mbr", "num_candidates": 4, "qe_reward": None, "epsilon_cutoff": 0.002,
-                                     "utility": "test_mbr_decoding:length_agreement", "seed": 7}
+                                     "utility": "test_mbr_decoding:length_agreement", "seed": 7,
+                                     "candidates": "samples"}
     candidates = sample_candidates(model, tok, SOURCES, 4, epsilon_cutoff=0.002, seed=7, batch_size=2,
                                    max_new_tokens=6, progress=False)
     rows = [json.loads(line) for line in predictions.read_text().splitlines()]
@@ -101,6 +140,13 @@ def test_evaluate_cli_decodes_by_mbr_and_qe_and_records_it(tmp_path, capsys):
     assert json.loads(out.read_text())["selection"]["qe_reward"] == "test_mbr_decoding:shortest"
     rows = [json.loads(line) for line in predictions.read_text().splitlines()]
     assert [row["prediction"] for row in rows] == [min(cands, key=len) for cands in candidates]
+    assert main([*argv, "--candidates", "beam"]) == 0  # the beam's 4-best
+    recorded = json.loads(out.read_text())
+    assert recorded["decoding"] == "mbr, 4-best beam, test_mbr_decoding:length_agreement"
+    assert recorded["selection"]["candidates"] == "beam" and recorded["selection"]["seed"] is None
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    nbest = beam_candidates(model, tok, SOURCES, 4, batch_size=2, max_new_tokens=6, progress=False)
+    assert [row["prediction"] for row in rows] == by_hand_mbr(nbest, length_agreement)
     assert main(argv[:5] + ["--decode", "qe"]) == 2
     assert "--decode qe needs --qe_reward" in capsys.readouterr().err
 
@@ -133,9 +179,11 @@ def test_distill_data_writes_mbr_picks_continues_them_and_refuses_other_selectio
     record = json.loads((tmp_path / "mbr.jsonl.settings.json").read_text())
     assert record["num_beams"] == 1 and record["selection"] == {
         "decode": "mbr", "num_candidates": 5, "utility": "test_mbr_decoding:length_agreement", "qe_reward": None,
-        "epsilon_cutoff": 0.002, "seed": 4}
+        "epsilon_cutoff": 0.002, "seed": 4, "candidates": "samples"}
     assert main(argv[:argv.index("--utility")] + ["--utility", "chrf"] + argv[argv.index("--utility") + 2:]) == 2
     assert "selection.utility: 'test_mbr_decoding:length_agreement' → 'chrf'" in capsys.readouterr().err
+    assert main([*argv, "--candidates", "samples+beam"]) == 2
+    assert "selection.candidates: 'samples' → 'samples+beam'" in capsys.readouterr().err
     assert main(argv[:7] + argv[argv.index("--max_new_tokens"):]) == 2  # beam search now
     assert "num_beams: 1 → 4; selection.decode: 'mbr' → None" in capsys.readouterr().err
 
