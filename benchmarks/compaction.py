@@ -53,7 +53,7 @@ def time_rollout(model, batches, settings, group: int, greedy_first: bool) -> di
     import torch
 
     from hf_seqrl.models.seq2seq import decode
-    from hf_seqrl.models.base import completion_mask
+    from hf_seqrl.models.tokens import completion_mask
 
     seconds = {name: [] for name in ARMS}
     lengths = []

@@ -26,7 +26,7 @@ class Rollout:
         greedy_mask (`torch.BoolTensor` of shape `(B, T')` or None).
         num_samples (`int`): `n`.
         sample_cut (`torch.BoolTensor` of shape `(B*n,)`): true where a sample was cut at the length limit rather
-            than ended by an EOS the model chose (`hf_seqrl.models.base.cut_at_limit`).
+            than ended by an EOS the model chose (`hf_seqrl.models.tokens.cut_at_limit`).
         greedy_cut (`torch.BoolTensor` of shape `(B,)` or None): the same for the greedy rows.
     """
 

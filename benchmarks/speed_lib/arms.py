@@ -107,7 +107,7 @@ def step_seqrl(model, tok, src, attn, labels, refs, task, n, timer, trainer=None
 
 def step_reference(model, tok, src, attn, labels, refs, task, n, timer, trainer=None):
     """A straightforward SCST step: separate decodes, encoder re-run per sample, full log-softmax, per-pair rewards."""
-    from hf_seqrl.models.base import completion_mask
+    from hf_seqrl.models.tokens import completion_mask
 
     max_new = TASKS[task]["tgt_len"]
     model.eval()

@@ -3,7 +3,7 @@ completion rows for decoder-only ones, and text datasets tokenized when a traine
 
 from __future__ import annotations
 
-from ..models.base import decoder_start_id, pad_columns
+from ..models.tokens import decoder_start_id, pad_columns
 from .checks import check_text_column, has_text, missing_targets_message, normalize_references
 
 # The column `count_cut=True` adds to the tokenized rows: [source cut, target cut]; `report_cut` counts and removes it.

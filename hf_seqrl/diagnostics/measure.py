@@ -15,7 +15,8 @@ from ..data import normalize_references, tokenize_sources, tokenize_targets
 from ..functional.logprobs import token_logprobs_from_logits
 from ..evaluation import check_sources, corpus_scores
 from ..models import family_for
-from ..models.base import completion_mask, ended_with_eos, eos_ids, eval_mode, pad_id
+from ..models.base import eval_mode
+from ..models.tokens import completion_mask, ended_with_eos, eos_ids, pad_id
 from ..models.languages import decode_texts
 from ..rewards import get_reward
 from .jacobian import JacobianTotals, jacobian_curves

@@ -1,5 +1,7 @@
-"""The model-family layer's shared part: the `ModelFamily` protocol, the EOS / pad / mask helpers
-and the pieces of the decode loop both families share.
+"""The model-family layer's shared part: the `ModelFamily` protocol, the settings the decode loop reads
+(`DecodeSettings`), and the model-state helpers both families and the trainers use (eval mode, dropout off, a
+forward's random state replayed). The EOS / pad / mask helpers live in `hf_seqrl.models.tokens`, the scoring pass
+behind `ModelFamily.score` in `hf_seqrl.models.scoring`.
 
 Trainers, rollouts and diagnostics call a `ModelFamily` (`hf_seqrl.models.family_for(model)`) and never branch on the
 model type. A family knows how a source (seq2seq) or prompt (causal) is read from a batch, how samples and the greedy
@@ -22,10 +24,11 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig
 
-from ..functional.lm_head import Divergence, Positions, position_stats
+from ..functional.output_layer import Positions
 from ..types import Rollout, ScoredRollout
 from .bans import TokenBans
-from .heads import handing_hidden
+from .scoring import ScoreOptions, score_targets, target_positions
+from .tokens import pad_columns, pad_id
 
 
 def is_sharded(model) -> bool:
@@ -93,132 +96,6 @@ def prepared_attention_mask(config, keep: torch.Tensor, dtype: torch.dtype) -> t
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
-def pad_columns(x: torch.Tensor, length: int, value: int, side: str) -> torch.Tensor:
-    """Returns `x` `(N, T)` padded with `value` to `(N, length)` on the `"left"` or `"right"`."""
-    if side not in ("left", "right"):
-        raise ValueError(f"pad_columns: side={side!r} is not 'left' or 'right'.")
-    if x.shape[1] >= length:
-        return x
-    width = length - x.shape[1]
-    return torch.nn.functional.pad(x, (width, 0) if side == "left" else (0, width), value=value)
-
-
-def eos_ids(model) -> list[int]:
-    """Returns the EOS token ids of a model's generation config (a list, possibly empty)."""
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = model.config.eos_token_id
-    if eos is None:
-        return []
-    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
-
-
-def completion_mask(token_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
-    """Returns a bool mask, true up to and including the first EOS of each row (all true if no EOS).
-
-    Args:
-        token_ids (`torch.LongTensor` of shape `(N, T)`): decoded tokens without the decoder start token.
-    """
-    if not eos_token_ids:
-        return torch.ones_like(token_ids, dtype=torch.bool)
-    is_eos = torch.isin(token_ids, torch.tensor(eos_token_ids, device=token_ids.device))
-    eos_before = is_eos.long().cumsum(dim=-1) - is_eos.long()
-    return eos_before == 0
-
-
-def ended_with_eos(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
-    """Returns a bool per row: whether its last counted token is an EOS (false when it hit the length limit).
-
-    Args:
-        token_ids (`torch.LongTensor` of shape `(N, T)`), mask (`torch.BoolTensor` of shape `(N, T)`).
-    """
-    if not eos_token_ids:
-        return torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)
-    last = (mask.long().sum(dim=1) - 1).clamp(min=0)
-    last_tokens = token_ids.gather(1, last.unsqueeze(1)).squeeze(1)
-    return torch.isin(last_tokens, torch.tensor(eos_token_ids, device=token_ids.device))
-
-
-def cut_at_limit(token_ids: torch.Tensor, mask: torch.Tensor, eos_token_ids: list[int], limit: int | torch.Tensor,
-                 forced_eos_id: int | None = None) -> torch.Tensor:
-    """Returns a bool per row: true where the row was cut at its length limit, false where the model chose EOS before
-    it. A row is cut when none of its counted tokens is an EOS, or when the model forces EOS at the limit
-    (`forced_eos_id`, as BART's and some Marian configs do) and the row's EOS is that forced last token: its
-    `limit`-th. The one definition of a cut sample: `rl/frac_truncated`, `mask_truncated_completions`, the sample
-    logs and the MRT candidates read it.
-
-    Args:
-        token_ids (`torch.LongTensor` of shape `(N, T)`), mask (`torch.BoolTensor` of shape `(N, T)`): decoded rows,
-            the mask true up to and including each row's EOS.
-        limit (`int` or `torch.LongTensor` of shape `(N,)`): the tokens each row could write, EOS included.
-        forced_eos_id (`int`, *optional*): the EOS token the decode forces as the `limit`-th token.
-    """
-    ended = ended_with_eos(token_ids, mask, eos_token_ids)
-    if forced_eos_id is not None:
-        limit = torch.as_tensor(limit, device=token_ids.device)
-        ended = ended & (mask.long().sum(dim=1) < limit)
-    return ~ended
-
-
-def pad_after_eos(token_ids: torch.Tensor, eos_token_ids: list[int], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns `(ids, mask)`: `token_ids` `(N, T)` with `pad` after each row's first EOS, and their
-    `completion_mask`."""
-    mask = completion_mask(token_ids, eos_token_ids)
-    return token_ids.masked_fill(~mask, pad), mask
-
-
-def generated_targets(sequences: torch.Tensor, offset: int, model) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns `(ids (N, max(T, 1)), mask)` of `generate` output `(N, offset + T)` in target coordinates: the
-    `offset` columns before the first generated token (the decoder start token, or the left-padded prompt) dropped,
-    pad after each row's first EOS."""
-    ids = sequences[:, offset:]
-    if ids.shape[1] == 0:
-        ids = sequences.new_full((sequences.shape[0], 1), pad_id(model))
-    return pad_after_eos(ids, eos_ids(model), pad_id(model))
-
-
-def decoder_start_id(model) -> int:
-    """Returns the decoder start token id of an encoder-decoder model, or raises a clear error."""
-    start = model.generation_config.decoder_start_token_id
-    if start is None:
-        start = getattr(model.config, "decoder_start_token_id", None)
-    if isinstance(start, (list, tuple)):
-        start = start[0]
-    if start is None:
-        raise ValueError(
-            "The model has no decoder_start_token_id: set model.config.decoder_start_token_id and "
-            "model.generation_config.decoder_start_token_id (e.g. to the tokenizer's CLS/BOS id)."
-        )
-    return int(start)
-
-
-def pad_id(model) -> int:
-    """Returns the model's pad token id, or raises a clear error."""
-    pad = model.generation_config.pad_token_id
-    if pad is None:
-        pad = model.config.pad_token_id
-    if pad is None:
-        raise ValueError("The model has no pad_token_id: set model.config.pad_token_id and generation_config's.")
-    return int(pad)
-
-
-def shift_right(labels: torch.Tensor, start_id: int, pad: int) -> torch.Tensor:
-    """Returns decoder inputs for `labels`: the start token, then labels[:-1], with -100 replaced by pad.
-
-    Args:
-        labels (`torch.LongTensor` of shape `(N, T)`).
-    """
-    shifted = labels.new_full(labels.shape, pad)
-    shifted[:, 0] = start_id
-    shifted[:, 1:] = labels[:, :-1]
-    return shifted.masked_fill(shifted == -100, pad)
-
-
-def right_pad(x: torch.Tensor, length: int, value: int) -> torch.Tensor:
-    """Returns `x` `(N, T)` padded on the right with `value` to `(N, length)` (unchanged when `T >= length`)."""
-    return pad_columns(x, length, value, "right")
-
-
 def decode_budget(config: GenerationConfig, minimum: int = 1) -> int:
     """Returns the tokens a decode under `config` may write, EOS included: its `max_new_tokens`, else its `max_length`
     less the decoder start token that `generate` counts in it (20 when neither is set); at least `minimum`."""
@@ -277,26 +154,6 @@ class DecodeSettings:
                    top_k=int(config.top_k or 0), top_p=1.0 if config.top_p is None else float(config.top_p),
                    forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos,
                    bans=TokenBans.from_generation_config(config))
-
-
-@dataclass(frozen=True)
-class ScoreOptions:
-    """What a scoring pass computes besides the token log-probs (each costs one more reduction per chunk).
-
-    Attributes:
-        reference (`Positions`, *optional*): a frozen model's output-layer inputs at the sampled positions
-            (`ModelFamily.reference_positions`); gives `ScoredRollout.kl`.
-        entropy_grad (`bool`): the entropy carries grad (an entropy bonus), else it is a detached metric.
-        plain (`bool`): the samples' log-probs at temperature 1 too. raw (`bool`): label smoothing's terms.
-        divergence (`Divergence`, *optional*): a teacher's output-layer inputs at the sampled positions, the
-            interpolation and temperature of the divergence to it; gives `ScoredRollout.divergence`.
-    """
-
-    reference: Positions | None = None
-    entropy_grad: bool = False
-    plain: bool = False
-    raw: bool = False
-    divergence: Divergence | None = None
 
 
 class ModelFamily:
@@ -433,122 +290,6 @@ class ModelFamily:
 # Module attributes that hold a dropout probability read at forward time (BART / Marian `dropout`,
 # `activation_dropout`, attention `dropout`, Llama / Qwen2 `attention_dropout`, `layerdrop`), besides `nn.Dropout`.
 DROPOUT_ATTRIBUTE = re.compile(r"(^|_)(dropout|layerdrop)(_rate|_prob|_p)?$")
-
-
-def _flat_positions(batch: int, group: int, length: int, rows: range, width: int, device) -> tuple:
-    """Returns the flat indices `(batch*len(rows)*width,)` of rows `rows` of each group, positions `< width`, in a
-    `(batch, group, length)` layout, and each one's position."""
-    b = torch.arange(batch, device=device).view(-1, 1, 1) * group * length
-    r = torch.arange(rows.start, rows.stop, device=device).view(1, -1, 1) * length
-    t = torch.arange(width, device=device).view(1, 1, -1)
-    return (b + r + t).flatten(), t.expand(batch, len(rows), width).flatten()
-
-
-def score_targets(forward, model, sample_ids: torch.Tensor, num_samples: int, gold: torch.Tensor | None, pad: int,
-                  temperature: float = 1.0, bans: TokenBans | None = None,
-                  options: ScoreOptions = ScoreOptions()) -> ScoredRollout:
-    """Returns the scoring pass over the `n` samples of every source and, with `gold`, its gold row: one forward
-    over all of them, the output layer's inputs reduced a slice of the vocabulary at a time (`position_stats`, inside
-    the forward) into the samples' log-probs (at `temperature`), entropy (and KL, ...: `options`) and the gold tokens'
-    log-probs (at temperature 1), all under `bans` (banned tokens out of the softmax).
-
-    Args:
-        forward: `forward(targets, group)` runs the teacher-forced pass of `targets` `(B*group, L)` (-100 read as
-            pad), `group` rows per source, and returns its output (a family's `target_forward`).
-        model: the unwrapped model `forward` runs (its output layer, `hf_seqrl.models.heads`).
-        sample_ids (`torch.LongTensor` of shape `(B*n, T)`): sampled tokens, pad after EOS.
-        gold (`torch.LongTensor` of shape `(B, T_gold)`, -100 after each row's last token, *optional*): gold targets;
-            the returned gold log-probs `(B, T_gold)` are aligned with them.
-    """
-    batch, t_sample = sample_ids.shape[0] // num_samples, sample_ids.shape[1]
-    rows, group = sample_ids.view(batch, num_samples, t_sample), num_samples
-    if gold is not None:
-        length = max(t_sample, gold.shape[1])
-        rows = right_pad(rows.flatten(0, 1), length, pad).view(batch, num_samples, length)
-        rows = torch.cat([rows, right_pad(gold, length, -100).unsqueeze(1)], dim=1)
-        group += 1
-    length, device = rows.shape[2], sample_ids.device
-    out = {}
-
-    def reduce(positions: Positions):
-        banned = None if bans is None else bans.mask(length, positions.vocab_size, device)
-        where, at = _flat_positions(batch, group, length, range(num_samples), t_sample, device)
-        samples = position_stats(positions.take(where), sample_ids.flatten(), temperature, banned, at,
-                                 reference=options.reference, entropy=True, entropy_grad=options.entropy_grad,
-                                 plain=options.plain, raw=options.raw and gold is None, divergence=options.divergence)
-        out["samples"], out["vocab_size"] = samples, positions.vocab_size
-        if gold is not None:
-            where, at = _flat_positions(batch, group, length, range(num_samples, group), gold.shape[1], device)
-            out["gold"] = position_stats(positions.take(where), gold.flatten(), 1.0, banned, at, raw=options.raw)
-
-    def receive(hidden, layer):  # inside the forward: a sharded model holds its output layer gathered here
-        reduce(Positions(hidden.reshape(-1, hidden.shape[-1]), layer))
-        return out["samples"].logprobs[:1].sum()
-
-    with handing_hidden(model, receive) as known:
-        output = forward(rows.flatten(0, 1), group)
-    tie = 0.0
-    if not known:
-        reduce(Positions(logits=output.logits.reshape(-1, output.logits.shape[-1])))
-    elif output.logits.requires_grad:
-        # The forward's placeholder logits join the loss (times 0), so that a backward passes through the output
-        # module's output: ZeRO-3 gathers the module's weight there, before the chunks' backward reads it.
-        tie = output.logits.sum() * 0
-    samples, gold_stats = out["samples"], out.get("gold")
-    shape = sample_ids.shape
-    view = (lambda x, like=shape: None if x is None else x.view(like))
-    raw = gold_stats if gold is not None else samples
-    raw_shape = shape if gold is None else gold.shape
-    return ScoredRollout(
-        token_logprobs=samples.logprobs.view(shape) + tie, entropy=samples.entropy.view(shape), kl=view(samples.kl),
-        plain_logprobs=view(samples.plain_logprobs), divergence=view(samples.divergence),
-        gold_logprobs=None if gold_stats is None else gold_stats.logprobs.view(gold.shape),
-        raw_logprobs=view(raw.raw_logprobs, raw_shape), raw_logprob_sums=view(raw.raw_logprob_sums, raw_shape),
-        vocab_size=out["vocab_size"])
-
-
-def label_logprobs(forward, model, labels: torch.Tensor, rows: slice | None = None):
-    """Returns `(output, logprobs, logprob_sums, vocab_size)`: the output of `forward()` (a teacher-forced pass whose
-    `logits[:, t]` score `labels[:, t]`), the log-probs at temperature 1 of `labels` `(N', T)` (any value where -100)
-    at its rows `rows` (all by default), and their `sum_v log p(v)` (label smoothing's term), no bans: the
-    cross-entropy's terms, reduced chunk by chunk (`position_stats`) as the scoring pass does."""
-    out = {}
-
-    def reduce(positions: Positions, width: int):
-        grid = torch.arange(len(positions), device=labels.device).view(-1, width)
-        where = (grid if rows is None else grid[rows])[:, :labels.shape[1]].flatten()
-        stats = position_stats(positions.take(where), labels.flatten(), raw=True)
-        out["stats"], out["vocab_size"] = stats, positions.vocab_size
-        return stats.raw_logprobs[:1].sum()
-
-    with handing_hidden(model, lambda hidden, layer: reduce(
-            Positions(hidden.reshape(-1, hidden.shape[-1]), layer), hidden.shape[-2])) as known:
-        output = forward()
-    tie = 0.0
-    if not known:
-        logits = output.logits
-        reduce(Positions(logits=logits.reshape(-1, logits.shape[-1])), logits.shape[-2])
-    elif output.logits.requires_grad:
-        tie = output.logits.sum() * 0  # as in `score_targets`: the backward passes the output module's output
-    stats = out["stats"]
-    return (output, stats.raw_logprobs.view(labels.shape) + tie, stats.raw_logprob_sums.view(labels.shape),
-            out["vocab_size"])
-
-
-def target_positions(forward, model, sample_ids: torch.Tensor, num_samples: int, copy: bool) -> Positions:
-    """Returns a frozen model's output-layer inputs at every position of `sample_ids` `(B*n, T)` (`B*n*T` of them,
-    row-major): one teacher-forced pass (`forward(targets, group)`), for the KL of a later scoring pass; with `copy`,
-    the output layer's tensors are copied (a sharded model frees its gathered weights after the forward)."""
-    out = {}
-
-    def receive(hidden, layer):
-        out["positions"] = Positions(hidden.reshape(-1, hidden.shape[-1]).detach(), layer.frozen(copy))
-
-    with handing_hidden(model, receive) as known:
-        output = forward(sample_ids, num_samples)
-    if not known:
-        return Positions(logits=output.logits.reshape(-1, output.logits.shape[-1]).detach())
-    return out["positions"]
 
 
 def disable_dropout(model) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from .base import eos_ids
+from .tokens import eos_ids
 from .decoding import lockstep_group
 
 

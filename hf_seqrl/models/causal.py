@@ -18,8 +18,9 @@ from transformers import DynamicCache, GenerationConfig
 from ..types import Rollout
 from .bans import token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, ScoreOptions, eos_ids, eval_mode, generated_targets, pad_after_eos, pad_id,
-                   prepared_attention_mask, quiet_length_warnings, unwrap)
+from .base import DecodeSettings, ModelFamily, eval_mode, prepared_attention_mask, quiet_length_warnings, unwrap
+from .scoring import ScoreOptions
+from .tokens import eos_ids, generated_targets, pad_after_eos, pad_id
 from .sharding import whole_for_decode
 from .decoding import DecodeSteps, decode_rollout, decode_targets
 

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from ..functional.sampling import argmax_or_sample, rollout_uniforms
 from ..types import Rollout
 from .bans import TokenBans
-from .base import DecodeSettings, cut_at_limit, eval_mode, pad_after_eos, unwrap
+from .base import DecodeSettings, eval_mode, unwrap
+from .tokens import cut_at_limit, pad_after_eos
 from .sharding import decoding_whole, whole_for_decode
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from ..functional.lm_head import OutputLayer
+from ..functional.output_layer import OutputLayer
 
 logger = logging.getLogger(__name__)
 

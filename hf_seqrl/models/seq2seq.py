@@ -15,8 +15,8 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .bans import token_ban_settings
 from .beam import beam_kwargs
-from .base import (DecodeSettings, ModelFamily, decoder_start_id, eval_mode, generated_targets, pad_id,
-                   prepared_attention_mask, quiet_length_warnings, shift_right, unwrap)
+from .base import DecodeSettings, ModelFamily, eval_mode, prepared_attention_mask, quiet_length_warnings, unwrap
+from .tokens import decoder_start_id, generated_targets, pad_id, shift_right
 from .sharding import whole_for_decode
 from .decoding import DecodeSteps, decode_loop, decode_rollout
 

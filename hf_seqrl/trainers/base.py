@@ -23,7 +23,8 @@ from ..data import TEXT_COLUMNS, SeqRLDataCollator, normalize_references
 from ..evaluation import write_run_settings
 from ..hub import card_example, card_settings, final_eval_metrics, training_curve, write_model_card
 from ..models import family_for
-from ..models.base import disable_dropout, label_logprobs
+from ..models.base import disable_dropout
+from ..models.scoring import label_logprobs
 from ..models.languages import align_target_language
 from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
@@ -158,7 +159,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     def teacher_forced_cross_entropy(self, model, forward, labels, rows: slice | None = None):
         """Returns `(output, loss)`: the output of `forward()` (a family's teacher-forced pass whose `logits[:, t]`
         score `labels[:, t]`) and the Trainer's cross-entropy of `labels` `(N', T)` at its rows `rows`, reduced from
-        the output layer's inputs chunk by chunk (`models.base.label_logprobs`), label smoothing included."""
+        the output layer's inputs chunk by chunk (`models.scoring.label_logprobs`), label smoothing included."""
         output, logprobs, sums, vocab = label_logprobs(forward, self.accelerator.unwrap_model(model), labels, rows)
         return output, self.cross_entropy_of(logprobs, labels, logprobs, sums, vocab)
 

@@ -23,7 +23,8 @@ from ..functional.divergences import reverse_kl_advantages
 from ..functional.lm_head import Divergence
 from ..hub import Method, Paper
 from ..models import family_for
-from ..models.base import decode_budget, pad_id
+from ..models.base import decode_budget
+from ..models.tokens import pad_id
 from ..models.languages import decode_texts
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss

@@ -23,7 +23,7 @@ import torch
 from ..functional import decoder_inputs as di
 from ..configs import KStepRolloutConfig, PrefixCorruptionConfig
 from ..hub import Method, Paper
-from ..models.base import eos_ids, pad_id, shift_right
+from ..models.tokens import eos_ids, pad_id, shift_right
 from ..schedules import corruption_rate
 from .base import SeqRLBaseTrainer
 

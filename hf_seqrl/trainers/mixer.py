@@ -17,7 +17,8 @@ import torch
 from .. import losses
 from ..configs import MixerConfig
 from ..hub import Method, Paper
-from ..models.base import decode_budget, pad_id, right_pad
+from ..models.base import decode_budget
+from ..models.tokens import pad_id, right_pad
 from ..schedules import mixer_delta
 from ..types import Rollout, RolloutBatch, ScoredRollout
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss

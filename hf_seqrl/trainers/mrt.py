@@ -15,8 +15,10 @@ import torch
 
 from .. import losses
 from ..configs import MRTConfig
+from ..functional.risk import first_occurrence_mask, minimum_risk
 from ..hub import Method, Paper
-from ..models.base import cut_at_limit, decode_budget, eos_ids, pad_id, right_pad
+from ..models.base import decode_budget
+from ..models.tokens import cut_at_limit, eos_ids, pad_id, right_pad
 from ..models.beam import cap_lengths, length_limits
 from ..rewards.builtin import TOKEN_REWARDS
 from ..rewards.spans import TokenScore
@@ -128,7 +130,7 @@ class MRTTrainer(RolloutTrainer):
         """Returns `(drawn, greedy, drawn_cut)`: the candidates each source draws as `candidate_set` parts (its
         samples, its beam's n-best, as configured), its greedy decode as one more part `(ids (B, T), mask, 1)` or
         None, each capped at the source's length limit, and which drawn candidates were cut at a length limit
-        (`(B*drawn,)` in `candidate_set`'s order of the drawn rows; `hf_seqrl.models.base.cut_at_limit`)."""
+        (`(B*drawn,)` in `candidate_set`'s order of the drawn rows; `hf_seqrl.models.tokens.cut_at_limit`)."""
         args, n = self.args, self.args.num_samples
         limits = None
         if args.max_len_b is not None:
@@ -191,7 +193,7 @@ class MRTTrainer(RolloutTrainer):
             raise ValueError(f"reward {self.reward_label!r} returns token-level values, which MRT cannot use: its risk "
                              "weighs whole candidates. Use a policy-gradient trainer (SCSTTrainer, ReinforceTrainer) "
                              "for token-level rewards, or return a number per prediction.")
-        keep = losses.first_occurrence_mask(candidates.token_ids, k) & ~values.left_out
+        keep = first_occurrence_mask(candidates.token_ids, k) & ~values.left_out
         drawn = candidates.is_drawn
         samples = values.select(drawn)
         metrics = self.rewards.metrics(samples, samples.left_out, candidates.token_mask[drawn], candidates.drawn_cut,
@@ -209,11 +211,11 @@ class MRTTrainer(RolloutTrainer):
         return self.score_policy(model, inputs, batch.sample_ids, batch.group, gold, temperature=1.0)
 
     def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
-        """The risk `sum_y Q(y) (1 - r(y))` over each source's distinct candidates (`losses.minimum_risk`); records
-        `mrt/*`. The entropy and KL terms count the drawn candidates, as the other trainers' count their samples."""
+        """The risk `sum_y Q(y) (1 - r(y))` over each source's distinct candidates (`functional.risk.minimum_risk`);
+        records `mrt/*`. The entropy and KL terms count the drawn candidates, as the other trainers' count their samples."""
         args, k = self.args, batch.group
         seq_logprobs = losses.sequence_logprobs(scored.token_logprobs, batch.sample_mask, args.length_normalize)
-        risk = losses.minimum_risk(seq_logprobs, batch.rewards, k, args.mrt_alpha, batch.kept)
+        risk = minimum_risk(seq_logprobs, batch.rewards, k, args.mrt_alpha, batch.kept)
         metrics = {**batch.metrics,
                    "mrt/risk": risk.loss.item(),
                    "mrt/q_entropy": torch.special.entr(risk.q.detach()).sum(dim=-1).mean().item(),

@@ -25,8 +25,9 @@ from torch import nn
 
 from .. import losses
 from ..configs import ProfessorForcingConfig
+from ..functional.adversarial import adversarial_loss, discriminator_loss
 from ..hub import Method, Paper
-from ..models.base import right_pad
+from ..models.tokens import right_pad
 from .base import SeqRLBaseTrainer
 
 LAMB_2016 = Paper(key="lamb2016professor", cite="Lamb et al., 2016", url="https://arxiv.org/abs/1610.09038",
@@ -160,7 +161,7 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
         self.discriminator.requires_grad_(False)
         try:
             with torch.autocast(device_type=hidden.device.type, enabled=False):
-                adv_loss = losses.adversarial_loss(self.discriminator(own_hidden, own_mask))
+                adv_loss = adversarial_loss(self.discriminator(own_hidden, own_mask))
         finally:
             self.discriminator.requires_grad_(True)
         self._record("train", {"rl/phase": 1.0, "pf/xe_loss": xe_loss.item(), "pf/adv_loss": adv_loss.item(),
@@ -174,7 +175,7 @@ class ProfessorForcingTrainer(SeqRLBaseTrainer):
         """
         with torch.enable_grad(), torch.autocast(device_type=real.device.type, enabled=False):
             real_logits, fake_logits = self.discriminator(real, real_mask), self.discriminator(fake, fake_mask)
-            loss = losses.discriminator_loss(real_logits, fake_logits)
+            loss = discriminator_loss(real_logits, fake_logits)
             self.discriminator_optimizer.zero_grad(set_to_none=True)
             loss.backward()
         if torch.distributed.is_available() and torch.distributed.is_initialized():

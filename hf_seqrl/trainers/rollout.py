@@ -18,7 +18,8 @@ import torch
 from ..configs import BaselineConfig, RolloutConfig
 from ..configs.rollout import check_aggregation
 from ..functional import advantages as functional_advantages
-from ..models.base import ScoreOptions, replayed_rng, rng_state
+from ..models.base import replayed_rng, rng_state
+from ..models.scoring import ScoreOptions
 from ..rewards import RewardError, reference_rewards
 from ..rewards.convention import check_reward_spec
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows

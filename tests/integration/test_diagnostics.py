@@ -13,7 +13,7 @@ from hf_seqrl.data import load_pairs
 from hf_seqrl.cli.diagnose import main as diagnose_main
 from hf_seqrl.diagnostics import DiagnosticsCallback, format_summary, run_diagnostics, write_report
 from hf_seqrl.diagnostics.measure import closest_references, rejoin_delay
-from hf_seqrl.models.base import decoder_start_id
+from hf_seqrl.models.tokens import decoder_start_id
 
 SMALL = dict(max_horizon=6, inject_positions=(0, 1, 3), max_new_tokens=8, batch_size=8, progress=False)
 ROW_KEYS = {"k", "tf_accuracy", "tf_nll", "free_accuracy", "free_nll", "count"}
@@ -362,7 +362,7 @@ def test_growth_factor_by_hand():
 def test_jacobian_curves_equal_an_explicit_perturbed_forward(arch, heldout):
     from hf_seqrl.diagnostics.jacobian import jacobian_curves, perturbation_directions
     from hf_seqrl.models import family_for
-    from hf_seqrl.models.base import pad_id, shift_right
+    from hf_seqrl.models.tokens import pad_id, shift_right
 
     tok, model = byt5_tokenizer(), tiny_model(arch, seed=4).eval()
     enc = dict(tok(heldout[0][:3], return_tensors="pt", padding=True))

@@ -12,7 +12,8 @@ from transformers.trainer_pt_utils import LabelSmoother
 from hf_seqrl import losses
 from hf_seqrl.functional.divergences import generalized_jsd
 from hf_seqrl.functional import lm_head
-from hf_seqrl.functional.lm_head import OutputLayer, Positions, position_stats
+from hf_seqrl.functional.lm_head import position_stats
+from hf_seqrl.functional.output_layer import OutputLayer, Positions
 
 
 def test_hand_computed_logprob_entropy_and_kl_of_one_position():

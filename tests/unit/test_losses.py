@@ -9,6 +9,7 @@ from hf_seqrl import losses
 from hf_seqrl.functional.advantages import center_advantages, group_std, moments, moving_average, scale_advantages, std_from_moments
 from hf_seqrl.functional.logprobs import token_entropy, token_kl, token_logprobs_from_logits
 from hf_seqrl.functional import logprobs
+from hf_seqrl.functional.risk import candidate_distribution, first_occurrence_mask
 
 
 def test_masked_sum_and_mean():
@@ -355,7 +356,7 @@ def test_minimum_risk_loss_two_sources_by_hand():
     seq_lp = torch.tensor([0.6, 0.2, 0.1, 0.1]).log().requires_grad_(True)
     rewards = torch.tensor([1.0, 0.2, 0.5, 0.0], requires_grad=True)
     # alpha 1: Q0 = [0.75, 0.25], risk0 = 0.25 * 0.8 = 0.2; Q1 = [0.5, 0.5], risk1 = 0.5 * 0.5 + 0.5 * 1 = 0.75
-    q = losses.candidate_distribution(seq_lp, 2, alpha=1.0)
+    q = candidate_distribution(seq_lp, 2, alpha=1.0)
     torch.testing.assert_close(q, torch.tensor([[0.75, 0.25], [0.5, 0.5]]))
     loss = losses.minimum_risk_loss(seq_lp, rewards, 2, alpha=1.0)
     assert loss.item() == pytest.approx((0.2 + 0.75) / 2)
@@ -373,7 +374,7 @@ def test_minimum_risk_loss_duplicates_count_once():
     # Candidates as token rows (one pad after EOS = 1): source 0 is [A, B, A], source 1 is [C, C, D].
     A, B, C, D = [5, 1, 0], [6, 7, 1], [8, 1, 0], [9, 1, 0]
     ids = torch.tensor([A, B, A, C, C, D])
-    keep = losses.first_occurrence_mask(ids, 3)
+    keep = first_occurrence_mask(ids, 3)
     assert keep.tolist() == [True, True, False, True, False, True]
     # log p of a sequence is a parameter per distinct sequence, so duplicates share it (as under a real policy)
     theta = torch.tensor([-1.0, -2.0, -0.5, -3.0], requires_grad=True)  # A, B, C, D
@@ -395,7 +396,7 @@ def test_minimum_risk_loss_source_with_no_candidate_left():
     seq_lp = torch.tensor([0.6, 0.2, 0.1, 0.1]).log().requires_grad_(True)
     rewards = torch.tensor([1.0, 0.2, 0.5, 0.0])
     keep = torch.tensor([True, True, False, False])  # e.g. both rewards of source 1 were NaN and dropped
-    q = losses.candidate_distribution(seq_lp, 2, 1.0, keep)
+    q = candidate_distribution(seq_lp, 2, 1.0, keep)
     torch.testing.assert_close(q, torch.tensor([[0.75, 0.25], [0.0, 0.0]]))
     loss = losses.minimum_risk_loss(seq_lp, rewards, 2, 1.0, keep)
     assert loss.item() == pytest.approx(0.2)  # the mean over the one source left

@@ -12,6 +12,7 @@ import torch
 
 from hf_seqrl import losses
 from hf_seqrl.functional.divergences import reverse_kl_advantages
+from hf_seqrl.functional.risk import first_occurrence_mask
 
 EOS, L, V = 0, 3, 3
 
@@ -189,7 +190,7 @@ def test_minimum_risk_gradient_over_a_fixed_n_best_is_the_explicit_one():
     rewards = torch.tensor([reward(s) for s in candidates])
     # the candidate set's duplicate mask, from the ids padded after their last token
     ids = torch.tensor([s + [-1] * (L - len(s)) for s in candidates])
-    keep = losses.first_occurrence_mask(ids, len(candidates))
+    keep = first_occurrence_mask(ids, len(candidates))
     assert keep.tolist() == [True, True, True, True, False]
     for alpha in (1.0, 0.3):
         loss = losses.minimum_risk_loss(seq_lp, rewards, len(candidates), alpha, keep)

@@ -12,7 +12,8 @@ from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.functional import lm_head
 from hf_seqrl.models import CausalFamily, Seq2SeqFamily, heads
 from hf_seqrl.models.bans import TokenBans
-from hf_seqrl.models.base import DecodeSettings, completion_mask, shift_right
+from hf_seqrl.models.base import DecodeSettings
+from hf_seqrl.models.tokens import completion_mask, shift_right
 from hf_seqrl.models.causal import completion_forward, completion_labels, generate_completions
 
 PAD, EOS = 0, 1

@@ -20,7 +20,7 @@ from transformers import DataCollatorForSeq2Seq
 from hf_seqrl.functional import lm_head
 from hf_seqrl.models import heads
 from hf_seqrl.models.auto import family_for
-from hf_seqrl.models.base import ScoreOptions
+from hf_seqrl.models.scoring import ScoreOptions
 
 BANNED = 5
 

@@ -6,7 +6,7 @@ import torch
 
 from helpers import byt5_tokenizer, tiny_model
 from hf_seqrl.models.base import DecodeSettings
-from hf_seqrl.models.base import completion_mask, pad_id
+from hf_seqrl.models.tokens import completion_mask, pad_id
 from hf_seqrl.models import family_for
 from hf_seqrl.models.seq2seq import rollout_generation_config
 from helpers import chi_square_p_value

@@ -7,7 +7,7 @@ import torch
 from helpers import byt5_tokenizer, tiny_model
 from hf_seqrl import losses
 from hf_seqrl.functional.logprobs import token_logprobs_from_logits
-from hf_seqrl.models.base import completion_mask, decoder_start_id, pad_id, shift_right
+from hf_seqrl.models.tokens import completion_mask, decoder_start_id, pad_id, shift_right
 from hf_seqrl.models import family_for
 from hf_seqrl.models.seq2seq import rollout_generation_config
 

@@ -8,7 +8,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from helpers import params, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import KStepRolloutConfig, KStepRolloutTrainer, PrefixCorruptionConfig, PrefixCorruptionTrainer
-from hf_seqrl.models.base import shift_right
+from hf_seqrl.models.tokens import shift_right
 from hf_seqrl.trainers.input_schedules import EncodedBatch
 
 CONFIGS = {"pc": PrefixCorruptionConfig, "ks": KStepRolloutConfig, "plain": Seq2SeqTrainingArguments}

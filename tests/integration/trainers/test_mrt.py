@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from helpers import copy_dataset, heldout_chrf, make_config, params, tiny_model, toy_dataset, toy_pairs
-from hf_seqrl import MRTConfig, MRTTrainer, losses
-from hf_seqrl.models.base import completion_mask
+from hf_seqrl import MRTConfig, MRTTrainer
+from hf_seqrl.functional.risk import first_occurrence_mask
+from hf_seqrl.models.tokens import completion_mask
 from hf_seqrl.models import family_for
 from hf_seqrl.trainers.mrt import candidate_set
 
@@ -32,7 +33,7 @@ def test_candidate_set_pads_alike_and_finds_duplicates():
                             [7, eos, pad, pad, pad]]
     assert mask.sum(dim=1).tolist() == [3, 2, 3, 2] and is_sample.tolist() == [True, True, False, False]
     # the greedy decode repeats sample 0 and the reference repeats sample 1: two distinct candidates
-    assert losses.first_occurrence_mask(ids, 4).tolist() == [True, True, False, False]
+    assert first_occurrence_mask(ids, 4).tolist() == [True, True, False, False]
 
 
 def test_reference_candidate_scores_like_the_gold_labels(tokenizer):
@@ -187,7 +188,7 @@ def test_sample_and_beam_candidates_count_duplicates_once(tmp_path, tokenizer):
     trainer.train()
     for _, token_ids, group in seen:
         assert group == 4
-        distinct = losses.first_occurrence_mask(token_ids, 4).view(-1, 4).sum(dim=1)
+        distinct = first_occurrence_mask(token_ids, 4).view(-1, 4).sum(dim=1)
         assert (distinct <= 3).all()  # the two samples are one candidate
     logged = [h["mrt/distinct_candidates"] for h in trainer.state.log_history if "mrt/distinct_candidates" in h]
     assert len(logged) == 2 and all(1 <= d <= 3 for d in logged)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from helpers import make_config, tiny_model, toy_dataset, toy_pairs
-from hf_seqrl import ProfessorForcingConfig, ProfessorForcingTrainer, losses
+from hf_seqrl import ProfessorForcingConfig, ProfessorForcingTrainer
+from hf_seqrl.functional.adversarial import adversarial_loss, discriminator_loss
 from hf_seqrl.trainers.professor_forcing import HiddenStateDiscriminator
 
 # config(tmp_path, **overrides)
@@ -27,10 +28,10 @@ def state(module):
 def test_losses_by_hand():
     # real logits [0, 2] labelled 1, fake logit [-1] labelled 0:
     # mean(softplus(-0), softplus(-2), softplus(-1)) = mean(0.693147, 0.126928, 0.313262) = 0.377779
-    loss = losses.discriminator_loss(torch.tensor([0.0, 2.0]), torch.tensor([-1.0]))
+    loss = discriminator_loss(torch.tensor([0.0, 2.0]), torch.tensor([-1.0]))
     assert loss.item() == pytest.approx((math.log(2) + math.log1p(math.exp(-2)) + math.log1p(math.exp(-1))) / 3)
     # the model wants its free-running rows taken for real: softplus(-logit), logits [0, 3] -> (0.693147 + 0.048587)/2
-    adv = losses.adversarial_loss(torch.tensor([0.0, 3.0]))
+    adv = adversarial_loss(torch.tensor([0.0, 3.0]))
     assert adv.item() == pytest.approx((math.log(2) + math.log1p(math.exp(-3))) / 2)
 
 

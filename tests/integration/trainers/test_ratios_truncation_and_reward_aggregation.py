@@ -8,7 +8,7 @@ import torch
 
 from helpers import byt5_tokenizer, make_config, params, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
-from hf_seqrl.models.base import cut_at_limit
+from hf_seqrl.models.tokens import cut_at_limit
 from hf_seqrl.types import BatchText, Rollout
 
 config = partial(make_config, SeqRLConfig, num_samples=2, baseline="mean")  # config(tmp_path, **overrides)

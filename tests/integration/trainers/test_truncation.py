@@ -1,4 +1,4 @@
-"""Samples cut at the length limit: one definition (`hf_seqrl.models.base.cut_at_limit`) for `rl/frac_truncated`,
+"""Samples cut at the length limit: one definition (`hf_seqrl.models.tokens.cut_at_limit`) for `rl/frac_truncated`,
 `mask_truncated_completions`, the sample logs and MRT's candidates, on both families, whether or not the model forces
 EOS at the limit (BART's and some Marian configs set `forced_eos_token_id`)."""
 
@@ -10,7 +10,7 @@ import torch
 from helpers import byt5_tokenizer, make_config, params, prompt_completion_dataset, tiny_causal_model, tiny_model, \
     toy_dataset, toy_pairs
 from hf_seqrl import MRTConfig, MRTTrainer, SCSTTrainer, SeqRLConfig
-from hf_seqrl.models.base import cut_at_limit
+from hf_seqrl.models.tokens import cut_at_limit
 
 EOS = 1
 
