@@ -157,9 +157,8 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
 
     def teacher_forced_cross_entropy(self, model, forward, labels, rows: slice | None = None):
-        """Returns `(output, loss)`: the output of `forward()` (a family's teacher-forced pass whose `logits[:, t]`
-        score `labels[:, t]`) and the Trainer's cross-entropy of `labels` `(N', T)` at its rows `rows`, reduced from
-        the output layer's inputs chunk by chunk (`models.scoring.label_logprobs`), label smoothing included."""
+        """Returns `(output, loss)`: the output of `forward()` (a teacher-forced pass scoring `labels` `(N', T)`) and
+        the Trainer's cross-entropy at rows `rows`, label smoothing included (`models.scoring.label_logprobs`)."""
         output, logprobs, sums, vocab = label_logprobs(forward, self.accelerator.unwrap_model(model), labels, rows)
         return output, self.cross_entropy_of(logprobs, labels, logprobs, sums, vocab)
 
