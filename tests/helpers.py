@@ -74,6 +74,21 @@ def overlap_reward(predictions, references, sources=None, **columns):
             for p, refs in zip(predictions, references)]
 
 
+def by_hand_mbr(candidates, utility):
+    """The MBR pick written out: the highest mean utility against the other candidates, the first on a tie."""
+    picks = []
+    for cands in candidates:
+        means = [sum(utility([c], [[o]])[0] for j, o in enumerate(cands) if j != i) / (len(cands) - 1)
+                 for i, c in enumerate(cands)]
+        picks.append(cands[means.index(max(means))])
+    return picks
+
+
+def length_agreement(predictions, references, sources=None, **columns):
+    """A utility by hand that random tiny models make informative: minus the length difference (MBR: the median)."""
+    return [-abs(len(p) - len(refs[0])) for p, refs in zip(predictions, references)]
+
+
 def source_overlap_reward(predictions, references, sources, **columns):
     """A reference-free reward of the sources alone: the character-set overlap with the source plus a length term."""
     return [len(set(p) & set(s)) / max(len(set(p) | set(s)), 1) + len(p) / 20 for p, s in zip(predictions, sources)]

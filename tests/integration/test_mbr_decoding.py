@@ -5,28 +5,13 @@ import json
 
 import pytest
 
-from helpers import byt5_tokenizer, overlap_reward, tiny_causal_model, tiny_model
+from helpers import by_hand_mbr, byt5_tokenizer, length_agreement, overlap_reward, tiny_causal_model, tiny_model
 from hf_seqrl.candidates import SelectionDecoding, beam_candidates, sample_candidates, source_candidates
 from hf_seqrl.data import tokenize_sources
 from hf_seqrl.evaluation import generate_texts
 from hf_seqrl.models import family_for
 
 SOURCES = ["abc", "dcba", "bad", "cab ab", "a"]
-
-
-def by_hand_mbr(candidates, utility):
-    """The MBR pick written out: the highest mean utility against the other candidates, the first on a tie."""
-    picks = []
-    for cands in candidates:
-        means = [sum(utility([c], [[o]])[0] for j, o in enumerate(cands) if j != i) / (len(cands) - 1)
-                 for i, c in enumerate(cands)]
-        picks.append(cands[means.index(max(means))])
-    return picks
-
-
-def length_agreement(predictions, references, sources=None, **columns):
-    """A utility by hand that random tiny models make informative: minus the length difference (MBR: the median)."""
-    return [-abs(len(p) - len(refs[0])) for p, refs in zip(predictions, references)]
 
 
 def shortest(predictions, references, sources, **columns):
