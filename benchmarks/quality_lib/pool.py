@@ -25,12 +25,15 @@ def run_units(command: list[str], units: list[tuple[str, int]], jobs: int):
     """Starts `command --arms ARM --seeds SEED` for every unit, `jobs` at a time, in the background; returns a
     future that raises if any of them failed."""
 
+    finished = []
+
     def one(unit):
         arm, seed = unit
         done = subprocess.run(command + ["--arms", arm, "--seeds", str(seed)], stdout=subprocess.DEVNULL)
         if done.returncode:
             raise RuntimeError(f"the {arm} seed {seed} unit failed (exit {done.returncode}); its output is above")
-        print(f"finished in a worker: {arm} seed {seed}", flush=True)
+        finished.append(unit)
+        print(f"finished in a worker: {arm} seed {seed} ({len(finished)}/{len(units)})", flush=True)
 
     def run_all():
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:
