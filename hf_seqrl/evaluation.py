@@ -277,6 +277,7 @@ def _rows_to_continue(output: str, settings: dict[str, Any], rows: Sequence[dict
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
+    """Writes `data` to `path` as indented JSON, atomically (through `path + ".tmp"`)."""
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2)
     os.replace(path + ".tmp", path)
@@ -384,9 +385,7 @@ def write_run_settings(folder: str, args, family_name: str, extra: dict | None =
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, RUN_SETTINGS_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(run_settings(args, family_name, extra, training), f, indent=2)
-    os.replace(path + ".tmp", path)
+    _write_json(path, run_settings(args, family_name, extra, training))
     return path
 
 
