@@ -220,6 +220,14 @@ def tokenize_for(examples: dict[str, list], family, tokenizer, source_column: st
                                       max_target_length, prompt_template, use_chat_template, count_cut)
 
 
+def check_sources_have_text(sources, rows, column: str, name: str, causal: bool) -> None:
+    """Raises a ValueError naming the `rows` (of the dataset `name`) whose source or prompt in `column` is empty."""
+    empty = [row for row, value in zip(rows, sources) if not has_text(source_text(value))]
+    if empty:
+        raise ValueError(f"{name} rows {empty}: the {column!r} text is empty, so there is nothing to "
+                         f"{'prompt' if causal else 'translate or summarize'}. Drop or fix those rows.")
+
+
 def tokenize_source_rows(examples: dict[str, list], family, tokenizer, source_column: str,
                          max_source_length: int | None = None, prefix: str = "", prompt_template: str | None = None,
                          use_chat_template: bool = False, rows=None, name: str = "dataset") -> dict[str, list]:
@@ -230,10 +238,7 @@ def tokenize_source_rows(examples: dict[str, list], family, tokenizer, source_co
     empty or whose prompt tokenizes to nothing."""
     sources = list(examples[source_column])
     rows = range(len(sources)) if rows is None else rows
-    empty = [row for row, value in zip(rows, sources) if not has_text(source_text(value))]
-    if empty:
-        raise ValueError(f"{name} rows {empty}: the {source_column!r} text is empty, so there is nothing to prompt, "
-                         "translate or summarize. Drop or fix those rows.")
+    check_sources_have_text(sources, rows, source_column, name, family.name == "causal")
     if family.name == "seq2seq":
         if prompt_template is not None or use_chat_template:
             raise ValueError("prompt_template and use_chat_template shape the prompts of decoder-only models; an "
@@ -372,12 +377,9 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
         check_text_column(batch[source], source, "prompt" if causal else "text", name, indices)
         if target is not None:
             check_text_column(batch[target], target, "completion" if causal else "references", name, indices)
-        empty = [row for row, value in zip(indices, batch[source]) if not has_text(source_text(value))]
-        if empty:
-            raise ValueError(f"{name} rows {empty}: the {source!r} text is empty, so there is nothing to "
-                             f"{'prompt' if causal else 'translate or summarize'}. Drop or fix those rows.")
         if target is None:  # prompts / sources only: the rewards read `references`, or none
             return tokenize_source_rows(batch, family, tokenizer, source, limits[0], rows=indices, name=name)
+        check_sources_have_text(batch[source], indices, source, name, causal)
         out = tokenize_for(batch, family, tokenizer, source, target, limits[0], limits[1],
                            decoder_start_token_id=decoder_start_token_id, count_cut=not streamed)
         if keep_references:
