@@ -151,10 +151,12 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
                                          max_length=settings.get("max_length"),
                                          max_source_length=settings.get("max_source_length"), **selection)
     decoding = "greedy" if num_beams == 1 else f"beam {num_beams}"
+    record = None
     if selection:
         from ..candidates import SelectionDecoding
 
-        decoding = SelectionDecoding(**selection).describe()
+        chosen = SelectionDecoding(**selection)
+        decoding, record = chosen.describe(), chosen.record()
     for name, value in scores.items():
         print(f"{name:<10}{value:8.2f}")
     cut = settings.get("max_source_length")
@@ -169,21 +171,12 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
         with open(args.output, "w") as f:
             json.dump({"scores": scores, "num_examples": len(sources), "decoding": decoding, "model": args.model,
                        "data": args.data, "max_new_tokens": args.max_new_tokens, "settings": settings,
-                       "from_run_settings": from_run, "selection": _selection_record(selection)}, f, indent=2)
+                       "from_run_settings": from_run, "selection": record}, f, indent=2)
     if args.predictions:
         with open(args.predictions, "w") as f:
             for source, prediction, refs in zip(sources, predictions, references):
                 f.write(json.dumps({"source": source, "prediction": prediction, "references": refs}) + "\n")
     return 0
-
-
-def _selection_record(selection: dict) -> dict | None:
-    """Returns the MBR / QE settings as `SelectionDecoding.record` writes them, or None for greedy / beam search."""
-    if not selection:
-        return None
-    from ..candidates import SelectionDecoding
-
-    return SelectionDecoding(**selection).record()
 
 
 def main(argv: list[str] | None = None) -> int:

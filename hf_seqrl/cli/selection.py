@@ -32,9 +32,11 @@ class SelectionArguments:
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
-        if self.decode not in ("beam", "mbr", "qe"):
+        from ..candidates import CANDIDATE_KINDS, DECODE_MODES
+
+        if self.decode not in DECODE_MODES:
             raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
-        if self.candidates not in ("samples", "beam", "samples+beam"):
+        if self.candidates not in CANDIDATE_KINDS:
             raise ValueError(f"--candidates {self.candidates}: choose samples, beam or samples+beam.")
         if self.decode == "qe" and not self.qe_reward:
             raise ValueError("--decode qe needs --qe_reward: a reference-free reward (a CometKiwi checkpoint folder, "
