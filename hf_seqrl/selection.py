@@ -42,13 +42,18 @@ class Selection:
     matrix: tuple[tuple[float, ...], ...] | None = None
 
 
-def _check_candidates(candidates: Sequence[Sequence[str]], argument: str = "candidates") -> None:
+def _check_candidates(candidates: Sequence[Sequence[str]], sources: Sequence[str] | None = None,
+                      argument: str = "candidates") -> None:
+    """Raises unless `candidates` holds one non-empty list of strings per source, and `sources` (when given) one
+    source per candidate set."""
     if isinstance(candidates, str) or any(isinstance(c, str) for c in candidates):
         raise TypeError(f"{argument} must hold one list of candidate strings per source, e.g. [['a', 'b']] for one "
                         "source with two candidates.")
     empty = [i for i, c in enumerate(candidates) if len(c) == 0]
     if empty:
         raise ValueError(f"{argument}: sources {empty[:10]} (counted from 0) have no candidate; give at least one.")
+    if sources is not None and len(sources) != len(candidates):
+        raise ValueError(f"Got {len(sources)} sources for {len(candidates)} candidate sets: give one per set.")
 
 
 def fastchrf_available() -> bool:
@@ -65,9 +70,7 @@ def utility_matrices(candidates: Sequence[Sequence[str]], utility: Any = "chrf",
     a None value is refused, since MBR needs each pair). `utility` is a reward name, a callable or a model reward
     (`build_reward`); `"chrf"` uses `fastchrf` when installed. `sources` (one per candidate set) reach the utility
     as each pair's source (COMET reads them)."""
-    _check_candidates(candidates)
-    if sources is not None and len(sources) != len(candidates):
-        raise ValueError(f"Got {len(sources)} sources for {len(candidates)} candidate sets: give one per set.")
+    _check_candidates(candidates, sources)
     if utility == "chrf" and fastchrf_available():
         return _fastchrf_matrices(candidates)
     fn = build_reward(utility)
@@ -152,9 +155,7 @@ def qe_select(candidates: Sequence[Sequence[str]], sources: Sequence[str] | None
     candidate, sources=each candidate's source, **columns)`. `qe_reward` is a name, a callable or a model reward
     (`build_reward`); a None value marks a candidate the reward does not score, never picked (a source with no
     scored candidate gets none). `columns` give one entry per source, repeated for its candidates."""
-    _check_candidates(candidates)
-    if sources is not None and len(sources) != len(candidates):
-        raise ValueError(f"Got {len(sources)} sources for {len(candidates)} candidate sets: give one per set.")
+    _check_candidates(candidates, sources)
     fn = build_reward(qe_reward)
     owners = [k for k, cands in enumerate(candidates) for _ in cands]
     flat = [c for cands in candidates for c in cands]
