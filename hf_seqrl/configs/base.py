@@ -207,8 +207,7 @@ def parse_init_kwargs(config, name: str) -> None:
 
 
 # The length limit of a trainer that decodes its own outputs during training (the rewarded trainers, professor
-# forcing): one declaration and one check for the configs that hold it.
-# The range of `max_new_tokens`, for the `FIELD_RANGES` of the configs that hold it.
+# forcing): one declaration, and one range for the `FIELD_RANGES` of the configs that hold it.
 MAX_NEW_TOKENS_RANGE = {"max_new_tokens": Range(1)}
 
 

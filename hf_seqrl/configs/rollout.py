@@ -160,7 +160,7 @@ class RolloutConfig(SeqRLBaseConfig):
             return 1
         per_step = self.per_device_train_batch_size * self.world_size
         if self.generation_batch_size is not None:
-            if self.generation_batch_size < 1 or self.generation_batch_size % per_step:
+            if self.generation_batch_size % per_step:  # >= 1: its FIELD_RANGES
                 raise ValueError(
                     f"{name}.generation_batch_size={self.generation_batch_size} must be a multiple of "
                     f"per_device_train_batch_size x processes = {per_step}: set it to {per_step} x the micro-batches "
@@ -172,7 +172,7 @@ class RolloutConfig(SeqRLBaseConfig):
                     f"(with {per_step} sources per micro-batch over all processes), but steps_per_generation="
                     f"{self.steps_per_generation}: set only one of the two.")
         steps = self.steps_per_generation if self.generation_batch_size is None else derived
-        if steps < 1 or self.gradient_accumulation_steps % steps:
+        if self.gradient_accumulation_steps % steps:  # steps >= 1: steps_per_generation's FIELD_RANGES
             raise ValueError(
                 f"{name}.steps_per_generation={steps} must divide gradient_accumulation_steps="
                 f"{self.gradient_accumulation_steps}: one decode serves micro-batches of one optimizer step (for "
