@@ -13,8 +13,6 @@ SUPPORTED = ("encoder-decoder models (AutoModelForSeq2SeqLM: T5, BART, Marian, m
 FAMILIES = {"seq2seq": Seq2SeqFamily, "causal": CausalFamily}  # one new instance per caller: a trainer's own
 
 
-
-
 def family_for_config(config) -> ModelFamily:
     """Returns the family of a model config: seq2seq when `config.is_encoder_decoder`, else causal."""
     return FAMILIES["seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal"]()

@@ -68,4 +68,3 @@ def reward_settings(reward_funcs, what: str) -> list[str]:
         return []
     return [f"reward_funcs {names} {what} (use a reference-free reward: a callable of the sources and predictions, "
             "TeacherLikelihoodReward, CometReward(..., use_references=False), MetricXReward(qe=True))"]
-
