@@ -174,11 +174,6 @@ def batch_references(inputs, tokenizer) -> list[list[str]]:
 
 def references_from_labels(labels, tokenizer) -> list[list[str]]:
     """Returns the decoded `labels` `(B, T)` as each row's single reference, or raises naming the row without."""
-    if labels is None:
-        raise ValueError(
-            "The batch has neither 'references' nor 'labels': rewards need references. Add a 'references' "
-            "column (string or list of strings per row) or tokenized 'labels'."
-        )
     ids = labels.masked_fill(labels == -100, tokenizer.pad_token_id)
     texts = decode_texts(tokenizer, ids)
     for i, text in enumerate(texts):
