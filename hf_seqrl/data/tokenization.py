@@ -357,11 +357,12 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     target = _pick(columns, getattr(args, target_field, None), TARGET_COLUMNS)
     if source is None and getattr(args, "source_column", None) is not None:
         check_source_column(columns, name, args)
-    if source is not None and target is None and "references" not in columns:
+    untargeted = target is None and "references" not in columns  # sources alone
+    if source is not None and untargeted:
         check_target_column(columns, name, args, target_field, evaluation)
-    if source is not None and target is None and "references" not in columns and target_reasons:
-        raise ValueError(missing_targets_message(name, columns, target_reasons))
-    if source is None or (target is None and "references" not in columns and target_reasons is None):
+        if target_reasons:
+            raise ValueError(missing_targets_message(name, columns, target_reasons))
+    if source is None or (untargeted and target_reasons is None):
         raise ValueError(
             f"{name} has no tokenized 'input_ids' and no text columns to tokenize (columns: {columns}): give "
             "'source' and 'target' columns (encoder-decoder models; other names through source_column / "
