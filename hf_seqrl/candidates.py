@@ -171,21 +171,28 @@ def select(candidates: Sequence[Sequence[str]], sources: Sequence, decoding: Sel
     return [pick.text for pick in picks]
 
 
+def with_reward_built(decoding: SelectionDecoding, device) -> SelectionDecoding:
+    """Returns `decoding` with its utility (MBR) or QE reward built (`build_reward`: a name or a checkpoint loaded;
+    a reward already built stays as it is) and a model reward on the CPU moved to `device` (`place_on`). chrF stays a
+    name: `mbr_select` takes fastchrf for it when installed."""
+    name = "utility" if decoding.decode == "mbr" else "qe_reward"
+    spec = getattr(decoding, name)
+    if decoding.decode == "mbr" and spec == "chrf":
+        return decoding
+    reward = build_reward(spec)
+    place_on(reward, device)
+    return replace(decoding, **{name: reward})
+
+
 def selected_texts(model, tokenizer, sources: Sequence, decoding: SelectionDecoding, *, batch_size: int = 32,
                    progress: bool = True, desc: str = "generate", **generate_kwargs) -> list[str]:
     """Returns one output per source: each source's candidates (`source_candidates`, all sources, the samples
     seeded once), then the pick of `decoding` over each source's candidates, `batch_size` sources per
-    selection call. A reward given by name is loaded once, and a model reward on the CPU moved to the model's device
-    (`place_on`). `generate_kwargs`: `max_new_tokens`, `max_length`, `max_source_length`."""
+    selection call. A reward given by name is loaded once per call, and a model reward on the CPU moved to the model's
+    device (`with_reward_built`). `generate_kwargs`: `max_new_tokens`, `max_length`, `max_source_length`."""
     from tqdm.auto import tqdm
 
-    name = "utility" if decoding.decode == "mbr" else "qe_reward"
-    spec = getattr(decoding, name)
-    if not (decoding.decode == "mbr" and spec == "chrf"):  # chrF stays a name: fastchrf when installed
-        reward = build_reward(spec)
-        place_on(reward, model.device)
-        decoding = replace(decoding, **{name: reward})
-
+    decoding = with_reward_built(decoding, model.device)
     candidates = source_candidates(model, tokenizer, sources, decoding, batch_size=batch_size, progress=progress,
                                    desc=f"{desc} ({decoding.decode} candidates)", **generate_kwargs)
     outputs: list[str] = []

@@ -169,6 +169,11 @@ def write_teacher_outputs(model, tokenizer, rows: Sequence[dict], source_column:
     if done == 0:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         _write_json(output + TEACHER_SETTINGS_SUFFIX, settings)
+    if settings["selection"] and done < len(rows):  # a reward by name loaded once, not once per chunk
+        from .candidates import SelectionDecoding, with_reward_built
+
+        built = with_reward_built(SelectionDecoding(**selection), model.device)
+        generate_kwargs = {**generate_kwargs, "utility": built.utility, "qe_reward": built.qe_reward}
     with open(output, "a" if done else "w", encoding="utf-8") as f, \
             tqdm(total=len(rows), initial=done, desc="teacher outputs", disable=not progress) as bar:
         for start in range(done, len(rows), chunk):

@@ -199,3 +199,26 @@ def test_distill_data_processes_draw_their_rows_candidates_from_their_own_seeds(
                               max_new_tokens=6, progress=False)
     assert [json.loads(line)["teacher_target"] for line in part.read_text().splitlines()] == \
         by_hand_mbr(cands, length_agreement)
+
+
+def test_teacher_outputs_load_a_reward_named_once_for_all_chunks(tmp_path, monkeypatch):
+    """`write_teacher_outputs(decode="qe", qe_reward=<a name>)` builds the reward from its name once, not once per
+    chunk of rows (a COMET checkpoint would load from disk each time), and picks as `generate_texts` does per chunk."""
+    import hf_seqrl.candidates as candidates
+    from hf_seqrl.evaluation import write_teacher_outputs
+
+    built = []
+    build = candidates.build_reward
+    monkeypatch.setattr(candidates, "build_reward", lambda spec: (built.append(spec) if isinstance(spec, str) else None)
+                        or build(spec))
+    tok, teacher = byt5_tokenizer(), tiny_model("t5", seed=3)
+    selection = dict(decode="qe", num_candidates=3, qe_reward="test_mbr_decoding:shortest", seed=2, max_new_tokens=6)
+    output = tmp_path / "qe.jsonl"
+    assert write_teacher_outputs(teacher, tok, [{"source": s} for s in SOURCES], "source", str(output), chunk=2,
+                                 num_beams=1, progress=False, **selection) == len(SOURCES)
+    assert built == ["test_mbr_decoding:shortest"]  # 3 chunks, one load
+    expected = []
+    for start in range(0, len(SOURCES), 2):
+        expected += generate_texts(teacher, tok, SOURCES[start:start + 2], progress=False,
+                                   **{**selection, "seed": 2 + start, "qe_reward": shortest})
+    assert [json.loads(line)["teacher_target"] for line in output.read_text().splitlines()] == expected
