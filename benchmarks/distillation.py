@@ -4,7 +4,7 @@ sequence-level KD, and more cross-entropy, at an equal budget of student decoder
 
     python benchmarks/distillation.py                     # the table, on 2 CPU cores (--jobs 2 --threads 1)
     python benchmarks/distillation.py --quick             # smoke run on a slice (minutes; also a test)
-    python benchmarks/distillation.py --device cuda       # C-sized student, 3.4x teacher, on a GPU
+    python benchmarks/distillation.py --device cuda       # C as the student, the quality benchmark's teacher, on a GPU
 
 Protocol (the quality benchmark's machinery, `quality_lib`, at a teacher:student ratio two cores finish)
 1. Teacher: a C of the quality benchmark's sizes (d 128, ffn 512, 3+3 layers), trained by C's protocol (cross-entropy
@@ -59,7 +59,7 @@ QUICK = {"d_model": 32, "ffn": 64, "layers": 1, "heads": 2, "teacher_d_model": 6
 
 def protocol_settings(quick: bool, device: str):
     """Returns the benchmark's settings: on CPU the `STUDENT` / `TEACHER` sizes; on cuda today's C as the student
-    and the quality benchmark's default teacher (3.4x C's parameters), with the quality benchmark's budget."""
+    and the quality benchmark's default teacher, with the quality benchmark's budget."""
     base = replace(SETTINGS[("translation", quick)], device=device)
     if quick:
         return replace(base, **{**ARM_SETTINGS, **QUICK})
@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--c-threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads of the stages before the units (alone): default every core")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="cpu: the student and teacher sizes above; cuda: today's C as the student and a 3.4x "
-                        "teacher, the same protocol")
+                        help="cpu: the student and teacher sizes above; cuda: today's C as the student and the "
+                        "quality benchmark's default teacher, the same protocol")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="override settings as quality.py does (e.g. --set budget_positions=500000 d_model=48); "
                         "overrides of C's fields get a work directory of their own")
@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Stages:
-    """The wall-clock of each stage, kept in `work_dir/stages.json`: the seconds of the invocation that ran it (a
-    stage found done is not timed again)."""
+    """The wall-clock of each stage, kept in `work_dir/stages.json`: the seconds of the invocations that worked on it,
+    summed (a stage found done is not timed again; an invocation killed midway leaves its seconds out)."""
 
     def __init__(self, work_dir: str):
         self.path = os.path.join(work_dir, "stages.json")
@@ -116,7 +116,7 @@ class Stages:
         clock = time.time()
         value = compute()
         if not done:
-            self.seconds[name] = round(time.time() - clock)
+            self.seconds[name] = self.seconds.get(name, 0) + round(time.time() - clock)
             with open(self.path + ".tmp", "w") as f:
                 json.dump(self.seconds, f, indent=2)
             os.replace(self.path + ".tmp", self.path)
@@ -183,16 +183,22 @@ def main(argv: list[str] | None = None) -> dict:
     suffix = "_dev" if args.dev_only else ""
     os.makedirs(work_dir, exist_ok=True)
     start, stages = time.time(), Stages(work_dir)
+    # Stages named by the overrides that define them: another teacher, or other units, are timed apart.
+    teacher_tag = run_tag(None, {k: v for k, v in overrides.items() if k in TEACHER_FIELDS})
+    names = {"teacher": "teacher C" + teacher_tag, "student": "student C",
+             "score": "score teacher and student C" + teacher_tag,
+             "decode": "teacher beam-4 decode of the training sources" + teacher_tag,
+             "units": "units" + run_tag(None, overrides) + suffix}
 
     torch.set_num_threads(args.c_threads)
     splits, tokenizer, dataset = task_data(settings, args.data_dir, work_dir)
     folder = teacher_dir(settings, work_dir)
     annealed = "C" if settings.anneal_lr is None else "C_annealed"
     teacher_record, teacher_folder = stages.run(
-        "teacher C", os.path.exists(os.path.join(folder, annealed, "record.json")),
+        names["teacher"], os.path.exists(os.path.join(folder, annealed, "record.json")),
         lambda: teacher_checkpoint(settings, splits, tokenizer, dataset, work_dir))
     c_record, c_folder = stages.run(
-        "student C", os.path.exists(os.path.join(work_dir, annealed, "record.json")),
+        names["student"], os.path.exists(os.path.join(work_dir, annealed, "record.json")),
         lambda: checkpoint_c(settings, splits, tokenizer, dataset, work_dir))
     units = [(arm, seed, os.path.join(work_dir, "runs", f"{arm}_seed{seed}{run_tag(arm, overrides)}{suffix}.json"))
              for seed in settings.seeds for arm in args.arms]
@@ -209,10 +215,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     # The teacher and the student C scored on test (cached with their stage's settings, as quality.py's C is).
     extra_tag = run_tag(None, {k: v for k, v in overrides.items() if k in ("beams",)})
-    teacher_tag = run_tag(None, {k: v for k, v in overrides.items() if k in TEACHER_FIELDS})
     evaluated = [os.path.join(work_dir, "runs", f"teacher{teacher_tag}{extra_tag}.json"),
                  os.path.join(work_dir, "runs", f"C{extra_tag}.json")]
-    teacher_eval, c_eval = stages.run("score teacher and student C", all(map(os.path.exists, evaluated)), lambda: (
+    teacher_eval, c_eval = stages.run(names["score"], all(map(os.path.exists, evaluated)), lambda: (
         cached(evaluated[0], lambda: evaluate(load_model(settings, teacher_folder), tokenizer, splits, settings,
                                               "teacher")),
         cached(evaluated[1], lambda: evaluate(load_model(settings, c_folder), tokenizer, splits, settings,
@@ -225,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"(--set d_model=... ffn=... layers=...) widens the gap.", flush=True)
     if "kd_seq" in args.arms:  # sequence-level KD's targets, decoded once before the units that read them
         decode_record = os.path.join(folder, "beam4_train.json")
-        stages.run("teacher beam-4 decode of the training sources", os.path.exists(decode_record), lambda: teacher_outputs(
+        stages.run(names["decode"], os.path.exists(decode_record), lambda: teacher_outputs(
             settings, splits, tokenizer, load_model(settings, teacher_folder).eval(), folder))
 
     torch.set_num_threads(args.threads)
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
             cached(path, lambda: unit(arm, seed))
             print(f"unit {done}/{len(units)}: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
 
-    stages.run("units", not todo, run_all)
+    stages.run(names["units"], not todo, run_all)
     runs = [cached(path, None) for _, _, path in units]
     command = "python benchmarks/distillation.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.dev_only:
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
                "teacher": {"checkpoint": teacher_record, "scores": teacher_eval},
                "student_c": {"checkpoint": c_record, "scores": c_eval},
                "teacher_gap": {"greedy_bleu": gap, "met": gap >= TEACHER_GAP},
-               "stage_seconds": dict(stages.seconds), **summary, "distillation_target": target,
+               "stage_seconds": {k: stages.seconds[k] for k in names.values() if k in stages.seconds}, **summary, "distillation_target": target,
                "horizon_gap": {arm: row["diagnostics"].get("horizon_gap", {}).get("mean")
                                for arm, row in summary["arms"].items()},
                "markdown": markdown, "runs": runs, "wall_seconds": round(time.time() - start)}
@@ -271,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     print(markdown)
     print()
-    print("stages (s): " + ", ".join(f"{k} {v}" for k, v in stages.seconds.items()))
+    print("stages (s): " + ", ".join(f"{k} {v}" for k, v in results["stage_seconds"].items()))
     for arm, check in target.items():
         print(f"{arm}: {check['gain_over_xe']:+.2f} greedy BLEU over cross-entropy (outside spread: "
               f"{check['outside_xe_spread']}), {check['gain_over_kd']:+.2f} over {check['better_kd']} (outside "

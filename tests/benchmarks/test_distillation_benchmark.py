@@ -87,6 +87,13 @@ def test_distillation_quick(tmp_path, capsys, monkeypatch):
     assert "C + on-policy distillation (reverse KL)" in printed and "unit 14/14" in printed
     with open(out) as f:
         assert json.load(f)["runs"] == results["runs"]
+    # --dev-only (learning rates chosen on dev): dev scores only, under their own run names, timed apart
+    dev_out = tmp_path / "dev.json"
+    dev = distillation.main(argv[:-1] + [str(dev_out), "--dev-only", "--arms", "xe", "distill", "--seeds", "0",
+                                         "--set", "rl_lr=1e-4"])
+    assert set(dev["arms"]) == {"xe", "distill"} and "greedy" not in dev["runs"][0] and dev_out.exists()
+    assert (tmp_path / "w" / "runs" / "distill_seed0_rl_lr0.0001_dev.json").exists()
+    assert "units_rl_lr0.0001_dev" in json.loads((tmp_path / "w" / "stages.json").read_text())
     # the same command again resumes from the cache: nothing trained, decoded or scored again
     def refuse(*args, **kwargs):
         raise AssertionError("a cached stage or unit ran again")
