@@ -94,8 +94,9 @@ def candidates(model, module) -> list[Head]:
         value = _config_number(model, field)
         if value is not None and value != 1.0:
             scales.append(1.0 / value if invert else value)
-    softcaps = [None, _config_number(model, "final_logit_softcapping")]  # Gemma 2 / 3
-    heads = {Head(b, s, c) for b, s, c in itertools.product(biases, scales, softcaps[:1 + (softcaps[1] is not None)])}
+    softcap = _config_number(model, "final_logit_softcapping")  # Gemma 2 / 3
+    softcaps = [None] if softcap is None else [None, softcap]
+    heads = {Head(b, s, c) for b, s, c in itertools.product(biases, scales, softcaps)}
     return sorted(heads, key=lambda head: (-head.size(), str(head)))
 
 
