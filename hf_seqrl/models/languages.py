@@ -108,15 +108,13 @@ def set_language_codes(model, tokenizer, src_lang: str | None, tgt_lang: str | N
         raise ValueError(f"{owner}.src_lang / tgt_lang: language codes apply to multilingual encoder-decoder "
                          f"models (NLLB, mBART, M2M100); {type(model).__name__} is decoder-only: put the languages "
                          "in prompt_template instead.")
-    for field_name, code in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
-        if code is not None:
-            code_token_id(tokenizer, code, f"{owner}.{field_name}")
+    ids = {field_name: code_token_id(tokenizer, code, f"{owner}.{field_name}")
+           for field_name, code in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if code is not None}
     if src_lang is not None:
         tokenizer.src_lang = src_lang
     if tgt_lang is not None:
         tokenizer.tgt_lang = tgt_lang
-        forced = model.generation_config.forced_bos_token_id
-        wanted = code_token_id(tokenizer, tgt_lang, f"{owner}.tgt_lang")
+        forced, wanted = model.generation_config.forced_bos_token_id, ids["tgt_lang"]
         if forced is not None and forced != wanted:
             raise ValueError(f"{owner}.tgt_lang={tgt_lang!r} (token {wanted}), but the model's generation "
                              f"config forces token {forced} first: drop tgt_lang or set "
