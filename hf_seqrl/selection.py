@@ -42,16 +42,15 @@ class Selection:
     matrix: tuple[tuple[float, ...], ...] | None = None
 
 
-def _check_candidates(candidates: Sequence[Sequence[str]], sources: Sequence[str] | None = None,
-                      argument: str = "candidates") -> None:
+def _check_candidates(candidates: Sequence[Sequence[str]], sources: Sequence[str] | None = None) -> None:
     """Raises unless `candidates` holds one non-empty list of strings per source, and `sources` (when given) one
     source per candidate set."""
     if isinstance(candidates, str) or any(isinstance(c, str) for c in candidates):
-        raise TypeError(f"{argument} must hold one list of candidate strings per source, e.g. [['a', 'b']] for one "
+        raise TypeError("candidates must hold one list of candidate strings per source, e.g. [['a', 'b']] for one "
                         "source with two candidates.")
     empty = [i for i, c in enumerate(candidates) if len(c) == 0]
     if empty:
-        raise ValueError(f"{argument}: sources {empty[:10]} (counted from 0) have no candidate; give at least one.")
+        raise ValueError(f"candidates: sources {empty[:10]} (counted from 0) have no candidate; give at least one.")
     if sources is not None and len(sources) != len(candidates):
         raise ValueError(f"Got {len(sources)} sources for {len(candidates)} candidate sets: give one per set.")
 
