@@ -211,10 +211,10 @@ def teacher_output_settings(model, tokenizer, source_column: str, output_column:
                 "teacher_weights": weights_fingerprint(model), "teacher_dtype": str(model.dtype).replace("torch.", ""),
                 "src_lang": getattr(tokenizer, "src_lang", None), "tgt_lang": getattr(tokenizer, "tgt_lang", None),
                 "generation_config": generation, "selection": None}
-    if selection and (selection.get("decode", "beam") != "beam" or len(selection) > 1):
+    if selection and selection != {"decode": "beam"}:  # MBR / QE settings without decode="mbr" | "qe" are refused
         from .candidates import SelectionDecoding
 
-        settings["selection"] = SelectionDecoding(**selection).record()
+        settings["selection"] = SelectionDecoding(**{"decode": "beam", **selection}).record()
     return json.loads(json.dumps(settings, default=str))  # as the file reads back (tuples as lists)
 
 

@@ -222,3 +222,19 @@ def test_teacher_outputs_load_a_reward_named_once_for_all_chunks(tmp_path, monke
         expected += generate_texts(teacher, tok, SOURCES[start:start + 2], progress=False,
                                    **{**selection, "seed": 2 + start, "qe_reward": shortest})
     assert [json.loads(line)["teacher_target"] for line in output.read_text().splitlines()] == expected
+
+
+def test_teacher_outputs_refuse_selection_settings_without_a_selection_before_touching_the_file(tmp_path):
+    """`num_candidates` without `decode="mbr"|"qe"` is refused before the output file is opened: the rows a run wrote
+    stay as they are."""
+    from hf_seqrl.evaluation import write_teacher_outputs
+
+    tok, model = byt5_tokenizer(), tiny_model("t5", seed=3)
+    output = tmp_path / "out.jsonl"
+    rows = [{"source": s} for s in SOURCES]
+    assert write_teacher_outputs(model, tok, rows, "source", str(output), num_beams=1, max_new_tokens=4) == len(rows)
+    written = output.read_text()
+    with pytest.raises(ValueError, match="decode='beam': candidates are selected by 'mbr' or 'qe'"):
+        write_teacher_outputs(model, tok, rows, "source", str(output), num_beams=1, max_new_tokens=4,
+                              num_candidates=4, overwrite=True)
+    assert output.read_text() == written
