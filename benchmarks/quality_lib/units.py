@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, fields
 
 from hf_seqrl.demo import xe_trainer
+from hf_seqrl.models.heads import checking_head
 
 from .checkpoint import teacher_checkpoint, teacher_dir, training_args
 from .metrics import arm_reward, evaluate, score
@@ -36,6 +37,8 @@ class DecoderPositions:
         self._handle = model.get_decoder().register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module, args, kwargs):
+        if checking_head():  # the one-time forward that recognizes the model's head trains nothing
+            return
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
             ids = kwargs.get("inputs_embeds")

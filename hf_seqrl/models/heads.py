@@ -41,6 +41,7 @@ PROBE_NOISE = 4.0  # the standard deviation of the noise added to the output mod
 PROBE_ROUNDING = 16  # a candidate matches within this many units of rounding of the largest logit
 
 _whole = contextvars.ContextVar("whole_logits", default=False)
+_checking = contextvars.ContextVar("checking_head", default=False)
 _heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (output module, Head or why not)
 _warned: set[str] = set()
 
@@ -67,6 +68,12 @@ def whole_logits(on: bool = True):
         yield
     finally:
         _whole.reset(token)
+
+
+def checking_head() -> bool:
+    """Returns True inside the check forward that recognizes a model's head: counters of a run's decoder positions or
+    forwards leave it out (it runs once per model, at its first scoring pass)."""
+    return _checking.get()
 
 
 def _config_number(model, field: str) -> float | None:
@@ -152,6 +159,7 @@ def check_head(model, module) -> Head | str:
     modes = [(m, m.training) for m in model.modules()]
     forked = [device] if device.type not in ("cpu", "meta") else []
     module.forward = probe
+    token = _checking.set(True)
     try:
         with torch.no_grad(), torch.autocast(device.type, enabled=False), torch.random.fork_rng(
                 devices=forked, device_type=device.type if forked else "cuda"):
@@ -160,6 +168,7 @@ def check_head(model, module) -> Head | str:
     except Exception as error:  # a model whose forward needs more than token ids
         return f"a check forward of {PROBE_TOKENS} tokens failed: {type(error).__name__}: {str(error)[:200]}"
     finally:
+        _checking.reset(token)
         del module.forward
         for submodule, training in modes:
             submodule.training = training

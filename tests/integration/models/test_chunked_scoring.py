@@ -301,3 +301,14 @@ def test_the_check_runs_once_per_model_and_leaves_its_modes_and_random_state_alo
     assert heads.knows_head(tiny_model("t5", seed=0)) and len(checks) == 2  # another instance: its own check
     with heads.whole_logits():
         assert not heads.knows_head(model)
+
+
+def test_the_head_check_forward_says_so_to_counters_of_decoder_positions():
+    """The check forward runs once per model, inside `checking_head()`: a counter of a run's decoder positions (the
+    benchmarks' budget) leaves it out, and every other forward is outside it."""
+    model = tiny_model("t5", seed=0)
+    seen = []
+    model.get_decoder().register_forward_pre_hook(lambda module, args: seen.append(heads.checking_head()))
+    assert heads.knows_head(model) and seen == [True]
+    model(input_ids=torch.tensor([[5, 6, 1]]), labels=torch.tensor([[7, 1]]))
+    assert heads.knows_head(model) and seen == [True, False] and not heads.checking_head()
