@@ -57,7 +57,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
 
     config_class = RolloutConfig
     # Dropout off: the scoring pass scores the distribution the rollouts came from. Minimum risk training keeps this
-    # (with C's dropout kept it gained nothing on Multi30k dev); the policy gradients keep dropout (SeqRLTrainer).
+    # (measured with dropout kept: benchmarks/README.md, MRT's candidate sets); the policy gradients keep dropout.
     default_disable_dropout = True
     default_baseline: str | None = None  # the baseline of a `BaselineConfig` that leaves it to the trainer
 
