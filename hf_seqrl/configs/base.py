@@ -119,12 +119,12 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         loss takes over.
     disable_dropout (`bool`, *optional*, defaults to `None`):
         Set every dropout probability of the model to 0 when the trainer is built (TRL's name). `None` takes the
-        trainer's default: `True` for minimum risk training, `False` for every other trainer. The policy gradients
-        (SCST, REINFORCE, MIXER) keep the checkpoint's dropout as TRL does. Rollouts decode without dropout, so with
-        it on the scoring pass takes the log-probs of a randomly thinned network rather than of the distribution the
-        samples came from (a biased gradient); the KL reference and a reused rollout's ratios replay the policy
-        pass's dropout masks and stay exact. docs/math.md ("Dropout and the estimator") has the measurements behind
-        these defaults.
+        trainer's default: `True` for minimum risk training and distillation, `False` for every other trainer. The
+        policy gradients (SCST, REINFORCE, MIXER) keep the checkpoint's dropout as TRL does. Rollouts decode without
+        dropout, so with it on the scoring pass takes the log-probs of a randomly thinned network rather than of the
+        distribution the samples came from (a biased gradient); the KL reference and a reused rollout's ratios replay
+        the policy pass's dropout masks and stay exact. docs/math.md ("Dropout and the estimator") has the
+        measurements behind these defaults.
     model_init_kwargs (`dict` or `str`, *optional*, defaults to `None`):
         Keyword arguments of `from_pretrained` when the trainer's `model` is a Hub id or a folder (TRL's name), e.g.
         `{"dtype": "bfloat16"}`; a JSON string on the command line. `trust_remote_code` stays off unless set here.
@@ -160,7 +160,7 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     warmup_xe_steps: int = field(default=0, metadata={"help": "Teacher-forced cross-entropy steps before the "
                                                               "trainer's own loss."})
     disable_dropout: bool | None = field(default=None, metadata={
-        "help": "Set the model's dropout to 0 (default: True for MRT, False for the others)."})
+        "help": "Set the model's dropout to 0 (default: True for MRT and distillation, False for the others)."})
     model_init_kwargs: dict | str | None = field(default=None, metadata={
         "help": "from_pretrained keyword arguments (JSON) when the model is given as a Hub id or folder."})
     remove_unused_columns: bool = field(default=False, metadata={
