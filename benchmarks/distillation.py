@@ -49,7 +49,7 @@ STUDENT = {"d_model": 64, "ffn": 256, "layers": 2, "heads": 4}
 TEACHER = {"teacher_d_model": 128, "teacher_ffn": 512, "teacher_layers": 3, "teacher_heads": 4}
 # What every arm shares: the learning rates the quality benchmark chose on dev, the budget sized to the 2-core run
 # (benchmarks/README.md, "Distillation benchmark").
-ARM_SETTINGS = {"arm_lr": 5e-5, "rl_lr": 5e-5, "center_advantages": True, "budget_positions": 2_000_000,
+ARM_SETTINGS = {"arm_lr": 5e-5, "rl_lr": 5e-5, "center_advantages": True, "budget_positions": 1_000_000,
                 "seeds": (0, 1, 2)}
 # --quick: the quick C's slice and steps, a student smaller again, a teacher of the quick C's sizes.
 QUICK = {"d_model": 32, "ffn": 64, "layers": 1, "heads": 2, "teacher_d_model": 64, "teacher_ffn": 128,
