@@ -272,7 +272,7 @@ def render_model_card(
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
     `method` is the algorithm that ran (`trainer.method`; a policy gradient's
-    `trainers.policy_gradient.policy_gradient_method(baseline)`; cross-entropy, `trainers.run_record.CROSS_ENTROPY`,
+    `trainers.policy_gradient.policy_gradient_method(baseline)`; cross-entropy, `trainers.services.run_record.CROSS_ENTROPY`,
     for a run that never reached its trainer's own loss). `algorithm_detail` is appended to its name; `reward` (None:
     no reward line) names the reward as the user gave it; `license` (an SPDX id such as `"apache-2.0"`) goes into the
     metadata when known. `task` (`"translation"`, `"summarization"` or None) is what the card says the model does:

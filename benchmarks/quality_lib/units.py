@@ -225,7 +225,7 @@ def last_samples(trainer, count: int = SAMPLE_ROWS) -> list[dict]:
     log it wrote to `output_dir/completions` (`step-N.jsonl`); [] when it sampled nothing."""
     rows = list(trainer.completions.rows[:count])
     if not rows:
-        from hf_seqrl.trainers.completions import COMPLETIONS_DIR
+        from hf_seqrl.trainers.services.completions import COMPLETIONS_DIR
 
         logs = glob.glob(os.path.join(trainer.args.output_dir, COMPLETIONS_DIR, "step-*.jsonl"))
         if logs:

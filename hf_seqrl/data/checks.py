@@ -217,7 +217,7 @@ def check_causal_rows(dataset, name: str) -> None:
 
 def missing_targets_message(name: str, columns, reasons: list[str]) -> str:
     """Returns the error for the dataset `name` (its `columns`), which has sources and no targets, that the settings
-    `reasons` read (`hf_seqrl.trainers.references.target_settings`)."""
+    `reasons` read (`hf_seqrl.trainers.services.references.target_settings`)."""
     return (f"{name} has sources and no targets (columns: {columns}), which this run reads: " + "; ".join(reasons)
             + ". Add a 'target' / 'completion' column (target_column names another), a 'references' column, or "
             "tokenized 'labels'.")

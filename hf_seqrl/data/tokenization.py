@@ -340,7 +340,7 @@ def tokenize_text_dataset(dataset, name: str, family, tokenizer, args, decoder_s
     as prompt → completion (text or chat messages); an `evaluation` split reads `args.eval_target_column` when set
     (the gold references of a model trained on a teacher's outputs). The target may be left out when a `references`
     column gives the rewards' references (RL without cross-entropy), and when `target_reasons` is an empty list (no
-    setting of the run reads a target: `hf_seqrl.trainers.references`): the rows then hold the sources alone. With
+    setting of the run reads a target: `hf_seqrl.trainers.services.references`): the rows then hold the sources alone. With
     reasons, a dataset without targets is refused naming them; `None` needs targets whatever the settings. Every other
     column stays and reaches the rewards; a `references` column of the dataset is kept over the target's.
     """

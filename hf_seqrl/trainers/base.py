@@ -28,13 +28,13 @@ from ..models.scoring import label_logprobs
 from ..models.languages import align_target_language
 from ..models.sharding import decode_per_layer, decoding_whole, register_zero3, whole_for_decode
 from ..types import BatchText
-from .adapters import card_fields, save_base_beside, with_adapter
-from .checkpoints import (STATE_FILE, TRAINED_BY, check_processes_agree, checkpoint_step, last_complete_checkpoint,
+from .services.adapters import card_fields, save_base_beside, with_adapter
+from .services.checkpoints import (STATE_FILE, TRAINED_BY, check_processes_agree, checkpoint_step, last_complete_checkpoint,
                           read_state, training_changes, write_state)
-from .inputs import (check_model_family, check_token_ids, check_tokenizer, forward_arguments, load_model,
+from .services.inputs import (check_model_family, check_token_ids, check_tokenizer, forward_arguments, load_model,
                      load_tokenizer_for, prepare_datasets, tokenizer_outputs, warn_half_precision_weights)
-from .log_window import window_rows, window_values
-from .run_record import (CROSS_ENTROPY, CROSS_ENTROPY_ID, changed_training_warning, cross_entropy_reason,
+from .services.log_window import window_rows, window_values
+from .services.run_record import (CROSS_ENTROPY, CROSS_ENTROPY_ID, changed_training_warning, cross_entropy_reason,
                          cross_entropy_warning, trainer_identity, training_record)
 
 logger = logging.get_logger(__name__)
@@ -199,7 +199,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         generate = self.args.predict_with_generate and not prediction_loss_only
-        if not generate:  # a batch of sources alone has no loss to compute (`trainers.references`)
+        if not generate:  # a batch of sources alone has no loss to compute (`trainers.services.references`)
             return self.gathered_prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs) \
                 if inputs.get("labels") is not None else (None, None, None)
         with self.decoding(self.accelerator.unwrap_model(model)) as whole:

@@ -28,7 +28,7 @@ from ..models.tokens import pad_id
 from ..models.languages import decode_texts
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
-from .rewards import sample_metrics
+from .services.reward_scorer import sample_metrics
 
 logger = logging.get_logger(__name__)
 

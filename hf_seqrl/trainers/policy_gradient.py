@@ -18,7 +18,7 @@ from .. import losses
 from ..configs import SeqRLConfig
 from ..hub import Method, Paper
 from ..types import RolloutBatch, ScoredRollout
-from .reuse import RolloutReuse
+from .services.reuse import RolloutReuse
 from .rollout import RolloutPlan, RolloutTrainer, StepLoss
 
 RENNIE_2017 = Paper(key="rennie2017scst", cite="Rennie et al., 2017", url="https://arxiv.org/abs/1612.00563",

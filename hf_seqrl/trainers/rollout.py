@@ -25,12 +25,12 @@ from ..rewards.convention import check_reward_spec
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
 from . import loss_tail
 from .base import SeqRLBaseTrainer
-from .checkpoints import checkpoint_on_error
-from .completions import CompletionLog
-from .frozen import FrozenModel
-from .generation import RolloutKeys, RolloutSource, model_inputs
-from .inputs import load_model
-from .rewards import RewardScorer, batch_references
+from .services.checkpoints import checkpoint_on_error
+from .services.completions import CompletionLog
+from .services.frozen import FrozenModel
+from .services.generation import RolloutKeys, RolloutSource, model_inputs
+from .services.inputs import load_model
+from .services.reward_scorer import RewardScorer, batch_references
 
 
 class RolloutPlan(NamedTuple):
@@ -85,7 +85,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         # Whether a reward scores against references (`rewards.reference_rewards`); the others score rows without any.
         self.rewards_read_references = bool(reward_funcs is not None and reference_rewards(reward_funcs))
         unwrapped = self.accelerator.unwrap_model(self.model)
-        # Models scored on the policy's tokens without training (`hf_seqrl.trainers.frozen`), by name.
+        # Models scored on the policy's tokens without training (`hf_seqrl.trainers.services.frozen`), by name.
         self.frozen_models: dict[str, FrozenModel] = {}
         if self.args.kl_coef > 0:
             self.frozen_models["reference"] = FrozenModel.reference_of(

@@ -223,7 +223,7 @@ def test_hf_seqrl_train_refuses_that_m2m100_before_training(tmp_path, capsys):
 
 def test_a_model_larger_than_its_tokenizer_and_added_tokens_within_it_are_taken(tmp_path):
     from hf_seqrl.models.tiny import build_tiny_model
-    from hf_seqrl.trainers.inputs import largest_tokenizer_id
+    from hf_seqrl.trainers.services.inputs import largest_tokenizer_id
 
     tokenizer = byt5_tokenizer()
     assert largest_tokenizer_id(tokenizer) == (383, "the last of its 384 tokens")

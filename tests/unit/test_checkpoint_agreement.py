@@ -1,11 +1,11 @@
 """Checks that every process of a job resumes from the same checkpoint and that `save_on_each_node` stays on one
-machine (`hf_seqrl.trainers.checkpoints`), on hand-made lists of what each process found."""
+machine (`hf_seqrl.trainers.services.checkpoints`), on hand-made lists of what each process found."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_seqrl.trainers.checkpoints import check_same_checkpoint, check_save_on_each_node
+from hf_seqrl.trainers.services.checkpoints import check_same_checkpoint, check_save_on_each_node
 
 
 def test_processes_that_found_the_same_checkpoint_pass():

@@ -1,4 +1,4 @@
-"""The sample log's pure parts (`hf_seqrl.trainers.completions`): rows, tables, JSONL files, the config fields."""
+"""The sample log's pure parts (`hf_seqrl.trainers.services.completions`): rows, tables, JSONL files, the config fields."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from hf_seqrl.rewards.spans import TokenScore
-from hf_seqrl.trainers.completions import (CompletionLog, completion_rows, json_safe, markdown_table, report,
+from hf_seqrl.trainers.services.completions import (CompletionLog, completion_rows, json_safe, markdown_table, report,
                                            small_columns, table, table_text, write_jsonl)
 
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from hf_seqrl.trainers.completions import completion_rows, fit_widths, print_table, table_text
+from hf_seqrl.trainers.services.completions import completion_rows, fit_widths, print_table, table_text
 
 ABSTRACT = " ".join(f"word{i}" for i in range(230))  # a summarization source: 230 words
 

@@ -2,7 +2,7 @@
 
 import math
 
-from hf_seqrl.trainers.log_window import window_rows, window_values
+from hf_seqrl.trainers.services.log_window import window_rows, window_values
 
 
 def test_one_process_means_and_extremes():

@@ -1,7 +1,7 @@
-"""`hf_seqrl.trainers.run_record`: when a run counts as cross-entropy fine-tuning, and what seqrl_run.json records."""
+"""`hf_seqrl.trainers.services.run_record`: when a run counts as cross-entropy fine-tuning, and what seqrl_run.json records."""
 
 from hf_seqrl.hub import Method
-from hf_seqrl.trainers.run_record import (CROSS_ENTROPY_ID, changed_training_warning, cross_entropy_reason,
+from hf_seqrl.trainers.services.run_record import (CROSS_ENTROPY_ID, changed_training_warning, cross_entropy_reason,
                                           trainer_identity, training_record)
 
 

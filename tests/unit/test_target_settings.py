@@ -1,11 +1,11 @@
 """What reads the gold targets: `rewards.reference_rewards` (which rewards score against references) and
-`trainers.references` (which settings of a run read targets, so that a dataset of sources alone is refused)."""
+`trainers.services.references` (which settings of a run read targets, so that a dataset of sources alone is refused)."""
 
 from hf_seqrl import (CrossEntropyTrainer, DistillationConfig, DistillationTrainer, MixerConfig, MixerTrainer,
                       MRTConfig, MRTTrainer, SCSTTrainer, SeqRLBaseConfig, SeqRLConfig)
 from hf_seqrl.rewards import (EvaluateReward, TeacherLikelihoodReward, WeightedReward, guard, reference_rewards,
                               target_language_reward)
-from hf_seqrl.trainers.references import evaluation_target_settings, target_settings
+from hf_seqrl.trainers.services.references import evaluation_target_settings, target_settings
 
 
 def qe(predictions, references, sources, **columns):

@@ -7,7 +7,7 @@ import torch
 import hf_seqrl.trainers.base as base
 from helpers import byt5_tokenizer, equal_length_dataset, make_config, overlap_reward, params, tiny_model
 from hf_seqrl import ReinforceTrainer, SCSTTrainer, SeqRLConfig
-from hf_seqrl.trainers.reuse import RepeatBlockSampler, RolloutReuse
+from hf_seqrl.trainers.services.reuse import RepeatBlockSampler, RolloutReuse
 from hf_seqrl.types import RolloutBatch
 
 config = partial(make_config, SeqRLConfig)  # config(tmp_path, **overrides)
@@ -69,7 +69,7 @@ def test_rollout_reuse_serves_a_cycle_and_survives_a_checkpoint(tmp_path):
 
 
 def test_rollout_source_numbers_the_micro_batches_of_each_step_and_hands_out_what_was_decoded_ahead():
-    from hf_seqrl.trainers.generation import RolloutSource
+    from hf_seqrl.trainers.services.generation import RolloutSource
 
     source = RolloutSource()
     assert [source.next_slot(4) for _ in range(3)] == [0, 1, 2]

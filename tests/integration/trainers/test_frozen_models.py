@@ -1,4 +1,4 @@
-"""Frozen models scored on the policy's tokens (`hf_seqrl.trainers.frozen`): a teacher next to any rewarded trainer,
+"""Frozen models scored on the policy's tokens (`hf_seqrl.trainers.services.frozen`): a teacher next to any rewarded trainer,
 and the KL reference as one case of it."""
 
 import copy

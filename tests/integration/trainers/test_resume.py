@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from hf_seqrl.trainers.checkpoints import STATE_FILE, last_complete_checkpoint
+from hf_seqrl.trainers.services.checkpoints import STATE_FILE, last_complete_checkpoint
 
 WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
 

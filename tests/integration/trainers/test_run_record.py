@@ -1,6 +1,6 @@
 """What a run says it trained with: the card and `seqrl_run.json` of a run whose steps are all cross-entropy (and the
 warning at train start), `CrossEntropyTrainer` on both families, and the warning of a resume under another algorithm,
-method or baseline (`hf_seqrl.trainers.run_record`)."""
+method or baseline (`hf_seqrl.trainers.services.run_record`)."""
 
 import json
 import logging
@@ -11,7 +11,7 @@ from helpers import byt5_tokenizer, make_config, params, prompt_completion_datas
     toy_dataset, toy_pairs
 from hf_seqrl import (CrossEntropyTrainer, DistillationConfig, DistillationTrainer, MRTConfig, MRTTrainer,
                       SCSTTrainer, SeqRLBaseConfig, SeqRLConfig)
-from hf_seqrl.trainers.checkpoints import STATE_FILE, TRAINED_BY
+from hf_seqrl.trainers.services.checkpoints import STATE_FILE, TRAINED_BY
 
 
 def data(tok):

@@ -1,6 +1,6 @@
 """Datasets of sources (or prompts) alone, no target: on-policy distillation and the policy gradients with a
 reference-free reward train from them on both model families; a setting that reads targets is refused when the
-trainer is built, named (`hf_seqrl.trainers.references`)."""
+trainer is built, named (`hf_seqrl.trainers.services.references`)."""
 
 import json
 

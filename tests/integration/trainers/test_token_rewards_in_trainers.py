@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 from helpers import byt5_tokenizer, make_config, params, text_pairs, tiny_causal_model, tiny_model
 from hf_seqrl import (DistillationConfig, DistillationTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       ReinforceTrainer, SCSTTrainer, SeqRLConfig)
-from hf_seqrl.trainers.rewards import RewardScorer
+from hf_seqrl.trainers.services.reward_scorer import RewardScorer
 from hf_seqrl.types import BatchText
 
 TEXTS = ["the café is open", "a cat sat on the mat", "猫 sat on the mat"]
@@ -165,7 +165,7 @@ def test_mrt_refuses_token_level_rewards(tmp_path):
 @pytest.mark.parametrize("make_tokenizer", [bpe, sentencepiece], ids=["bpe", "sentencepiece"])
 def test_one_pass_of_the_incremental_decoder_gives_the_spans_of_the_decoded_prefixes(make_tokenizer):
     from hf_seqrl.rewards.spans import piece_char_spans, token_char_spans
-    from hf_seqrl.trainers.rewards import char_spans
+    from hf_seqrl.trainers.services.reward_scorer import char_spans
 
     tok = make_tokenizer()
     # Unknown and multi-byte characters, doubled spaces, a leading space; and a random token sequence.

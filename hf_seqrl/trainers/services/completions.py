@@ -23,9 +23,9 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from ..models.languages import decode_texts
-from ..rewards.spans import TokenScore, sentence_score
-from ..types import repeat_rows
+from ...models.languages import decode_texts
+from ...rewards.spans import TokenScore, sentence_score
+from ...types import repeat_rows
 
 COMPLETIONS_DIR = "completions"
 MAX_COLUMN_CHARS = 1000  # a dataset column's value goes into a row when its JSON is at most this long

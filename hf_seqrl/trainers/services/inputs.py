@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers.utils import logging
 
-from ..data import check_dataset_columns, check_rows, tokenize_text_dataset
+from ...data import check_dataset_columns, check_rows, tokenize_text_dataset
 from .references import run_target_settings
 
 logger = logging.get_logger(__name__)
@@ -35,7 +35,7 @@ def load_model(model, args, field: str = "model_init_kwargs"):
                            "they are not applied (only attn_implementation is).", type(args).__name__, field,
                            sorted(kwargs))
         return model
-    from ..models import load_pretrained
+    from ...models import load_pretrained
 
     kwargs = dict(init_kwargs)
     kwargs.setdefault("trust_remote_code", False)

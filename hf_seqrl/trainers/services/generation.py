@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..functional.sampling import row_keys, stream_key
-from ..types import Rollout
+from ...functional.sampling import row_keys, stream_key
+from ...types import Rollout
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
 

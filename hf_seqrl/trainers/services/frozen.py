@@ -14,7 +14,7 @@ import copy
 
 import torch
 
-from ..models.base import replayed_rng
+from ...models.base import replayed_rng
 from .adapters import add_reference_adapter, is_peft_model, reference_of
 
 

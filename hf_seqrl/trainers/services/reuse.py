@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch.utils.data import Sampler
 
-from ..types import RolloutBatch
+from ...types import RolloutBatch
 
 
 class RepeatBlockSampler(Sampler):

@@ -12,15 +12,15 @@ import math
 
 import torch
 
-from ..hub import reward_label
-from ..models.languages import decode_texts, text_ids
-from ..rewards import PooledReward, RewardError, build_reward, call_reward_parts, combine_parts, reward_name
-from ..rewards.combine import model_rewards, place_on
-from ..rewards.convention import CombinedReward, check_finite, part_weights
-from ..rewards.spans import TokenScore, piece_char_spans, sentence_score, token_char_spans
-from ..rewards.combine import set_attention
-from ..rewards.guards import LengthRatioReward
-from ..types import BatchText, RewardValues
+from ...hub import reward_label
+from ...models.languages import decode_texts, text_ids
+from ...rewards import PooledReward, RewardError, build_reward, call_reward_parts, combine_parts, reward_name
+from ...rewards.combine import model_rewards, place_on
+from ...rewards.convention import CombinedReward, check_finite, part_weights
+from ...rewards.spans import TokenScore, piece_char_spans, sentence_score, token_char_spans
+from ...rewards.combine import set_attention
+from ...rewards.guards import LengthRatioReward
+from ...types import BatchText, RewardValues
 
 # What `rl/length_ratio` measures: a sample's words over its closest reference's (its source's without one).
 LENGTH_RATIO = LengthRatioReward()

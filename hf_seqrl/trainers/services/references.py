@@ -7,7 +7,7 @@ each setting that reads them when the trainer is built (`prepare_datasets` raise
 
 from __future__ import annotations
 
-from ..rewards import reference_rewards
+from ...rewards import reference_rewards
 
 
 def run_target_settings(trainer, args, compute_metrics=None) -> tuple[list[str], list[str]]:

@@ -10,8 +10,8 @@ import re
 from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..evaluation import settings_changes
-from ..rewards import RewardError
+from ...evaluation import settings_changes
+from ...rewards import RewardError
 
 STATE_FILE = "seqrl_state.json"
 # The state file's record of what trained the checkpoint (`SeqRLBaseTrainer.trainer_identity`).
