@@ -18,20 +18,20 @@ _LAZY = {
     "ProfessorForcingTrainer": "trainers.professor_forcing",
     "MRTConfig": "configs",
     "MixerConfig": "configs",
-    "MixerTrainer": "trainers.mixer",
+    "MixerTrainer": "trainers.rewarded",
     "DistillationConfig": "configs",
-    "DistillationTrainer": "trainers.distillation",
+    "DistillationTrainer": "trainers.rewarded",
     "TeacherLikelihoodReward": "rewards",
     "PrefixCorruptionConfig": "configs",
     "KStepRolloutConfig": "configs",
-    "SeqRLTrainer": "trainers.policy_gradient",
+    "SeqRLTrainer": "trainers.rewarded",
     "RolloutTrainer": "trainers.rollout",
     "RolloutConfig": "configs",
     "SeqRLBaseTrainer": "trainers.base",
     "CrossEntropyTrainer": "trainers.cross_entropy",
-    "ReinforceTrainer": "trainers.policy_gradient",
-    "SCSTTrainer": "trainers.policy_gradient",
-    "MRTTrainer": "trainers.mrt",
+    "ReinforceTrainer": "trainers.rewarded",
+    "SCSTTrainer": "trainers.rewarded",
+    "MRTTrainer": "trainers.rewarded",
     "ScheduledSamplingTrainer": "trainers.scheduled_sampling",
     "PrefixCorruptionTrainer": "trainers.input_schedules",
     "KStepRolloutTrainer": "trainers.input_schedules",
@@ -51,7 +51,7 @@ _LAZY = {
 
 # Submodules reachable as attributes (`hf_seqrl.losses`).
 _MODULES = {"losses", "rewards", "evaluation", "schedules", "data", "configs", "diagnostics", "hub", "models",
-            "functional", "types"}
+            "functional", "types", "objectives", "papers"}
 
 __all__ = sorted(_LAZY) + ["losses", "rewards", "evaluation", "schedules", "__version__"]
 

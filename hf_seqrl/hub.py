@@ -12,41 +12,14 @@ import os
 import re
 from importlib import metadata
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any
+
+from .papers import Method
 
 PROJECT = "hf-seqrl"
 # `hf_seqrl/model_cards` links to the top-level `model_cards/`, so a checkout and an installed wheel read the same file.
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_cards"
 TEMPLATE = "seqrl.md"
-
-# What a card says of a method: its name, tag, one-line description, the baseline that ran (policy gradients) and
-# the papers it cites. Each trainer class carries its own (`SeqRLBaseTrainer.method`, as TRL's `_name` / `_paper`).
-
-
-@dataclass(frozen=True)
-class Paper:
-    """A paper a card cites: `key` (its BibTeX key), `cite` (the in-text form), `title`, `url` (a stable address:
-    DOI, arXiv, ACL Anthology, OpenReview) and `citation` (the BibTeX entry shown under "Citation")."""
-
-    key: str
-    cite: str
-    title: str
-    url: str
-    citation: str
-
-
-@dataclass(frozen=True)
-class Method:
-    """The algorithm a card names: `name`, `tag` (a Hub tag), `description` (loss and baseline), `papers`, and
-    `baseline` (the baseline that ran; None without a policy gradient)."""
-
-    name: str
-    tag: str
-    description: str = ""
-    papers: tuple[Paper, ...] = ()
-    baseline: str | None = None
-
 
 # The Hub tasks (`pipeline_tag`) a card can claim: the task the config names, text generation for a decoder-only
 # model. An encoder-decoder trained for no named task claims none (the Hub's text-generation widget would run it as a
@@ -272,7 +245,7 @@ def render_model_card(
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
     `method` is the algorithm that ran (`trainer.method`; a policy gradient's
-    `trainers.policy_gradient.policy_gradient_method(baseline)`; cross-entropy, `trainers.services.run_record.CROSS_ENTROPY`,
+    `objectives.policy_gradient.policy_gradient_method(baseline)`; cross-entropy, `trainers.services.run_record.CROSS_ENTROPY`,
     for a run that never reached its trainer's own loss). `algorithm_detail` is appended to its name; `reward` (None:
     no reward line) names the reward as the user gave it; `license` (an SPDX id such as `"apache-2.0"`) goes into the
     metadata when known. `task` (`"translation"`, `"summarization"` or None) is what the card says the model does:

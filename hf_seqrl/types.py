@@ -163,7 +163,7 @@ class RewardValues(NamedTuple):
 @dataclass
 class RolloutBatch:
     """A micro-batch's rollout with its rewards and advantages: what the scoring pass and the algorithm's loss read
-    (the stages of `RolloutTrainer.rl_loss`).
+    (the stages of `RolloutTrainer.rl_loss`; `hf_seqrl.objectives`).
 
     Attributes:
         sample_ids (`torch.LongTensor` of shape `(B*n, T)`), sample_mask (`torch.BoolTensor` of shape `(B*n, T)`):
@@ -180,7 +180,9 @@ class RolloutBatch:
             on, they thin the same units and the ratios move with the weights only.
         group (`int`): rows per source (`n`).
         rewards (`torch.Tensor` of shape `(B*n,)` or None): each sample's reward (0 where it has none).
-        extra (`dict`): what an algorithm's own stages pass on (MRT: which candidates were drawn, the reference rows).
+
+    An objective whose stages pass on more subclasses it (a dataclass of its own module: MRT's `CandidateBatch`,
+    MIXER's `MixerBatch`, distillation's `DistillationBatch`).
     """
 
     sample_ids: torch.Tensor
@@ -192,7 +194,6 @@ class RolloutBatch:
     rng_state: tuple | None = None
     group: int = 1
     rewards: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def loss_mask(self) -> torch.Tensor:

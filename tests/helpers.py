@@ -353,3 +353,14 @@ def multilingual_model(tokenizer, seed: int = 0, dropout: float = 0.1):
     if type(tokenizer).__name__.startswith("MBart"):
         return MBartForConditionalGeneration(MBartConfig(**shape))
     return M2M100ForConditionalGeneration(M2M100Config(**shape))
+
+
+def step_context(trainer, text=None, inputs=None, unwrapped=None):
+    """Returns a `StepContext` of `trainer`'s current step (slot 0) for calling one stage or service by hand."""
+    from hf_seqrl.objectives.base import StepContext
+    from hf_seqrl.types import BatchText
+
+    step = trainer.state.global_step
+    return StepContext(inputs or {}, text if text is not None else BatchText(None, None, {}),
+                       unwrapped if unwrapped is not None else trainer.model, step, 0,
+                       trainer.objective.on_policy(step))

@@ -107,7 +107,7 @@ def _rl_arm(arm: str):
 def _mrt_arm(candidates: str):
     def build(ctx: "ArmContext"):
         from hf_seqrl.configs import MRTConfig
-        from hf_seqrl.trainers.mrt import MRTTrainer
+        from hf_seqrl.trainers import MRTTrainer
 
         # The candidates of a source: `mrt_samples` samples and the greedy decode, or the `mrt_samples`-best list of a
         # beam of width `mrt_beam_size`; no baseline, so center_advantages does not apply. The risk is mixed with
@@ -157,7 +157,7 @@ def _kd_seq_arm(ctx: "ArmContext"):
 
 def _mixer_arm(ctx: "ArmContext"):
     from hf_seqrl.configs import MixerConfig
-    from hf_seqrl.trainers.mixer import MixerTrainer
+    from hf_seqrl.trainers import MixerTrainer
 
     settings = ctx.settings
     # Δ grows by mixer_delta tokens every tenth of the budget's steps (one rollout + one scoring pass per step); the

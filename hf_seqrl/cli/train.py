@@ -129,9 +129,10 @@ class ScriptArguments:
         if self.reward_funcs and not takes_rewards(self.algorithm):
             warnings.warn(f"ScriptArguments.reward_funcs={self.reward_funcs} apply to the rewarded algorithms; "
                           f"algorithm={self.algorithm!r} trains without a reward: ignored.")
-        if self.teacher_model is None and self.algorithm == "distill":
-            raise ValueError("algorithm='distill' needs teacher_model: a Hub id or folder of the model's family "
-                             "and tokenizer.")
+        needs_teacher = getattr(getattr(trainer_class(self.algorithm), "defaults", None), "needs_teacher", False)
+        if self.teacher_model is None and needs_teacher:
+            raise ValueError(f"algorithm={self.algorithm!r} needs teacher_model: a Hub id or folder of the model's "
+                             "family and tokenizer.")
 
 
 def trainer_class(algorithm: str) -> type:

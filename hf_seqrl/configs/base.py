@@ -53,6 +53,8 @@ class Range(NamedTuple):
         return above and below
 
     def __str__(self) -> str:
+        if self.low is None and self.high is None:
+            return "a finite number"
         if self.high is None:
             return f"{'>' if self.low_open else '>='} {self.low:g}"
         if self.low is None:

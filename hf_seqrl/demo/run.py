@@ -71,7 +71,7 @@ def write_card(output_dir: str, results: dict, settings: DemoSettings) -> str:
     """Writes the model card of the saved SCST model (from `model_cards/`) and returns its path."""
     from ..hub import write_model_card
     from ..trainers import SCSTTrainer
-    from ..trainers.policy_gradient import policy_gradient_method
+    from ..objectives.policy_gradient import policy_gradient_method
 
     arms = results["arms"]
     metrics = {f"test_{metric}_{arm}": arms[arm][metric] for arm in ARMS for metric in ("bleu", "chrf")}

@@ -1,5 +1,5 @@
 """Divergences between a student's and a teacher's next-token distributions, and the on-policy reverse KL as
-per-token advantages: the math of distillation (`hf_seqrl.trainers.distillation`). Pure tensor code (torch only).
+per-token advantages: the math of distillation (`hf_seqrl.objectives.distillation`). Pure tensor code (torch only).
 
 `beta` selects the divergence as TRL's `DistillationConfig.beta` does: 0 is the forward `KL(teacher || student)`
 (word-level knowledge distillation), 1 the reverse `KL(student || teacher)`, anything between the generalized

@@ -2,8 +2,8 @@
 
 Model and data checks, the collator that keeps the text columns, the teacher-forced warm-up phase, evaluation with
 generation for both model families, metrics averaged over processes, the model card and the trainer's own
-checkpoint files. The losses live in the subclasses (`policy_gradient`, `mrt`, `mixer`, `input_schedules`,
-`scheduled_sampling`, `professor_forcing`), their math in `hf_seqrl.losses`.
+checkpoint files. The losses live in the subclasses (`rollout` running an objective of `hf_seqrl.objectives`,
+`input_schedules`, `scheduled_sampling`, `professor_forcing`), their math in `hf_seqrl.losses`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
     logs their means averaged over processes, saves the trainer's own state with checkpoints, and writes a
     model card on save. Subclasses implement `sequence_loss` and set `config_class` and the trainer's identity:
     `algorithm_id`, its name for machines (`hf-seqrl train --algorithm`, results files), and `method`, what logs and
-    cards say of it for people (`hub.Method`: name, tag, papers; a property where the settings decide it).
+    cards say of it for people (`papers.Method`: name, tag, papers; a property where the settings decide it).
     """
 
     config_class: type = Seq2SeqTrainingArguments

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from ..functional import decoder_inputs as di
 from ..configs import KStepRolloutConfig, PrefixCorruptionConfig
-from ..hub import Method, Paper
+from ..papers import Method, Paper
 from ..models.tokens import eos_ids, pad_id, shift_right
 from ..schedules import corruption_rate
 from .base import SeqRLBaseTrainer

@@ -26,7 +26,7 @@ from torch import nn
 from .. import losses
 from ..configs import ProfessorForcingConfig
 from ..functional.adversarial import adversarial_loss, discriminator_loss
-from ..hub import Method, Paper
+from ..papers import Method, Paper
 from ..models.tokens import right_pad
 from .base import SeqRLBaseTrainer
 

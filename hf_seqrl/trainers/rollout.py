@@ -1,83 +1,88 @@
-"""`RolloutTrainer`: what every rewarded trainer (SCST, REINFORCE, MRT, MIXER) shares.
-
-The rewards and their metrics, the rollout decode (one per micro-batch, or one per `steps_per_generation`
-micro-batches decoded ahead, or a rollout kept for reuse), the scoring pass under the policy and the KL reference, and
-the sample logs. `rl_loss` runs one RL step as stages in order: this file holds the head (the rollout, its rewards and
-advantages, the scoring pass), an algorithm's file its loss (`algorithm_loss`) and the stages it changes, and
-`loss_tail` the tail (the cross-entropy term, the mix with entropy and KL). An algorithm says whether a step rolls
-out (`rollout_plan`); the math lives in `hf_seqrl.losses` and `hf_seqrl.functional`.
+"""`RolloutTrainer`: the one rewarded trainer. It runs an objective (`hf_seqrl.objectives`): the algorithm picks its
+objective class, and one step (`rl_loss`) reads top to bottom in one function: the rollout, or the one kept from an
+earlier step of a reuse cycle → rewards → advantages (or the objective's own weights) → the scoring pass → the
+objective's loss → the mix with cross-entropy, entropy and KL. Besides the step it holds the services an objective's
+stages call (`objectives.base.Runner`): the rollout decode (one per micro-batch, or one per `steps_per_generation`
+micro-batches decoded ahead), the rewards, the scoring pass under the policy and the KL reference, frozen models and
+the sample logs. The math lives in `hf_seqrl.losses` and `hf_seqrl.functional`.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import NamedTuple
 
 import torch
 
+from .. import losses
 from ..configs import BaselineConfig, RolloutConfig
 from ..configs.rollout import check_aggregation
 from ..functional import advantages as functional_advantages
 from ..models.base import replayed_rng, rng_state
+from ..models.languages import decode_texts
 from ..models.scoring import ScoreOptions
+from ..objectives.base import Defaults, Objective, RolloutPlan, StepContext
+from ..papers import Method
 from ..rewards import RewardError, reference_rewards
 from ..rewards.convention import check_reward_spec
 from ..types import BatchText, Rollout, RolloutBatch, RewardValues, ScoredRollout, repeat_rows
-from . import loss_tail
 from .base import SeqRLBaseTrainer
 from .services.checkpoints import checkpoint_on_error
 from .services.completions import CompletionLog
 from .services.frozen import FrozenModel
 from .services.generation import RolloutKeys, RolloutSource, model_inputs
 from .services.inputs import load_model
-from .services.reward_scorer import RewardScorer, batch_references
-
-
-class RolloutPlan(NamedTuple):
-    """How a training step after the warm-up rolls out (see `RolloutTrainer.rollout_plan`)."""
-
-    from_source: bool  # the samples are decoded from the source alone, through `take_rollout` (decodable ahead)
-    greedy: bool  # each source's greedy decode comes with its samples
-
-
-class StepLoss(NamedTuple):
-    """What an algorithm's loss stage returns (`RolloutTrainer.algorithm_loss`)."""
-
-    loss: torch.Tensor
-    token_mask: torch.Tensor  # (N, T): the tokens the entropy bonus and the KL term count
-    metrics: dict
+from .services.reuse import RolloutReuse
+from .services.reward_scorer import RewardScorer, batch_references, sample_metrics
 
 
 class RolloutTrainer(SeqRLBaseTrainer):
-    """Base of the rewarded trainers; same constructor as `Seq2SeqTrainer` plus `reward_funcs`, `args` a
-    `RolloutConfig`. One RL step is `rl_loss`, a stage per call: `stored_batch` or `rollout` → `rollout_batch`
-    (rewards → advantages; a trainer whose config is a `BaselineConfig` weighs its samples by advantages over a
-    baseline) → `score_batch` → `algorithm_loss` → `cross_entropy_term` → `finish_loss`. Subclasses implement
-    `algorithm_loss`, override the other stages they change, and say in `rollout_plan` whether a step rolls out."""
+    """The rewarded trainer: same constructor as `Seq2SeqTrainer` plus `reward_funcs` (and `teacher_model`), `args`
+    the objective's config. A subclass picks its objective (`objective_class`, an `objectives.base.Objective`) and,
+    where it differs from the objective's, its `defaults` record; its trainer-level names (`config_class`,
+    `algorithm_id`, `model_families`, what `disable_dropout=None` means, ...) are read from that record.
+
+    SCSTTrainer, ReinforceTrainer, MRTTrainer, MixerTrainer, DistillationTrainer and BestOfNTrainer
+    (`hf_seqrl.trainers.rewarded`) are each a few lines that pick one."""
 
     config_class = RolloutConfig
-    # Dropout off: the scoring pass scores the distribution the rollouts came from. Minimum risk training keeps this
-    # (measured with dropout kept: benchmarks/README.md, MRT's candidate sets); the policy gradients keep dropout.
-    default_disable_dropout = True
-    default_baseline: str | None = None  # the baseline of a `BaselineConfig` that leaves it to the trainer
+    objective_class: type[Objective] | None = None
+    defaults: Defaults | None = None
 
-    # False for a trainer whose loss needs no reward (it then takes `reward_funcs=None`).
+    def __init_subclass__(cls, **kwargs):
+        """Reads a subclass's trainer-level names from its objective's defaults, declared once there."""
+        super().__init_subclass__(**kwargs)
+        if cls.objective_class is not None:
+            # A class that picks another objective without a record of its own takes the objective's.
+            own_objective = "objective_class" in cls.__dict__ and "defaults" not in cls.__dict__
+            defaults = cls.objective_class.defaults if own_objective or cls.defaults is None else cls.defaults
+            cls.defaults, cls.config_class, cls.algorithm_id = defaults, defaults.config_class, defaults.algorithm_id
+            cls.model_families, cls.default_disable_dropout = defaults.model_families, defaults.disable_dropout
+            cls.default_baseline, cls.needs_rewards = defaults.baseline, defaults.needs_rewards
+            cls.reads_targets = defaults.reads_targets
+
+    default_baseline: str | None = None
     needs_rewards = True
     reads_targets = None  # sources alone train it, unless its settings or rewards read targets (`target_settings`)
 
     def __init__(self, model=None, args: RolloutConfig | None = None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_funcs=None, teacher_model=None, **kwargs):
+        if self.objective_class is None:
+            raise TypeError("RolloutTrainer runs an objective: use a trainer that picks one (SCSTTrainer, "
+                            "MRTTrainer, ...) or subclass RolloutTrainer with `objective_class = YourObjective`.")
         if reward_funcs is None and self.needs_rewards:
             raise ValueError(
                 f"{type(self).__name__} needs reward_funcs=: a built-in name ('bleu', 'chrf', 'rouge1', 'rouge2', "
                 "'rougeL', 'rougeLsum'), a 'module:function' path, a callable f(predictions, references, sources, "
                 "**columns) -> list[float], an evaluate.EvaluationModule, or a list of these.")
         # Checked before the (slow) Trainer set-up, so that a typo fails at once.
+        self.objective_class.check_arguments(reward_funcs, teacher_model, args)
         if reward_funcs is not None:
             weights = args.reward_weights if isinstance(args, RolloutConfig) else None
             check_reward_spec(reward_funcs, weights, f"{type(args).__name__}.reward_weights")
         if isinstance(args, BaselineConfig):
             check_aggregation(args, args.baseline or self.default_baseline)
+        num_iterations = getattr(args, "num_iterations", 1) if self.objective_class.reuses_rollouts else 1
+        RolloutReuse.check_dataset(train_dataset, num_iterations)
         self.reward_funcs = reward_funcs  # read by the dataset checks of `SeqRLBaseTrainer.__init__`
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
@@ -85,7 +90,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         # Whether a reward scores against references (`rewards.reference_rewards`); the others score rows without any.
         self.rewards_read_references = bool(reward_funcs is not None and reference_rewards(reward_funcs))
         unwrapped = self.accelerator.unwrap_model(self.model)
-        # Models scored on the policy's tokens without training (`hf_seqrl.trainers.services.frozen`), by name.
+        # Models scored on the policy's tokens without training (`services.frozen`), by name.
         self.frozen_models: dict[str, FrozenModel] = {}
         if self.args.kl_coef > 0:
             self.frozen_models["reference"] = FrozenModel.reference_of(
@@ -96,14 +101,20 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 teacher, self.args.device, unwrapped, tokenizer=self.processing_class,
                 hub_arguments=self.args.teacher_model_init_kwargs or {})
         self.baseline = (self.args.baseline or self.default_baseline) if isinstance(self.args, BaselineConfig) else None
+        self.objective: Objective = self.objective_class(self.args, self.baseline)
         self.baseline_ema: float | None = None  # the moving-average baseline's state
         self._rollout_config = None
-        self._policy_rng = None  # the RNG state of the last policy scoring pass, replayed by the reference pass
         self.rollout_keys = RolloutKeys(self.args.seed, self.args.process_index)
         self.rollout_source = RolloutSource()
-        self.slot = 0  # the slot of the micro-batch in training (`RolloutSource`)
-        self.reuse = None  # the rollouts kept for later steps of a cycle (`SeqRLTrainer`, `num_iterations > 1`)
+        # The rollouts kept for the later steps of a cycle (clipped multi-update steps, `num_iterations > 1`).
+        self.reuse = RolloutReuse(num_iterations) if num_iterations > 1 else None
         self.completions = CompletionLog() if self.args.log_completions else None
+        self.objective.check_models(self)
+
+    @property
+    def method(self) -> Method:
+        """What logs and cards say of the objective as configured (`Objective.method`)."""
+        return self.objective.method
 
     @property
     def reward_fn(self):
@@ -127,14 +138,15 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return getattr(self.frozen_models.get("teacher"), "card_name", None)
 
     def rollout_plan(self) -> RolloutPlan | None:
-        """Returns how the current training step (after the warm-up) rolls out, or None when it decodes nothing:
-        nothing a rollout gives would reach the loss (`rl_weight`, `kl_coef` and `entropy_coef` all 0), and the step
-        trains as `Seq2SeqTrainer` does. Subclasses refine the plan of this base: samples decoded from the source, with
-        each source's greedy row for the greedy baseline."""
-        args = self.args
+        """Returns how the current training step (after the warm-up) rolls out (`Objective.rollout_plan`), or None
+        when it decodes nothing: nothing a rollout gives would reach the loss (`rl_weight`, `kl_coef` and
+        `entropy_coef` all 0), and the step trains as `Seq2SeqTrainer` does. A step whose rollouts an earlier step of
+        its reuse cycle kept decodes nothing from the source."""
+        args, step = self.args, self.state.global_step
         if args.rl_weight == 0 and args.kl_coef == 0 and args.entropy_coef == 0:
             return None
-        return RolloutPlan(from_source=True, greedy=self.baseline == "greedy")
+        plan = self.objective.rollout_plan(step)
+        return plan._replace(from_source=False) if self.reuse is not None and self.reuse.holds(step) else plan
 
     def own_loss_off(self) -> str | None:
         if self.rollout_plan() is None:
@@ -152,11 +164,11 @@ class RolloutTrainer(SeqRLBaseTrainer):
             )
         return self._rollout_config
 
-    def take_rollout(self, unwrapped, inputs) -> Rollout:
-        """Returns the rollout of the micro-batch in training (`slot`): the one decoded ahead with the other
+    def take_rollout(self, ctx: StepContext) -> Rollout:
+        """Returns the rollout of the micro-batch in training (`ctx.slot`): the one decoded ahead with the other
         micro-batches of its optimizer step (`steps_per_generation > 1`), else one decoded now."""
-        rollout = self.rollout_source.take(self.state.global_step, self.slot)
-        return rollout if rollout is not None else self.decode_rollouts(unwrapped, [inputs])[0]
+        rollout = self.rollout_source.take(ctx.step, ctx.slot)
+        return rollout if rollout is not None else self.decode_rollouts(ctx.unwrapped, [ctx.inputs])[0]
 
     def decode_rollouts(self, unwrapped, batches: list[dict]) -> list[Rollout]:
         """Returns the rollouts of `batches` (micro-batches of the current optimizer step, in order) from one decode,
@@ -185,7 +197,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
         self.rollout_source.hold(self.state.global_step, ahead)
         return batches, num_items_in_batch
 
-    # ---- the loss -------------------------------------------------------------------------------
+    # ---- the step ---------------------------------------------------------------------------------
 
     def sequence_loss(self, model, inputs, text: BatchText, num_items_in_batch):
         args = self.args
@@ -201,41 +213,56 @@ class RolloutTrainer(SeqRLBaseTrainer):
                 "'references'.")
         if text.references is None:
             text = text._replace(references=batch_references(inputs, self.processing_class))
-        self.slot = self.rollout_source.next_slot(self.state.global_step)
         return self.rl_loss(model, inputs, text)
 
     def rl_loss(self, model, inputs, text: BatchText):
-        """Returns the loss of a micro-batch after the warm-up and records its metrics: one stage per call, in order
-        (docs/architecture.md, "One RL step"). An algorithm overrides the stages it changes."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        batch = self.stored_batch()  # a rollout an earlier step of the cycle scored (num_iterations > 1)
+        """Returns the loss of a micro-batch after the warm-up and records its metrics: the whole step, in order
+        (docs/architecture.md, "One RL step"); the objective's stages are the calls on `objective`."""
+        args, objective, step = self.args, self.objective, self.state.global_step
+        ctx = StepContext(inputs, text, self.accelerator.unwrap_model(model), step,
+                          self.rollout_source.next_slot(step), objective.on_policy(step))
+        # 1. The rollout: kept from the first step of its reuse cycle (`num_iterations > 1`), or decoded (ahead with
+        #    the other micro-batches of the optimizer step, or now), then rewards → advantages or the objective's
+        #    own weights.
+        batch = self.reuse.take(step, ctx.slot) if self.reuse is not None else None
         if batch is None:
-            rollout = self.rollout(unwrapped, inputs)  # decoded ahead or now (`RolloutSource`)
-            batch = self.rollout_batch(rollout, text, unwrapped, inputs)  # rewards (`RewardScorer`) → advantages
-        scored = self.score_batch(model, inputs, batch)  # the scoring pass: the KL reference, then the policy
-        step = self.algorithm_loss(scored, batch, inputs)  # the algorithm's loss (`hf_seqrl.losses`)
-        xe_loss = self.cross_entropy_term(scored, batch, inputs)
-        return self.finish_loss(step.loss, xe_loss, inputs, scored, batch.sample_ids, batch.group, step.token_mask,
-                                step.metrics)  # mixed with cross-entropy, − entropy, + KL
+            rollout = objective.rollout(self, ctx)
+            batch = objective.weigh(self, rollout, ctx)
+        # 2. The scoring pass: the KL reference first, then the policy. A reused rollout replays the random draws of
+        #    its first pass (with dropout on, the ratios then move with the weights only), whose log-probs are p_old.
+        replay = replayed_rng(batch.rng_state, args.device) if batch.rng_state is not None else nullcontext()
+        with replay:
+            scored = objective.score(self, model, batch, ctx)
+        if self.reuse is not None and batch.old_token_logprobs is None:
+            batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), ctx.policy_rng
+            self.reuse.keep(step, ctx.slot, batch)
+        # 3. The objective's loss, and the tokens its entropy and KL terms count.
+        loss, token_mask, metrics = objective.loss(scored, batch, ctx)
+        # 4. Mixed with cross-entropy by `rl_weight`, minus `entropy_coef` x entropy, plus `kl_coef` x KL.
+        xe_loss = objective.cross_entropy(self, scored, batch, ctx)
+        loss = losses.mix_losses(loss, xe_loss, args.rl_weight)
+        terms = losses.regularize(loss, scored.entropy, token_mask, args.entropy_coef, scored.kl, args.kl_coef)
+        if bool(token_mask.any()):
+            metrics["rl/entropy"] = terms.entropy.item()
+            if terms.kl is not None:
+                metrics["rl/kl"] = terms.kl.item()
+        if objective.reports_teacher and "teacher" in self.frozen_models:
+            metrics.update(self.teacher_metrics(inputs, scored, batch.sample_ids, batch.group, token_mask))
+        if xe_loss is not None:
+            metrics["rl/xe_loss"] = xe_loss.item()
+        self._record("train", metrics)
+        return terms.loss
 
-    def stored_batch(self) -> RolloutBatch | None:
-        """Returns the rollout kept for this micro-batch's slot in the current reuse cycle (`reuse`, a `RolloutReuse`
-        that `SeqRLTrainer` sets with `num_iterations > 1`), or None when the micro-batch rolls out."""
-        return None if self.reuse is None else self.reuse.take(self.state.global_step, self.slot)
+    # ---- the services an objective's stages call (`objectives.base.Runner`) -----------------------------
 
-    def rollout(self, unwrapped, inputs):
-        """Returns this micro-batch's rollout (`take_rollout`: its samples, and greedy rows for the greedy baseline);
-        an algorithm that rolls out otherwise returns what its `rollout_batch` reads."""
-        return self.take_rollout(unwrapped, inputs)
-
-    def rollout_batch(self, rollout: Rollout, text: BatchText, unwrapped, inputs=None) -> RolloutBatch:
+    def sample_advantages(self, rollout: Rollout, ctx: StepContext) -> RolloutBatch:
         """Returns the rewards, baseline and advantages of `rollout`'s samples and what they measure (no grad);
-        keeps their rows for the sample log (`log_completions`; `inputs` gives the source texts). The advantages are
+        keeps their rows for the sample log (`log_completions`). The advantages are
         `hf_seqrl.functional.advantages.sample_advantages`: a sample left out (no reward applies, a dropped non-finite
         one, or its source's greedy reward is missing) gets no advantage and no row in the loss, and counts in no
         other sample's baseline or scale. This trainer keeps the moving average and sums the batch's moments over
         processes."""
-        args, n = self.args, rollout.num_samples
+        args, n, text = self.args, rollout.num_samples, ctx.text
         samples = self.reward_values(rollout.sample_ids, repeat_rows(text, n), rollout.sample_mask)
         greedy = self.reward_values(rollout.greedy_ids, text) if self.baseline == "greedy" else None
         settings = args.advantage_settings(self.baseline)
@@ -255,69 +282,59 @@ class RolloutTrainer(SeqRLBaseTrainer):
         metrics = self.rewards.metrics(samples, ~kept, rollout.sample_mask, rollout.sample_cut, repeat_rows(text, n))
         metrics.update(functional_advantages.advantage_metrics(adv, baselines, kept))  # the left-out have none
         if self.completions is not None:
-            self.record_completions(inputs, text, samples, rollout.sample_cut, unwrapped, baselines, adv,
-                                    rollout.greedy_ids)
+            self.record_completions(ctx, samples, rollout.sample_cut, baselines, adv, rollout.greedy_ids)
         if samples.token_values is not None:  # token-level rewards: each token's value beside the sentence's
             adv = functional_advantages.token_level_advantages(adv, samples.token_values, rollout.sample_mask,
                                                                args.token_reward_to_go)
         return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept, group=n,
                             rewards=samples.rewards)
 
+    def unrewarded_batch(self, rollout: Rollout, ctx: StepContext) -> RolloutBatch:
+        """Returns the samples without a reward: their length and truncation metrics (`sample_metrics`) and, with
+        `log_completions`, their rows for the sample log, with no reward, baseline or advantage."""
+        n = rollout.num_samples
+        predictions = decode_texts(self.processing_class, rollout.sample_ids)
+        metrics = sample_metrics(predictions, rollout.sample_mask, rollout.sample_cut, repeat_rows(ctx.text, n))
+        if self.completions is not None:
+            none = torch.ones(len(predictions), dtype=torch.bool)
+            samples = RewardValues(predictions, [None] * len(predictions), {}, torch.zeros(len(predictions)), none)
+            self.record_completions(ctx, samples, rollout.sample_cut)
+        return RolloutBatch(rollout.sample_ids, rollout.sample_mask, None, metrics, group=n)
+
     def gold_labels(self, inputs):
         """Returns the gold labels the cross-entropy term needs (`rl_weight < 1`), else None."""
         return inputs.get("labels") if self.args.rl_weight < 1 else None
 
-    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
-        """Returns the scoring pass of the batch's samples (and gold rows for the cross-entropy term). A reused
-        rollout replays the random draws of its first pass (with dropout on, the ratios then move with the weights
-        only: exactly 1 at learning rate 0), and the first pass of a rollout kept for reuse records its log-probs as
-        `p_old`."""
-        replay = replayed_rng(batch.rng_state, self.args.device) if batch.rng_state is not None else nullcontext()
-        with replay:
-            scored = self.score_policy(model, inputs, batch.sample_ids, batch.group, self.gold_labels(inputs))
-        if self.reuse is not None and batch.old_token_logprobs is None:
-            # The rollout's first forward gives p_old: this step's ratios are 1, the cycle's later ones are not.
-            batch.old_token_logprobs, batch.rng_state = scored.token_logprobs.detach(), self._policy_rng
-            self.reuse.keep(self.state.global_step, self.slot, batch)
-        return scored
+    def gold_cross_entropy(self, scored: ScoredRollout, labels):
+        """Returns the cross-entropy of the gold `labels` from the scoring pass `scored`, or None without labels."""
+        if labels is None:
+            return None
+        return self.cross_entropy_of(scored.gold_logprobs, labels, scored.raw_logprobs, scored.raw_logprob_sums,
+                                     scored.vocab_size)
 
-    def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
-        """Returns the algorithm's loss of the scored batch, the tokens its entropy and KL terms count, and its
-        metrics (implemented by each algorithm, over `hf_seqrl.losses`)."""
-        raise NotImplementedError
-
-    # The step's tail (`loss_tail`): the cross-entropy term, then the mix with − entropy and + KL.
-    cross_entropy_term = loss_tail.cross_entropy_term
-    finish_loss = loss_tail.finish_loss
-    gold_cross_entropy = loss_tail.gold_cross_entropy
-    add_regularizers = loss_tail.add_regularizers
-    teacher_metrics = loss_tail.teacher_metrics
-
-    # ---- the scoring pass's helpers -----------------------------------------------------------------
-
-    def score_policy(self, model, inputs, token_ids, group: int, gold_labels=None, temperature: float | None = None,
-                     plain: bool = False, divergence=None) -> ScoredRollout:
+    def score_policy(self, model, ctx: StepContext, token_ids, group: int, gold_labels=None,
+                     temperature: float | None = None, plain: bool = False, divergence=None) -> ScoredRollout:
         """Returns the family's scoring pass of `token_ids` under the policy (with grad; at `temperature`, default the
         rollout's; the samples' temperature-1 log-probs too with `plain`; the divergence to a teacher with
-        `divergence`, a `functional.lm_head.Divergence`), remembering its random state.
+        `divergence`, a `functional.lm_head.Divergence`), its random state kept in `ctx.policy_rng`.
 
         With `kl_coef > 0` the KL reference runs first, on the same tokens and with the random draws the policy pass
         then makes (with dropout on, both passes thin the same units, so the KL measures the weights' difference only),
         and the policy pass reduces the KL chunk by chunk beside its log-probs."""
         args = self.args
-        self._policy_rng = rng_state(args.device)
-        reference = self.reference_positions(inputs, token_ids, group) if args.kl_coef > 0 else None
+        ctx.policy_rng = rng_state(args.device)
+        reference = self.reference_positions(ctx, token_ids, group) if args.kl_coef > 0 else None
         options = ScoreOptions(reference, entropy_grad=args.entropy_coef > 0, plain=plain,
                                raw=self.label_smoother is not None, divergence=divergence)
         temperature = args.temperature if temperature is None else temperature
-        return self.family.score(model, inputs, token_ids, group, gold_labels, temperature, options)
+        return self.family.score(model, ctx.inputs, token_ids, group, gold_labels, temperature, options)
 
-    def reference_positions(self, inputs, token_ids, group: int):
+    def reference_positions(self, ctx: StepContext, token_ids, group: int):
         """Returns the KL reference's output-layer inputs at the positions of `token_ids` (frozen), from a pass in the
-        policy's mode (train or eval) that makes the draws the next policy pass makes."""
-        with self.frozen_models["reference"].running(self.accelerator, self.model.training, self._policy_rng,
+        policy's mode (train or eval) that makes the draws the next policy pass makes (`ctx.policy_rng`)."""
+        with self.frozen_models["reference"].running(self.accelerator, self.model.training, ctx.policy_rng,
                                                      self.args.device) as reference:
-            return self.family.reference_positions(reference, inputs, token_ids, group)
+            return self.family.reference_positions(reference, ctx.inputs, token_ids, group)
 
     def score_frozen(self, name: str, inputs, token_ids, group: int, temperature: float = 1.0) -> ScoredRollout:
         """Returns the scoring pass of `token_ids` `(B*n, T)` under the frozen model `name` (`frozen_models`; no
@@ -345,11 +362,24 @@ class RolloutTrainer(SeqRLBaseTrainer):
         """Returns `totals` summed over the processes (the moments of `scale_rewards="batch"`)."""
         return self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
 
-    def record_completions(self, inputs, text: BatchText, samples: RewardValues, sample_cut, unwrapped,
-                           baselines=None, advantages=None, greedy_ids=None) -> None:
+    def teacher_metrics(self, inputs, scored: ScoredRollout, token_ids, group: int, token_mask) -> dict[str, float]:
+        """Returns what the frozen `teacher` says of the samples `token_ids` over the counted tokens `token_mask`:
+        `rl/teacher_logprob`, its mean log-prob of the policy's tokens, and at temperature 1 `rl/teacher_kl`
+        (`losses.sampled_kl`)."""
+        if not bool(token_mask.any()):
+            return {}
+        teacher = self.score_frozen("teacher", inputs, token_ids, group).token_logprobs
+        metrics = {"rl/teacher_logprob": losses.masked_mean(teacher.flatten(), token_mask.flatten(), 0).item()}
+        if self.args.temperature == 1.0:
+            metrics["rl/teacher_kl"] = losses.sampled_kl(scored.token_logprobs, teacher, token_mask).item()
+        return metrics
+
+    def record_completions(self, ctx: StepContext, samples: RewardValues, sample_cut, baselines=None,
+                           advantages=None, greedy_ids=None) -> None:
         """Keeps the rows of a micro-batch's samples for the sample log (`CompletionLog.add_samples`); without a
         `sources` column, the model's own input, decoded, is the source."""
-        prompts = self.family.prompts(unwrapped, inputs)[0] if text.sources is None and inputs is not None else None
+        text = ctx.text
+        prompts = self.family.prompts(ctx.unwrapped, ctx.inputs)[0] if text.sources is None else None
         self.completions.add_samples(self.state.global_step, self.args.process_index, self.processing_class, text,
                                      samples, sample_cut, prompts, baselines, advantages, greedy_ids)
 
@@ -371,6 +401,23 @@ class RolloutTrainer(SeqRLBaseTrainer):
             scored = self.reward_values(ids, text)
             # One entry per example, so the logged mean weighs every example alike whatever the batch sizes.
             self._record("eval", {"rl/reward": scored.rewards[~scored.left_out].tolist()})
+
+    # ---- rollouts kept for reuse: the sampler that repeats a step's rows, their checkpoint files -----------
+
+    def _get_train_sampler(self, train_dataset=None):
+        if self.reuse is None:
+            return super()._get_train_sampler(train_dataset)
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return self.reuse.sampler(dataset, self.args, lambda: self.state.global_step)
+
+    def save_process_state(self, folder: str) -> None:
+        if self.reuse is not None:
+            self.reuse.save(folder, self.args.process_index)
+            self.accelerator.wait_for_everyone()  # every rollout file is on disk before the state file marks completion
+
+    def load_process_state(self, folder: str) -> None:
+        if self.reuse is not None:
+            self.reuse.load(folder, self.args.process_index, self.args.device)
 
     # ---- checkpoints ------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import torch
 from ..functional import decoder_inputs as di
 from ..configs import ScheduledSamplingConfig
 from ..schedules import teacher_forcing_ratio
-from ..hub import Method, Paper
+from ..papers import Method, Paper
 from .input_schedules import DecoderRows, InputScheduleTrainer, replaced_fraction
 
 BENGIO_2015 = Paper(key="bengio2015scheduled", cite="Bengio et al., 2015", url="https://arxiv.org/abs/1506.03099",

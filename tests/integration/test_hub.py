@@ -29,7 +29,7 @@ from hf_seqrl.hub import project_url, render_model_card
 from hf_seqrl.trainers import (KStepRolloutTrainer, MixerTrainer, MRTTrainer, PrefixCorruptionTrainer,
                                ProfessorForcingTrainer, ReinforceTrainer, ScheduledSamplingTrainer, SeqRLBaseTrainer,
                                SeqRLTrainer)
-from hf_seqrl.trainers.policy_gradient import policy_gradient_method
+from hf_seqrl.objectives.policy_gradient import PolicyGradient, policy_gradient_method
 
 # Each trainer's label, and the trainer (or method) that carries its card metadata.
 TRAINERS = {"SCST": SCSTTrainer, "REINFORCE": ReinforceTrainer, "Scheduled sampling": ScheduledSamplingTrainer,
@@ -44,9 +44,10 @@ def method_of(algorithm, baseline=None):
     if algorithm == "Prefix corruption":
         return PrefixCorruptionTrainer.prefix_corruption
     trainer = TRAINERS[algorithm]
-    if issubclass(trainer, SeqRLTrainer):
+    objective = getattr(trainer, "objective_class", None)
+    if objective is PolicyGradient:
         return policy_gradient_method(trainer.default_baseline if baseline in (None, "None") else baseline)
-    return trainer.method
+    return trainer.method if objective is None else objective.method
 
 
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"  # looks like a real token to any secret scanner
@@ -352,7 +353,7 @@ def test_built_wheel_carries_the_template_and_renders_cards(tmp_path):
 
     script = (
         "import hf_seqrl.hub as hub\n"
-        "from hf_seqrl.trainers.policy_gradient import policy_gradient_method\n"
+        "from hf_seqrl.objectives.policy_gradient import policy_gradient_method\n"
         "print(hub.__file__)\n"
         "print(hub.render_model_card(model_name='m', method=policy_gradient_method('mean'), reward='chrf_reward',\n"
         "      settings={'num_samples': 4}, metrics={'eval_chrf': 40.0}, curve=[('rl/reward', 0.1, 0.3)]))\n"

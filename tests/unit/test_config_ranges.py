@@ -25,14 +25,18 @@ OUT_OF_RANGE = {
     "schedule_k": 0.0, "min_teacher_forcing_ratio": 1.1, "corruption_rate": -0.1, "rollout_steps": 0,
     "adversarial_weight": -1.0, "discriminator_hidden_size": 0, "discriminator_learning_rate": 0.0,
 }
+# Where configs are defined: `hf_seqrl.configs`, and an objective's own config in its module.
+CONFIG_MODULES = ("hf_seqrl.configs", "hf_seqrl.objectives")
 
 
 def config_classes():
-    """Returns `SeqRLBaseConfig` and every subclass defined in `hf_seqrl.configs`."""
+    """Returns `SeqRLBaseConfig` and every subclass defined in `hf_seqrl.configs` or an objective's module."""
+    import hf_seqrl.objectives  # noqa: F401  (defines the objectives' configs)
+
     found, todo = [], [SeqRLBaseConfig]
     while todo:
         cls = todo.pop()
-        if cls.__module__.startswith("hf_seqrl.configs") and cls not in found:
+        if cls.__module__.startswith(CONFIG_MODULES) and cls not in found:
             found.append(cls)
             todo.extend(cls.__subclasses__())
     return sorted(found, key=lambda cls: cls.__name__)
@@ -49,7 +53,7 @@ def declared_numeric_fields(cls) -> dict[str, str]:
     those of transformers' `TrainingArguments`)."""
     fields = {}
     for owner in reversed(cls.__mro__):
-        if owner.__module__.startswith("hf_seqrl.configs"):
+        if owner.__module__.startswith(CONFIG_MODULES):
             for name, annotation in vars(owner).get("__annotations__", {}).items():
                 kind = numeric_kind(annotation)
                 if kind is not None:
@@ -72,9 +76,12 @@ def test_the_table_covers_every_numeric_field():
 def test_a_value_out_of_range_or_of_another_type_is_refused_naming_the_field(cls, name, kind):
     bad = OUT_OF_RANGE[name]
     valid = str(field_range(cls, name))
-    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{name}={re.escape(repr(bad))} is out of range: {name} "
-                                         rf"must be {re.escape(valid)}"):
-        cls(output_dir="unused", **{name: bad})
+    if bad is None:
+        assert field_range(cls, name) == Range()
+    else:
+        with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{name}={re.escape(repr(bad))} is out of range: {name} "
+                                             rf"must be {re.escape(valid)}"):
+            cls(output_dir="unused", **{name: bad})
     wrong = 1.5 if kind == "int" else "1"
     with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{name}={re.escape(repr(wrong))} is not an? "
                                          rf"{'integer' if kind == 'int' else 'number'}"):
@@ -107,7 +114,8 @@ def test_range_bounds_and_their_description():
              (Range(0, 1), [0, 1, 0.5], [-0.1, 1.1], "in [0, 1]"),
              (Range(0, 1, low_open=True), [1, 0.5], [0], "in (0, 1]"),
              (Range(0, 1, high_open=True), [0, 0.9], [1], "in [0, 1)"),
-             (Range(None, 2), [-5, 2], [2.1], "<= 2")]
+             (Range(None, 2), [-5, 2], [2.1], "<= 2"),
+             (Range(), [-1e9, 0, 1e9], [], "a finite number")]
     for valid, inside, outside, description in table:
         assert all(v in valid for v in inside) and not any(v in valid for v in outside), description
         assert str(valid) == description

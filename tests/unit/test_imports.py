@@ -85,9 +85,9 @@ def test_relative_imports_resolve_to_modules():
     graph = import_graph()
     assert "hf_seqrl.models.base" in graph["hf_seqrl.models.seq2seq"]
     assert "hf_seqrl.functional.advantages" in graph["hf_seqrl.losses"]
-    assert "hf_seqrl.trainers.policy_gradient" in graph["hf_seqrl.trainers"]
-    # `from . import loss_tail` is an arrow to the sibling module; the module's own package is loaded before it.
-    assert "hf_seqrl.trainers.loss_tail" in graph["hf_seqrl.trainers.rollout"]
+    assert "hf_seqrl.trainers.rewarded" in graph["hf_seqrl.trainers"]
+    # `from .base import ...` is an arrow to the sibling module; the module's own package is loaded before it.
+    assert "hf_seqrl.objectives.base" in graph["hf_seqrl.trainers.rollout"]
     assert "hf_seqrl.trainers" not in graph["hf_seqrl.trainers.rollout"]
 
 
@@ -112,9 +112,12 @@ def test_library_modules_never_import_the_cli():
 
 def test_lower_layers_import_nothing_above_them():
     graph = import_graph()
-    # The types passed between stages import no other module of the package; torch-only math, the model-family layer
-    # and the rewards never reach the trainers, data or evaluation.
-    below = {"hf_seqrl.types": ("hf_seqrl.",),
+    # The types passed between stages and the papers import no other module of the package; torch-only math, the
+    # model-family layer and the rewards never reach the trainers, data or evaluation.
+    below = {"hf_seqrl.types": ("hf_seqrl.",), "hf_seqrl.papers": ("hf_seqrl.",),
+             # An objective is handed the trainer's services (`objectives.base.Runner`); it never imports a trainer,
+             # nor the card renderer for its papers.
+             "hf_seqrl.objectives": ("hf_seqrl.trainers", "hf_seqrl.hub", "hf_seqrl.evaluation"),
              "hf_seqrl.losses": ("hf_seqrl.models", "hf_seqrl.rewards", "hf_seqrl.data", "hf_seqrl.trainers"),
              "hf_seqrl.functional": ("hf_seqrl.models", "hf_seqrl.losses", "hf_seqrl.rewards", "hf_seqrl.trainers"),
              "hf_seqrl.models": ("hf_seqrl.rewards", "hf_seqrl.data", "hf_seqrl.trainers", "hf_seqrl.evaluation"),

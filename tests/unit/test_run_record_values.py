@@ -1,6 +1,6 @@
 """`hf_seqrl.trainers.services.run_record`: when a run counts as cross-entropy fine-tuning, and what seqrl_run.json records."""
 
-from hf_seqrl.hub import Method
+from hf_seqrl.papers import Method
 from hf_seqrl.trainers.services.run_record import (CROSS_ENTROPY_ID, changed_training_warning, cross_entropy_reason,
                                           trainer_identity, training_record)
 

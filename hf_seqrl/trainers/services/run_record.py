@@ -4,7 +4,7 @@ the warnings when a run is cross-entropy only or a resume changes what trains. P
 
 from __future__ import annotations
 
-from ...hub import Method
+from ...papers import Method
 
 # Plain cross-entropy (the `Seq2SeqTrainer` loss): every trainer's warm-up, `CrossEntropyTrainer`'s whole loss, and what
 # a run whose steps never reached a trainer's own loss trained with.

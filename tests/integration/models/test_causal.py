@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from helpers import byt5_tokenizer, heldout_chrf, make_config, prompt_completion_dataset, REPO, tiny_causal_model
+from helpers import byt5_tokenizer, heldout_chrf, make_config, prompt_completion_dataset, REPO, tiny_causal_model, step_context
 from hf_seqrl import (KStepRolloutConfig, KStepRolloutTrainer, MixerConfig, MixerTrainer, MRTConfig, MRTTrainer,
                       PrefixCorruptionConfig,
                       PrefixCorruptionTrainer, ProfessorForcingTrainer, ReinforceTrainer, SCSTTrainer,
@@ -19,7 +19,7 @@ from hf_seqrl.models.causal import causal_generation_config, completion_labels, 
 from hf_seqrl.configs import ProfessorForcingConfig, ScheduledSamplingConfig
 from hf_seqrl.models import CausalFamily, Seq2SeqFamily, family_for
 from hf_seqrl.rewards import get_reward
-from hf_seqrl.trainers.mixer import prefix_lengths
+from hf_seqrl.objectives.mixer import prefix_lengths
 
 config = partial(make_config, SeqRLConfig, max_steps=3, use_cpu=True)  # config(tmp_path, **overrides)
 
@@ -278,7 +278,8 @@ def test_mixer_continues_each_causal_completion_from_its_gold_prefix(tmp_path, t
     batch = collate(tokenizer, prompt_completion_dataset(tokenizer, n=4, seed=8, lengths=(2, 6)))
     labels = trainer.family.target_labels(batch)
     prefixes = prefix_lengths(labels, 2)
-    rollout = trainer.sample_continuations(model, batch, labels, prefixes)
+    rollout = trainer.objective.sample_continuations(trainer, step_context(trainer, inputs=batch, unwrapped=model),
+                                                     labels, prefixes)
     for row in range(rollout.sample_ids.shape[0]):
         source, length = row // 3, int(prefixes[row // 3])
         assert rollout.sample_ids[row, :length].tolist() == labels[source, :length].tolist()

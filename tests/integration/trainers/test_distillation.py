@@ -7,8 +7,8 @@ from functools import partial
 import pytest
 import torch
 
-from helpers import (bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, text_pairs, tiny_causal_model,
-                     tiny_model)
+from helpers import (bpe_tokenizer, byt5_tokenizer, make_config, overlap_reward, step_context, text_pairs,
+                     tiny_causal_model, tiny_model)
 from hf_seqrl import DistillationConfig, DistillationTrainer
 from hf_seqrl.functional.divergences import generalized_jsd, reverse_kl
 from hf_seqrl.models import heads
@@ -26,9 +26,9 @@ def sharp(model, scale: float = 4.0):
 
 def record_stage(trainer) -> list:
     """Returns the list that collects `(scored, batch, inputs)` at each of the trainer's loss stages from now on."""
-    seen, stage = [], trainer.algorithm_loss
-    trainer.algorithm_loss = lambda scored, batch, inputs: seen.append((scored, batch, inputs)) or stage(
-        scored, batch, inputs)
+    seen, stage = [], trainer.objective.loss
+    trainer.objective.loss = lambda scored, batch, ctx: seen.append((scored, batch, ctx.inputs)) or stage(
+        scored, batch, ctx)
     return seen
 
 
@@ -218,9 +218,9 @@ def test_word_level_kd_scores_each_gold_row_once_with_the_loss_of_two_passes(tmp
         lambda module, args, kwargs: rows.append((kwargs.get("input_ids", args[0] if args else None)
                                                   if kwargs.get("input_ids", args[0] if args else None) is not None
                                                   else kwargs["inputs_embeds"]).shape[0]), with_kwargs=True)
-    assert trainer.gold_step()
+    assert trainer.objective.gold_step(step_context(trainer), label_smoothing=False)
     once = trainer.compute_loss(student, dict(batch))
-    trainer.gold_step = lambda: False  # the gold rows scored a second time for the cross-entropy, as before
+    trainer.objective.gold_step = lambda ctx, label_smoothing: False  # the gold rows scored again for the cross-entropy
     twice = trainer.compute_loss(student, dict(batch))
     hook.remove()
     sources = len(batch["input_ids"])

@@ -86,7 +86,7 @@ def copy_data(tokenizer, n=12, seed=0):
 
 
 def test_prefix_lengths():
-    from hf_seqrl.trainers.mixer import prefix_lengths
+    from hf_seqrl.objectives.mixer import prefix_lengths
 
     labels = torch.tensor([[5, 6, 7, 1], [5, 1, -100, -100]])
     assert prefix_lengths(labels, 2).tolist() == [2, 0]
@@ -128,14 +128,14 @@ def test_trains_from_gold_prefixes_and_logs(tmp_path, tokenizer, arch, baseline)
     trainer = MixerTrainer(model=model, args=args, reward_funcs="chrf", train_dataset=copy_data(tokenizer),
                            processing_class=tokenizer)
     seen = []
-    original = trainer.sample_continuations
+    original = trainer.objective.sample_continuations
 
-    def spy(unwrapped, inputs, labels, prefixes):
-        rollout = original(unwrapped, inputs, labels, prefixes)
+    def spy(runner, ctx, labels, prefixes):
+        rollout = original(runner, ctx, labels, prefixes)
         seen.append((labels, prefixes, rollout))
         return rollout
 
-    trainer.sample_continuations = spy
+    trainer.objective.sample_continuations = spy
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["rl/phase"] for h in logs] == [0.0, 1.0, 1.0, 1.0, 1.0]

@@ -11,7 +11,7 @@ from hf_seqrl import MRTConfig, MRTTrainer
 from hf_seqrl.functional.risk import first_occurrence_mask
 from hf_seqrl.models.tokens import completion_mask
 from hf_seqrl.models import family_for
-from hf_seqrl.trainers.mrt import candidate_set
+from hf_seqrl.objectives.minimum_risk import candidate_set
 
 config = partial(make_config, MRTConfig, max_steps=3)  # config(tmp_path, **overrides)
 
@@ -139,9 +139,9 @@ def capture_candidates(trainer):
     seen = []
     score_policy = trainer.score_policy
 
-    def recorded(model, inputs, token_ids, group, *args, **kwargs):
-        seen.append((dict(inputs), token_ids.clone(), group))
-        return score_policy(model, inputs, token_ids, group, *args, **kwargs)
+    def recorded(model, ctx, token_ids, group, *args, **kwargs):
+        seen.append((dict(ctx.inputs), token_ids.clone(), group))
+        return score_policy(model, ctx, token_ids, group, *args, **kwargs)
 
     trainer.score_policy = recorded
     return seen

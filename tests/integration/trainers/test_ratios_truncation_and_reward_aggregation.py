@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 
-from helpers import byt5_tokenizer, make_config, params, tiny_model, toy_dataset, toy_pairs
+from helpers import byt5_tokenizer, make_config, params, step_context, tiny_model, toy_dataset, toy_pairs
 from hf_seqrl import SCSTTrainer, SeqRLConfig
 from hf_seqrl.models.tokens import cut_at_limit
 from hf_seqrl.types import BatchText, Rollout
@@ -74,7 +74,7 @@ def test_truncated_samples_leave_the_loss_and_their_siblings_baselines(tmp_path)
     text = BatchText([["ref"]], ["src"], {})
     cut = cut_at_limit(ids, mask, [tokenizer.eos_token_id], limit=4)
     assert cut.tolist() == [False, True, False]
-    batch = trainer.rollout_batch(Rollout(ids, mask, None, None, 3, cut), text, trainer.model)
+    batch = trainer.sample_advantages(Rollout(ids, mask, None, None, 3, cut), step_context(trainer, text))
     # leave-one-out over the kept samples only: "aa" against "c" and back; the cut one gets no advantage
     torch.testing.assert_close(batch.advantages, torch.tensor([0.2 - 0.6, 0.0, 0.6 - 0.2]))
     assert batch.kept.tolist() == [True, False, True]
@@ -108,8 +108,7 @@ def test_normalize_then_sum_weighs_each_reward_by_its_own_spread(tmp_path):
                           multi_objective_aggregation="normalize_then_sum")
     tokenizer = trainer.processing_class
     ids = torch.tensor([tokenizer(t)["input_ids"] + [0] * (4 - len(t) - 1) for t in ("aa", "bbb", "c")])
-    batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3, torch.zeros(ids.shape[0], dtype=torch.bool)), BatchText([["ref"]], ["src"], {}),
-                                  trainer.model)
+    batch = trainer.sample_advantages(Rollout(ids, ids != 0, None, None, 3, torch.zeros(ids.shape[0], dtype=torch.bool)), step_context(trainer, BatchText([["ref"]], ["src"], {})))
     # baseline none: the advantages are the values; normalized per reward over the 3 samples (unbiased std) and
     # weighted 1/2 each: 0.5 * [0.1, 0, -0.1] / 0.1 + 0.5 * [-20, 10, 10] / sqrt(300)
     s = 300 ** 0.5
@@ -133,12 +132,12 @@ def test_length_ratio_is_logged_against_the_closest_reference(tmp_path):
     ids = torch.tensor([tokenizer(t)["input_ids"] + [0] * (width - len(t) - 1) for t in texts])
     # references of 2 and 5 words: "a a" (2) -> 2/2 = 1, "b" (1) -> 1/2 (2 is closest), 6 words -> 6/5 = 1.2
     text = BatchText([["one two", "one two three four five"]], ["src"], {})
-    batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3, torch.zeros(ids.shape[0], dtype=torch.bool)), text, trainer.model)
+    batch = trainer.sample_advantages(Rollout(ids, ids != 0, None, None, 3, torch.zeros(ids.shape[0], dtype=torch.bool)), step_context(trainer, text))
     assert batch.metrics["rl/length_ratio"] == pytest.approx((1 + 0.5 + 1.2) / 3)
 
 
 def test_the_logged_ratio_range_is_the_windows_extremes(tmp_path, monkeypatch):
-    import hf_seqrl.trainers.policy_gradient as policy_gradient
+    import hf_seqrl.objectives.policy_gradient as policy_gradient
 
     seen, objective = [], policy_gradient.losses.clipped_policy_objective
 
@@ -167,7 +166,7 @@ def test_normalize_then_sum_normalizes_a_single_reward_too(tmp_path):
         trainer = trainer_for(tmp_path, reward=lambda predictions, **kw: [values[p] for p in predictions],
                               num_samples=3, baseline="none", multi_objective_aggregation="normalize_then_sum",
                               reward_weights=weights)
-        batch = trainer.rollout_batch(Rollout(ids, ids != 0, None, None, 3, torch.zeros(ids.shape[0], dtype=torch.bool)), text, trainer.model)
+        batch = trainer.sample_advantages(Rollout(ids, ids != 0, None, None, 3, torch.zeros(ids.shape[0], dtype=torch.bool)), step_context(trainer, text))
         # [0.3, 0, 0] over its unbiased std over the 3 samples, sqrt(0.03), times the weight
         expected = scale * torch.tensor([0.3, 0.0, 0.0]) / 0.03 ** 0.5
         torch.testing.assert_close(batch.advantages, expected)

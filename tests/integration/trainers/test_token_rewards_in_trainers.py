@@ -108,13 +108,13 @@ def run(tmp_path, name: str, causal: bool):
     trainer = trainer_class(model=build(seed=1), args=args, train_dataset=text_pairs(causal, alphabet="abcde"),
                             processing_class=byt5_tokenizer(), reward_funcs=penalize_vowels, **extra)
     seen = []
-    stage = trainer.algorithm_loss
+    stage = trainer.objective.loss
 
-    def recording(scored, batch, inputs):
+    def recording(scored, batch, ctx):
         seen.append((batch.advantages, batch.loss_mask))
-        return stage(scored, batch, inputs)
+        return stage(scored, batch, ctx)
 
-    trainer.algorithm_loss = recording
+    trainer.objective.loss = recording
     before = params(trainer.model)
     trainer.train()
     return trainer, seen, before

@@ -1,4 +1,4 @@
-"""`MixerTrainer`: MIXER (Ranzato et al., 2016), the gradual hand-off from teacher forcing to REINFORCE.
+"""MIXER (Ranzato et al., 2016), the gradual hand-off from teacher forcing to REINFORCE.
 
 Each target's first `T - Δ` tokens are teacher-forced (cross-entropy); the model continues that gold prefix on its
 own (`num_samples` samples, and the greedy continuation for the greedy baseline), and the continuation is trained
@@ -11,17 +11,18 @@ decoder-only: after the prompt).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
 from .. import losses
 from ..configs import MixerConfig
-from ..hub import Method, Paper
 from ..models.base import decode_budget
 from ..models.tokens import pad_id, right_pad
 from ..schedules import mixer_delta
+from ..papers import Method, Paper
 from ..types import Rollout, RolloutBatch, ScoredRollout
-from .rollout import RolloutPlan, RolloutTrainer, StepLoss
+from .base import Defaults, Objective, RolloutPlan, Runner, StepContext, StepLoss
 
 RANZATO_2016 = Paper(key="ranzato2016mixer", cite="Ranzato et al., 2016", url="https://arxiv.org/abs/1511.06732",
                      title="Sequence Level Training with Recurrent Neural Networks", citation="""\
@@ -43,73 +44,84 @@ def prefix_lengths(labels: torch.Tensor, delta: int) -> torch.Tensor:
     return ((labels != -100).sum(dim=1) - delta).clamp(min=0)
 
 
-class MixerTrainer(RolloutTrainer):
+@dataclass
+class MixerBatch(RolloutBatch):
+    """The continuations as MIXER's loss reads them: `RolloutBatch` plus each row's teacher-forced prefix length
+    `(B,)` and the batch's count of gold target tokens."""
+
+    prefixes: torch.Tensor | None = None
+    target_tokens: torch.Tensor | None = None
+
+
+class Mixer(Objective):
     """MIXER (Ranzato et al., 2016): cross-entropy on the first `T - Δ` gold tokens of each target and REINFORCE on
     the model's continuation of that prefix, rewarded as a whole sequence; Δ grows by `mixer_delta` every
     `mixer_increment_steps` optimizer steps. Any baseline of `BaselineConfig` (default: moving average); with Δ at
-    least the target length the loss is exactly `ReinforceTrainer`'s. Logs `mixer/delta` and
-    `mixer/prefix_fraction` (the teacher-forced share of the targets) next to the `rl/*` metrics.
-    """
+    least the target length the loss is exactly REINFORCE's. Dropout stays on by default (the policy gradient's
+    choice). Logs `mixer/delta` and `mixer/prefix_fraction` (the teacher-forced share of the targets)."""
 
-    config_class = MixerConfig
-    reads_targets = "samples continuations of the gold prefixes"
-    default_baseline = "moving_average"
-    default_disable_dropout = False  # the policy gradient's choice (`SeqRLTrainer`)
-    algorithm_id = "mixer"
+    defaults = Defaults(algorithm_id="mixer", config_class=MixerConfig, baseline="moving_average",
+                        disable_dropout=False, reads_targets="samples continuations of the gold prefixes")
     method = Method("MIXER", "mixer", "cross-entropy on the first tokens of each target and REINFORCE on the sampled "
                     "rest, the sampled part growing over training", (RANZATO_2016,))
-    model_families = ("seq2seq", "causal")
 
-    def delta(self) -> int:
-        """Returns Δ at the current optimizer step, counted from the end of the warm-up."""
-        step = max(0, self.state.global_step - self.args.warmup_xe_steps)
-        return mixer_delta(step, self.args.mixer_delta, self.args.mixer_increment_steps)
+    def delta(self, step: int) -> int:
+        """Returns Δ at optimizer step `step`, counted from the end of the warm-up."""
+        return mixer_delta(max(0, step - self.args.warmup_xe_steps), self.args.mixer_delta,
+                           self.args.mixer_increment_steps)
 
-    def rollout_plan(self) -> RolloutPlan | None:
-        plan = super().rollout_plan()
-        return plan and plan._replace(from_source=False)  # continuations of each micro-batch's own gold prefixes
+    def rollout_plan(self, step: int) -> RolloutPlan:
+        # Continuations of each micro-batch's own gold prefixes: nothing to decode ahead.
+        return RolloutPlan(from_source=False, greedy=self.baseline == "greedy")
 
-    def rollout(self, unwrapped, inputs) -> Rollout:
+    def rollout(self, runner: Runner, ctx: StepContext) -> Rollout:
         """The continuations of each target's gold prefix of `T - Δ` tokens (`sample_continuations`)."""
-        if inputs.get("labels") is None:
+        if ctx.inputs.get("labels") is None:
             raise ValueError("MixerTrainer teacher-forces a prefix of each target: the dataset needs tokenized "
                              "'labels' (tokenizer(text_target=...), or tokenize_prompt_completion for a decoder-only "
                              "model).")
-        labels = self.family.target_labels(inputs)  # target coordinates (causal: completions)
-        return self.sample_continuations(unwrapped, inputs, labels, prefix_lengths(labels, self.delta()))
+        labels = runner.family.target_labels(ctx.inputs)  # target coordinates (causal: completions)
+        return self.sample_continuations(runner, ctx, labels, prefix_lengths(labels, self.delta(ctx.step)))
 
-    def score_batch(self, model, inputs, batch: RolloutBatch) -> ScoredRollout:
+    def weigh(self, runner: Runner, rollout: Rollout, ctx: StepContext) -> MixerBatch:
+        """The continuations' rewards and advantages (`Runner.sample_advantages`), with each row's gold prefix."""
+        batch = runner.sample_advantages(rollout, ctx)
+        labels = runner.family.target_labels(ctx.inputs)
+        return MixerBatch(**vars(batch), prefixes=prefix_lengths(labels, self.delta(ctx.step)),
+                          target_tokens=(labels != -100).sum().clamp(min=1))
+
+    def score(self, runner: Runner, model, batch: RolloutBatch, ctx: StepContext) -> ScoredRollout:
         # The cross-entropy part is at temperature 1 whatever temperature the continuations are sampled at.
-        return self.score_policy(model, inputs, batch.sample_ids, batch.group, self.gold_labels(inputs),
-                                 plain=self.args.temperature != 1.0)
+        return runner.score_policy(model, ctx, batch.sample_ids, batch.group, runner.gold_labels(ctx.inputs),
+                                   plain=self.args.temperature != 1.0)
 
-    def algorithm_loss(self, scored: ScoredRollout, batch: RolloutBatch, inputs) -> StepLoss:
+    def loss(self, scored: ScoredRollout, batch: MixerBatch, ctx: StepContext) -> StepLoss:
         """Cross-entropy on each row's gold prefix and REINFORCE on its continuation (`losses.mixer_loss`); records
         `mixer/delta` and `mixer/prefix_fraction`. The entropy and KL terms count the continuations."""
-        labels, delta, n = self.family.target_labels(inputs), self.delta(), batch.group
-        prefixes = prefix_lengths(labels, delta)
-        positions = torch.arange(batch.sample_ids.shape[1], device=labels.device)
+        prefixes, n = batch.prefixes, batch.group
+        positions = torch.arange(batch.sample_ids.shape[1], device=prefixes.device)
         prefix_mask = positions.unsqueeze(0) < prefixes.repeat_interleave(n).unsqueeze(1)
         continuation_mask = batch.loss_mask & ~prefix_mask  # a left-out row keeps its gold prefix's cross-entropy
         mixer_loss = losses.mixer_loss(scored.token_logprobs, prefix_mask, continuation_mask, batch.advantages,
                                        scored.plain_logprobs)
-        target_tokens = (labels != -100).sum().clamp(min=1)
-        metrics = {**batch.metrics, "rl/pg_loss": mixer_loss.item(), "mixer/delta": float(delta),
-                   "mixer/prefix_fraction": (prefixes.sum() / target_tokens).item()}
+        metrics = {**batch.metrics, "rl/pg_loss": mixer_loss.item(), "mixer/delta": float(self.delta(ctx.step)),
+                   "mixer/prefix_fraction": (prefixes.sum() / batch.target_tokens).item()}
         return StepLoss(mixer_loss, continuation_mask, metrics)
 
-    def sample_continuations(self, unwrapped, inputs, labels: torch.Tensor, prefixes: torch.Tensor) -> Rollout:
+    def sample_continuations(self, runner: Runner, ctx: StepContext, labels: torch.Tensor,
+                             prefixes: torch.Tensor) -> Rollout:
         """Returns the samples (and greedy rows) of every source, each holding its gold prefix then its own
         continuation; rows sharing a prefix length are decoded together, in one decode.
 
         Args:
             labels (`torch.LongTensor` of shape `(B, T)`): the gold targets in target coordinates.
         """
-        n, with_greedy, family = self.args.num_samples, self.rollout_plan().greedy, self.family
-        keys = self.rollout_keys.next(self.state.global_step, labels.shape[0], n, labels.device)
+        n, with_greedy, family = self.args.num_samples, self.baseline == "greedy", runner.family
+        unwrapped, inputs = ctx.unwrapped, ctx.inputs
+        keys = runner.rollout_keys.next(ctx.step, labels.shape[0], n, labels.device)
         if not prefixes.any():  # Δ covers every target: the rollout of REINFORCE itself
-            return family.sample(unwrapped, inputs, self.rollout_config, n, with_greedy=with_greedy, keys=keys)
-        config = self.rollout_config
+            return family.sample(unwrapped, inputs, runner.rollout_config, n, with_greedy=with_greedy, keys=keys)
+        config = runner.rollout_config
         budget = decode_budget(config)  # the whole output's length limit
         pad, parts = pad_id(unwrapped), []
         for length in prefixes.unique().tolist():
