@@ -159,6 +159,13 @@ class Objective:
     def check_models(self, runner: Runner) -> None:
         """Raises (or warns) once the policy, the frozen models and the rewards are loaded."""
 
+    @classmethod
+    def rewards_read_references(cls, args) -> bool:
+        """Returns whether, with `args`, the reward scores the samples against the dataset's references (then a
+        reward that reads them needs a dataset with targets; `trainers.services.references`). An objective that uses
+        its reward otherwise (MBR: the samples against each other) says False."""
+        return True
+
     # ---- the stages, in the order a step runs them ---------------------------------------------------
 
     def on_policy(self, step: int) -> bool:

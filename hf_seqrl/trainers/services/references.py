@@ -26,7 +26,8 @@ def target_settings(trainer: type, args, reward_funcs=None) -> list[str]:
     The settings: the trainer itself (`reads_targets`, e.g. teacher forcing, MIXER's gold prefixes), a cross-entropy
     warm-up (`warmup_xe_steps > 0`), a cross-entropy term (`rl_weight < 1`), MRT's reference among the candidates
     (`mrt_include_reference`), distillation's off-policy steps on gold prefixes (`lmbda < 1` without `seq_kd`), and a
-    reward that scores against references (`rewards.reference_rewards`)."""
+    reward that scores against references (`rewards.reference_rewards`), unless the trainer's objective uses it
+    otherwise (`Objective.rewards_read_references`)."""
     name = type(args).__name__
     found = []
     if getattr(trainer, "reads_targets", None):
@@ -40,7 +41,9 @@ def target_settings(trainer: type, args, reward_funcs=None) -> list[str]:
     if getattr(args, "lmbda", 1.0) < 1 and not getattr(args, "seq_kd", False):
         found.append(f"{name}.lmbda={args.lmbda} trains the off-policy steps on the gold targets (set lmbda=1.0, or "
                      "seq_kd=True to train them on the teacher's decodes)")
-    found += reward_settings(reward_funcs, "scores the samples against references")
+    objective = getattr(trainer, "objective_class", None)
+    if objective is None or objective.rewards_read_references(args):
+        found += reward_settings(reward_funcs, "scores the samples against references")
     return found
 
 
