@@ -26,6 +26,8 @@ _LAZY = {
     "KStepRolloutConfig": "configs",
     "SeqRLTrainer": "trainers.rewarded",
     "RolloutTrainer": "trainers.rollout",
+    "BestOfNTrainer": "trainers.rewarded",
+    "BestOfNConfig": "objectives.best_of_n",
     "RolloutConfig": "configs",
     "SeqRLBaseTrainer": "trainers.base",
     "CrossEntropyTrainer": "trainers.cross_entropy",

@@ -4,6 +4,7 @@ or a teacher, the model families) are the objective's record."""
 
 from __future__ import annotations
 
+from ..objectives.best_of_n import BestOfN
 from ..objectives.distillation import Distillation
 from ..objectives.minimum_risk import MinimumRisk
 from ..objectives.mixer import Mixer
@@ -83,3 +84,10 @@ class DistillationTrainer(RolloutTrainer):
 
     objective_class = Distillation
 
+
+class BestOfNTrainer(RolloutTrainer):
+    """Best-of-n self-training (RAFT, Dong et al., 2023; ReST, Gulcehre et al., 2023): each source's `num_samples`
+    samples ranked by the reward (QE fine-tuning with a reference-free one) or by MBR's expected utility, the best
+    trained on by cross-entropy, above `best_of_n_threshold` when set. `args` is a `BestOfNConfig`."""
+
+    objective_class = BestOfN

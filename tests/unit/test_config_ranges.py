@@ -24,6 +24,8 @@ OUT_OF_RANGE = {
     "lmbda": -0.1, "beta": 1.5, "seq_kd_num_beams": 0,
     "schedule_k": 0.0, "min_teacher_forcing_ratio": 1.1, "corruption_rate": -0.1, "rollout_steps": 0,
     "adversarial_weight": -1.0, "discriminator_hidden_size": 0, "discriminator_learning_rate": 0.0,
+    # Unbounded (`Range()`): every finite number is in range, so only the type checks apply.
+    "best_of_n_threshold": None,
 }
 # Where configs are defined: `hf_seqrl.configs`, and an objective's own config in its module.
 CONFIG_MODULES = ("hf_seqrl.configs", "hf_seqrl.objectives")

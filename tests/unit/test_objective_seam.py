@@ -37,7 +37,7 @@ def test_the_step_calls_each_stage_of_the_objective_once_in_order():
 
 def test_every_exported_trainer_is_at_most_two_hf_seqrl_classes_below_seq2seq_trainer():
     exported = [getattr(trainers, name) for name in trainers.__all__ if isinstance(getattr(trainers, name), type)]
-    assert len(exported) >= 11
+    assert len(exported) >= 12
     for cls in exported:
         chain = cls.__mro__[1:cls.__mro__.index(Seq2SeqTrainer)]
         assert len(chain) <= 2, (cls.__name__, [c.__name__ for c in chain])
@@ -104,4 +104,5 @@ def test_each_default_of_an_algorithm_is_declared_once():
 def test_the_trainers_pick_the_objectives_the_registry_holds():
     picked = {t.objective_class for t in trainers.TRAINER_CLASSES if issubclass(t, RolloutTrainer)}
     assert picked == set(objectives.OBJECTIVES.values())
-    assert {t.algorithm_id for t in trainers.TRAINER_CLASSES} >= {"scst", "reinforce", "mrt", "mixer", "distill"}
+    assert {t.algorithm_id for t in trainers.TRAINER_CLASSES} >= {"scst", "reinforce", "mrt", "mixer", "distill",
+                                                                  "best_of_n"}
