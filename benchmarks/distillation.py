@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, replace
@@ -39,6 +38,7 @@ from quality_lib import (SETTINGS, checkpoint_c, evaluate, load_model, run_arm, 
 from quality_lib.pool import cached, run_units
 from quality_lib.report import format_markdown, format_table
 from quality_lib.settings import ANNEAL_FIELDS, C_FIELDS, DEFAULT_DATA, HERE, TEACHER_FIELDS, apply_overrides, run_tag
+from quality_lib.stages import Stages, spread
 
 ARMS = ("xe", "kd_word", "kd_seq", "distill", "gkd", "scst", "distill_bleu")
 ON_POLICY_ARMS = ("distill", "gkd", "distill_bleu")
@@ -99,33 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override settings as quality.py does (e.g. --set budget_positions=500000 d_model=48); "
                         "overrides of C's fields get a work directory of their own")
     return parser
-
-
-class Stages:
-    """The wall-clock of each stage, kept in `work_dir/stages.json`: the seconds of the invocations that worked on it,
-    summed (a stage found done is not timed again; an invocation killed midway leaves its seconds out)."""
-
-    def __init__(self, work_dir: str):
-        self.path = os.path.join(work_dir, "stages.json")
-        self.seconds = {}
-        if os.path.exists(self.path):
-            with open(self.path) as f:
-                self.seconds = json.load(f)
-
-    def run(self, name: str, done: bool, compute):
-        clock = time.time()
-        value = compute()
-        if not done:
-            self.seconds[name] = self.seconds.get(name, 0) + round(time.time() - clock)
-            with open(self.path + ".tmp", "w") as f:
-                json.dump(self.seconds, f, indent=2)
-            os.replace(self.path + ".tmp", self.path)
-            print(f"stage {name}: {self.seconds[name]} s", flush=True)
-        return value
-
-
-def spread(values: list[float]) -> dict:
-    return {"mean": round(statistics.mean(values), 2), "min": min(values), "max": max(values), "values": values}
 
 
 def distillation_target(arms: dict, metric: str = "bleu", decoding: str = "greedy") -> dict:

@@ -1,7 +1,9 @@
 """The quality benchmark (`python benchmarks/quality.py`, protocol in its docstring), and what the other benchmarks
-reuse of it: the settings, the tasks' data, tokenizers and models, checkpoint C and the arm units.
+reuse of it: the settings, the tasks' data, tokenizers and models, checkpoint C, the arm units, a model's decodings
+side by side (`decodes`) and the wall-clock record of a benchmark's stages (`stages`).
 
-`settings` < `task` < `metrics` < `checkpoint` < `units` < `report`, `pool` < `command`: no module imports a later one.
+`settings` < `task` < `metrics` < `checkpoint` < `units` < `report`, `pool` < `decodes`, `command`: no module imports
+a later one; `stages` imports none of them.
 """
 
 from .checkpoint import c_folder, checkpoint_c, teacher_checkpoint, teacher_dir, teacher_settings, train_stage

@@ -90,16 +90,23 @@ def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, de
           predictions_out: list | None = None) -> dict[str, float]:
     """Returns the corpus metrics of `model` on `rows`, against every reference of each source (the outputs are
     appended to `predictions_out` when given)."""
-    from hf_seqrl.evaluation import evaluate_model
+    from hf_seqrl.evaluation import generate_texts
 
-    scores, predictions = evaluate_model(model, tokenizer, [r["source"] for r in rows],
-                                         [r["references"] for r in rows], settings.metrics, num_beams=beams,
-                                         batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
-                                         max_source_length=settings.max_source_tokens, desc=desc)
-    out = {name: round(value, 2) for name, value in scores.items()}
+    predictions = generate_texts(model, tokenizer, [r["source"] for r in rows], num_beams=beams,
+                                 batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
+                                 max_source_length=settings.max_source_tokens, desc=desc)
     if predictions_out is not None:
         predictions_out.extend(predictions)
+    return score_predictions(predictions, rows, settings)
+
+
+def score_predictions(predictions: list[str], rows: list[dict], settings: Settings) -> dict[str, float]:
+    """Returns the corpus metrics of `predictions` (one per row of `rows`), against every reference of each source,
+    with the extra metrics, the length ratio, BLEU's brevity penalty and the share of distinct outputs."""
+    from hf_seqrl.evaluation import corpus_scores
+
     references = [r["references"] for r in rows]
+    out = {name: round(value, 2) for name, value in corpus_scores(predictions, references, settings.metrics).items()}
     for name in settings.extra_metrics:  # sentence scores, best reference, averaged, in %
         if name == "source_copy":
             out[name] = round(source_copy(predictions, [r["source"] for r in rows]), 2)
@@ -115,7 +122,7 @@ def score(model, tokenizer, rows: list[dict], settings: Settings, beams: int, de
     # Output words over first-reference words, summed over the rows: how much a metric change is a length change.
     words = sum(len(r["references"][0].split()) for r in rows)
     out["length_ratio"] = round(sum(len(p.split()) for p in predictions) / max(words, 1), 3)
-    if "bleu" in scores:  # BLEU = brevity penalty × n-gram precisions: the part of a BLEU change due to length
+    if "bleu" in out:  # BLEU = brevity penalty × n-gram precisions: the part of a BLEU change due to length
         from hf_seqrl.evaluation import bleu_brevity
 
         out["bleu_bp"] = round(bleu_brevity(predictions, [r["references"] for r in rows])["bp"], 4)

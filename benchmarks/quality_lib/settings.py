@@ -24,7 +24,8 @@ TITLES = {"C": "C (cross-entropy to plateau)", "xe": "C + cross-entropy", "ss": 
           "scst_tokens": "C + SCST, token_match (token-level)", "loo4_tokens": "C + leave-one-out (4), token_match",
           "kd_word": "C + word-level KD (gold prefixes)", "kd_seq": "C + sequence-level KD (teacher beams)",
           "distill": "C + on-policy distillation (reverse KL)", "gkd": "C + GKD (λ 0.5, JSD β 0.5)",
-          "distill_bleu": "C + on-policy distillation + BLEU"}
+          "distill_bleu": "C + on-policy distillation + BLEU",
+          "mbr_offline": "C + MBR self-training (offline picks)", "mbr_online": "C + MBR fine-tuning (online)"}
 RL_ARMS = {"scst": {"baseline": "greedy", "num_samples": 1}, "loo4": {"baseline": "mean", "num_samples": 4},
            "scst_clip": {"baseline": "greedy", "num_samples": 1}, "loo4_clip": {"baseline": "mean", "num_samples": 4},
            "scst_tokens": {"baseline": "greedy", "num_samples": 1},
@@ -36,6 +37,9 @@ TOKEN_ARMS = ("scst_tokens", "loo4_tokens")
 # tokenizer): (lmbda, beta) of `DistillationConfig`. `kd_seq` is cross-entropy on the teacher's beam decodes.
 DISTILL_ARMS = {"kd_word": (0.0, 0.0), "distill": (1.0, 1.0), "gkd": (0.5, 0.5), "distill_bleu": (1.0, 1.0)}
 TEACHER_ARMS = (*DISTILL_ARMS, "kd_seq")
+# The arms trained by cross-entropy on C's own MBR picks (Finkelstein et al., 2024): `mbr_offline` on picks of the first
+# `mbr_train_sources` training sources decoded once, `mbr_online` on the picks among each batch's fresh samples.
+MBR_ARMS = ("mbr_offline", "mbr_online")
 # The arms that take several optimizer steps per rollout (`clip_iterations`, the clipped surrogate).
 CLIPPED_ARMS = ("scst_clip", "loo4_clip")
 # The policy-gradient arms above and minimum risk training: the arms the target check compares with cross-entropy.
@@ -110,6 +114,10 @@ class Settings:
     teacher_max_steps: int | None = None  # (T) the teacher's first-stage cap (None: c_max_steps); the plateau stops it
     teacher_lr: float | None = None  # (T) the teacher's first-stage learning rate (None: c_lr); annealing: anneal_lr
     teacher_dropout: float | None = None  # (T) the teacher's dropout while it trains (None: dropout)
+    mbr_samples: int = 16  # MBR arms: samples per source whose MBR pick is trained on
+    mbr_utility: str = "chrf"  # MBR arms: the utility of the picks (a reward name)
+    mbr_epsilon: float = 0.02  # mbr_offline: the samples' epsilon_cutoff (the online arm samples at temperature 1)
+    mbr_train_sources: int = 5000  # mbr_offline: the first training sources whose picks are decoded (in its budget)
     kd_weight: float = 0.5  # kd_word: the divergence's share beside cross-entropy (Kim & Rush); on-policy: rl_weight
     seeds: tuple[int, ...] = (0, 1)
     device: str = "cpu"  # where every phase runs (--device); the budget counts positions, not seconds
@@ -203,7 +211,9 @@ ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_A
                                                          if a not in (*TOKEN_ARMS, "distill", "gkd"))),
             "guard_lang": REWARDED_ARMS,
             **dict.fromkeys(("token_penalty", "token_reward_to_go"), TOKEN_ARMS), "kd_weight": ("kd_word",),
-            **dict.fromkeys(TEACHER_FIELDS, TEACHER_ARMS)}
+            **dict.fromkeys(TEACHER_FIELDS, TEACHER_ARMS),
+            **dict.fromkeys(("mbr_samples", "mbr_utility"), MBR_ARMS),
+            **dict.fromkeys(("mbr_epsilon", "mbr_train_sources"), ("mbr_offline",))}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:

@@ -148,11 +148,25 @@ def _distill_arm(arm: str):
     return build
 
 
-def _kd_seq_arm(ctx: "ArmContext"):
+def _decoded_targets_arm(ctx: "ArmContext"):
     from transformers import Seq2SeqTrainingArguments
 
-    # Sequence-level KD (Kim & Rush, 2016): cross-entropy on the teacher's beam decodes of the training sources.
+    # Cross-entropy on decodes of the training sources: sequence-level KD (Kim & Rush, 2016) on the teacher's beams,
+    # MBR self-training (Finkelstein et al., 2024) on C's own MBR picks.
     return xe_trainer(ctx.model, ctx.tokenizer, ctx.teacher_dataset, ctx.args(Seq2SeqTrainingArguments))
+
+
+def _mbr_online_arm(ctx: "ArmContext"):
+    from hf_seqrl import BestOfNConfig, BestOfNTrainer
+
+    # MBR fine-tuning on fresh samples: each batch's sources sampled `mbr_samples` times (temperature 1), the pick of
+    # highest expected `mbr_utility` against the others trained on by cross-entropy alone (rl_weight 1), as the
+    # offline arm trains on its picks alone; C's dropout stays on, as in the cross-entropy arms.
+    settings = ctx.settings
+    args = ctx.args(BestOfNConfig, best_of_n_selection="mbr", num_samples=settings.mbr_samples, rl_weight=1.0,
+                    max_new_tokens=settings.max_new_tokens, temperature=1.0)
+    return BestOfNTrainer(model=ctx.model, args=args, reward_funcs=settings.mbr_utility, train_dataset=ctx.dataset,
+                          processing_class=ctx.tokenizer)
 
 
 def _mixer_arm(ctx: "ArmContext"):
@@ -204,7 +218,8 @@ class ArmContext:
     seed: int
     mean_target_positions: float
     teacher: object = None  # the distillation arms' teacher model
-    teacher_dataset: object = None  # kd_seq: the training sources with the teacher's beam decodes as targets
+    teacher_dataset: object = None  # kd_seq: the training sources with the teacher's beam decodes as targets;
+    # mbr_offline: the first `mbr_train_sources` with C's MBR picks
 
     def args(self, config_class, lr: float | None = None, **extra):
         """Returns `config_class` with the arguments every arm shares (learning rate, batch, data order); an arm that
@@ -246,7 +261,8 @@ ARM_TRAINERS = {
     "kstep2": _input_schedule_arm("KStepRolloutConfig", "KStepRolloutTrainer", rollout_steps=2),
     "kstep4": _input_schedule_arm("KStepRolloutConfig", "KStepRolloutTrainer", rollout_steps=4),
     "scst_tokens": _rl_arm("scst_tokens"), "loo4_tokens": _rl_arm("loo4_tokens"),
-    **{arm: _distill_arm(arm) for arm in DISTILL_ARMS}, "kd_seq": _kd_seq_arm,
+    **{arm: _distill_arm(arm) for arm in DISTILL_ARMS}, "kd_seq": _decoded_targets_arm,
+    "mbr_offline": _decoded_targets_arm, "mbr_online": _mbr_online_arm,
 }
 
 
@@ -257,33 +273,57 @@ def arm_trainer(arm: str, model, tokenizer, dataset, settings: Settings, output_
                                         teacher, teacher_dataset))
 
 
-def teacher_outputs(settings: Settings, splits: dict, tokenizer, teacher, folder: str) -> tuple[list[dict], dict]:
-    """Returns the training rows with the teacher's beam-4 decodes as targets (sequence-level KD's data, written by
-    `hf_seqrl.evaluation.write_teacher_outputs` to `folder/beam4_train.jsonl` unless there) and the decode's record:
-    its teacher decoder positions and seconds."""
+def decoded_targets(settings: Settings, rows: list[dict], tokenizer, model, folder: str, stem: str, role: str,
+                    **decode) -> tuple[list[dict], dict]:
+    """Returns `rows` with `model`'s decodes of their sources as targets (written by
+    `hf_seqrl.evaluation.write_teacher_outputs` to `folder/<stem>.jsonl` unless there; `decode`: its beam width or
+    MBR / QE settings) and the decode's record (`folder/<stem>.json`): its decoder positions and seconds, as
+    `<role>_positions` and `<role>_seconds`."""
     import fcntl
-    import json
 
     from hf_seqrl.evaluation import write_teacher_outputs
 
-    path, record_path = os.path.join(folder, "beam4_train.jsonl"), os.path.join(folder, "beam4_train.json")
+    path, record_path = os.path.join(folder, f"{stem}.jsonl"), os.path.join(folder, f"{stem}.json")
     # One writer: units of other seeds (other processes) wait for the decode instead of appending to it too.
-    with open(os.path.join(folder, "beam4_train.lock"), "w") as lock:
+    with open(os.path.join(folder, f"{stem}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(record_path):
-            counter, clock = DecoderPositions(teacher), time.time()
+            counter, clock = DecoderPositions(model), time.time()
             resumed = os.path.exists(path)
-            write_teacher_outputs(teacher, tokenizer, splits["train"], "source", path, num_beams=4,
-                                  batch_size=settings.eval_batch, max_new_tokens=settings.max_new_tokens,
-                                  max_source_length=settings.max_source_tokens)
+            write_teacher_outputs(model, tokenizer, rows, "source", path, batch_size=settings.eval_batch,
+                                  max_new_tokens=settings.max_new_tokens,
+                                  max_source_length=settings.max_source_tokens, **decode)
             counter.remove()
             with open(record_path, "w") as f:
-                json.dump({"teacher_positions": counter.count, "teacher_seconds": round(time.time() - clock),
-                           "resumed": resumed, "rows": len(splits["train"])}, f)
+                json.dump({f"{role}_positions": counter.count, f"{role}_seconds": round(time.time() - clock),
+                           "resumed": resumed, "rows": len(rows)}, f)
     with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+        decoded = [json.loads(line) for line in f]
     with open(record_path) as f:
-        return [{**row, "target": row["teacher_target"]} for row in rows], json.load(f)
+        return [{**row, "target": row["teacher_target"]} for row in decoded], json.load(f)
+
+
+def teacher_outputs(settings: Settings, splits: dict, tokenizer, teacher, folder: str) -> tuple[list[dict], dict]:
+    """Returns the training rows with the teacher's beam-4 decodes as targets (sequence-level KD's data, in
+    `folder/beam4_train.jsonl`) and the decode's record: its teacher decoder positions and seconds."""
+    return decoded_targets(settings, splits["train"], tokenizer, teacher, folder, "beam4_train", "teacher",
+                           num_beams=4)
+
+
+def mbr_picks_stem(settings: Settings) -> str:
+    """Returns the file stem of C's MBR picks of the training sources, named by what decides them."""
+    return (f"mbr{settings.mbr_samples}_{settings.mbr_utility}_eps{settings.mbr_epsilon:g}"
+            f"_train{settings.mbr_train_sources}")
+
+
+def mbr_picks(settings: Settings, splits: dict, tokenizer, model, work_dir: str) -> tuple[list[dict], dict]:
+    """Returns the first `mbr_train_sources` training rows with C's MBR picks as targets (`mbr_samples` epsilon samples
+    per source, the `mbr_utility` pick; seeded, decoded once into C's work directory) and the decode's record: its
+    decoder positions and seconds (`decode_positions`, `decode_seconds`)."""
+    return decoded_targets(settings, splits["train"][:settings.mbr_train_sources], tokenizer, model, work_dir,
+                           mbr_picks_stem(settings), "decode", num_beams=1, decode="mbr",
+                           num_candidates=settings.mbr_samples, utility=settings.mbr_utility,
+                           epsilon_cutoff=settings.mbr_epsilon)
 
 
 def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, dataset, work_dir: str,
@@ -300,6 +340,9 @@ def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, 
         if arm == "kd_seq":
             rows, extra = teacher_outputs(settings, splits, tokenizer, teacher, teacher_dir(settings, work_dir))
             teacher_dataset = to_dataset(rows, tokenizer, settings)
+    if arm == "mbr_offline":
+        rows, extra = mbr_picks(settings, splits, tokenizer, load_model(settings, c_folder).eval(), work_dir)
+        teacher_dataset = to_dataset(rows, tokenizer, settings)
     if settings.guards or "source" in settings.reward:  # the rewards that read the sources get them as text
         assert len(dataset) == len(splits["train"])
         dataset = dataset.add_column("sources", [r["source"] for r in splits["train"]])
@@ -312,7 +355,15 @@ def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, 
                           teacher, teacher_dataset)
     counter = DecoderPositions(model)
     teacher_counter = DecoderPositions(teacher) if arm in DISTILL_ARMS else None
-    trainer.add_callback(position_budget(counter, settings.budget_positions))
+    # The offline MBR arm's decode of its picks is part of its budget: the decoder positions of its candidates (every
+    # sample row at every generated step, as the online arm's are counted while it trains) are taken off the positions
+    # it trains for, and counted in its `positions`. The decode is shared by its seeds, each charged all of it.
+    decoded = extra.get("decode_positions", 0)
+    if decoded >= settings.budget_positions:
+        raise ValueError(f"{arm}: decoding the picks of {settings.mbr_train_sources} training sources took {decoded:,} "
+                         f"decoder positions, the whole budget_positions ({settings.budget_positions:,}): lower "
+                         "mbr_train_sources or raise budget_positions (--set).")
+    trainer.add_callback(position_budget(counter, settings.budget_positions - decoded))
     clock = time.time()
     trainer.train()
     train_seconds = time.time() - clock
@@ -326,7 +377,7 @@ def train_arm(arm: str, seed: int, settings: Settings, splits: dict, tokenizer, 
     curve = [{**{key: entry[key] for key in CURVE_KEYS if key in entry},
               **{key: value for key, value in entry.items() if key.startswith("rl/rewards/") and key.endswith("/mean")}}
              for entry in history if "rl/reward" in entry or "distill/divergence" in entry]
-    record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count,
+    record = {"arm": arm, "seed": seed, "steps": trainer.state.global_step, "positions": counter.count + decoded,
               "train_seconds": round(train_seconds), "train_seconds_exact": round(train_seconds, 3),
               "first_logged_reward": curve[0].get("rl/reward") if curve else None,
               "last_logged_reward": curve[-1].get("rl/reward") if curve else None, "curve": curve, **extra}
