@@ -51,8 +51,10 @@ class RolloutConfig(SeqRLBaseConfig):
     num_samples (`int`, *optional*, defaults to `1`):
         Sampled sequences per source.
     temperature (`float`, *optional*, defaults to `1.0`), top_k (`int`, defaults to `0` = off),
-    top_p (`float`, defaults to `1.0` = off):
-        Sampling distribution of the rollouts. Log-probabilities are taken at the same temperature.
+    top_p (`float`, defaults to `1.0` = off), epsilon_cutoff (`float`, defaults to `0.0` = off):
+        Sampling distribution of the rollouts (transformers' warpers, in `generate`'s order; `epsilon_cutoff`:
+        epsilon sampling, the tokens below that probability left out, as MBR's candidates are drawn).
+        Log-probabilities are taken at the same temperature.
 
     > Loss
 
@@ -110,6 +112,8 @@ class RolloutConfig(SeqRLBaseConfig):
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (1.0 = off)."})
+    epsilon_cutoff: float = field(default=0.0, metadata={
+        "help": "Epsilon sampling: leave out tokens below this probability (0.0 = off)."})
     rl_weight: float = field(default=1.0, metadata={"help": "loss = rl_weight*RL + (1-rl_weight)*XE."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
     kl_coef: float = field(default=0.0, metadata={"help": "KL(policy || initial model) coefficient."})
@@ -126,6 +130,7 @@ class RolloutConfig(SeqRLBaseConfig):
 
     FIELD_RANGES = {"reward_workers": Range(0), "num_samples": Range(1), "temperature": Range(0, low_open=True),
                     "top_k": Range(0), "top_p": Range(0, 1, low_open=True), "rl_weight": Range(0, 1),
+                    "epsilon_cutoff": Range(0, 1, high_open=True),
                     "entropy_coef": Range(0), "kl_coef": Range(0), "num_completions_to_print": Range(0),
                     "steps_per_generation": Range(1), "generation_batch_size": Range(1), **MAX_NEW_TOKENS_RANGE}
 

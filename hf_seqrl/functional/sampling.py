@@ -18,9 +18,11 @@ from __future__ import annotations
 import torch
 
 
-def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                epsilon_cutoff: float = 0.0) -> torch.Tensor:
     """Returns the logits `generate` samples from: divided by `temperature`, then `-inf` outside the top-k, then
-    outside the top-p nucleus (the operations of transformers' Temperature/TopK/TopP warpers, in their order).
+    outside the top-p nucleus, then on the tokens whose probability is below `epsilon_cutoff` (the operations of
+    transformers' Temperature/TopK/TopP/Epsilon warpers, in their order).
 
     Args:
         logits (`torch.Tensor` of shape `(N, V)`): next-token logits (float32 for the same rounding as `generate`).
@@ -28,6 +30,8 @@ def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, 
         top_k (`int`): keep the tokens whose logit is at least the k-th largest (ties kept); 0 turns it off.
         top_p (`float`): keep the smallest set of most likely tokens whose probability reaches `top_p`
             (at least one token); 1.0 turns it off.
+        epsilon_cutoff (`float`): keep the tokens whose probability (after the warps above) is at least this, and
+            the most likely token always (epsilon sampling, Hewitt et al., 2022); 0.0 turns it off.
     """
     if temperature is not None and temperature != 1.0:
         logits = logits / temperature
@@ -40,6 +44,10 @@ def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, 
         drop_sorted = cumulative <= (1 - top_p)
         drop_sorted[..., -1:] = False
         logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+    if epsilon_cutoff:
+        below = logits.softmax(dim=-1) < epsilon_cutoff
+        below &= logits < logits.max(dim=-1, keepdim=True).values  # the most likely token stays
+        logits = logits.masked_fill(below, float("-inf"))
     return logits
 
 
@@ -87,21 +95,22 @@ def inverse_cdf_sample(logits: torch.Tensor, uniforms: torch.Tensor, block_size:
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> torch.Tensor:
+                  top_p: float = 1.0, epsilon_cutoff: float = 0.0) -> torch.Tensor:
     """Returns one token per row, drawn from the warped distribution `generate(do_sample=True)` samples from.
 
     Args:
         logits (`torch.Tensor` of shape `(N, V)`): next-token logits.
         uniforms (`torch.Tensor` of shape `(N,)`): values in (0, 1], e.g. `1 - torch.rand(N)`.
-        temperature, top_k, top_p: as in `warp_logits`.
+        temperature, top_k, top_p, epsilon_cutoff: as in `warp_logits`.
 
     Returns: `torch.LongTensor` of shape `(N,)`.
     """
-    return inverse_cdf_sample(warp_logits(logits.float(), temperature, top_k, top_p), uniforms)
+    return inverse_cdf_sample(warp_logits(logits.float(), temperature, top_k, top_p, epsilon_cutoff), uniforms)
 
 
 def argmax_or_sample(logits: torch.Tensor, sample_rows: torch.Tensor | None, uniforms: torch.Tensor,
-                     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+                     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                     epsilon_cutoff: float = 0.0) -> torch.Tensor:
     """Returns the argmax of each row, and on the rows `sample_rows` a draw of `sample_tokens` instead.
 
     The rows are given by position, not by a bool mask, so that nothing waits for the device: a bool mask's
@@ -114,10 +123,10 @@ def argmax_or_sample(logits: torch.Tensor, sample_rows: torch.Tensor | None, uni
     """
     logits = logits.float()
     if sample_rows is None:
-        return sample_tokens(logits, uniforms, temperature, top_k, top_p)
+        return sample_tokens(logits, uniforms, temperature, top_k, top_p, epsilon_cutoff)
     chosen = logits.argmax(dim=-1)
     if sample_rows.numel():
-        drawn = sample_tokens(logits.index_select(0, sample_rows), uniforms, temperature, top_k, top_p)
+        drawn = sample_tokens(logits.index_select(0, sample_rows), uniforms, temperature, top_k, top_p, epsilon_cutoff)
         chosen = chosen.index_copy(0, sample_rows, drawn)
     return chosen
 

@@ -109,7 +109,7 @@ def decode_budget(config: GenerationConfig, minimum: int = 1) -> int:
 # Generation settings that add logits processors the decode loop does not implement, with their neutral values.
 UNSUPPORTED = {"num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
                "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
-               "sequence_bias": None, "min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+               "sequence_bias": None, "min_p": None, "top_h": None, "typical_p": 1.0,
                "eta_cutoff": 0.0, "guidance_scale": 1.0, "exponential_decay_length_penalty": None,
                "watermarking_config": None}
 
@@ -126,6 +126,7 @@ class DecodeSettings:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    epsilon_cutoff: float = 0.0
     forced_bos_id: int | None = None
     forced_eos_id: int | None = None
     bans: TokenBans = TokenBans()  # masked before every choice, greedy rows included
@@ -152,6 +153,7 @@ class DecodeSettings:
                    max_new_tokens=decode_budget(config, minimum=0), do_sample=bool(config.do_sample),
                    temperature=1.0 if config.temperature is None else float(config.temperature),
                    top_k=int(config.top_k or 0), top_p=1.0 if config.top_p is None else float(config.top_p),
+                   epsilon_cutoff=float(getattr(config, "epsilon_cutoff", 0.0) or 0.0),
                    forced_bos_id=config.forced_bos_token_id, forced_eos_id=forced_eos,
                    bans=TokenBans.from_generation_config(config))
 
@@ -167,9 +169,11 @@ class ModelFamily:
     # Where `join_prompts` pads sources/prompts: where padding leaves the other tokens' positions as they are.
     prompt_padding_side: str = "right"
 
-    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
-        """Returns the `GenerationConfig` of rollouts: the model's own distribution, structural tokens and the
-        model's single-token bans (`TokenBans`) only."""
+    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None,
+                          epsilon_cutoff=0.0):
+        """Returns the `GenerationConfig` of rollouts: the model's own distribution (warped by `temperature`,
+        `top_k`, `top_p`, `epsilon_cutoff`), structural tokens and the model's single-token bans (`TokenBans`)
+        only."""
         raise NotImplementedError
 
     def sample(self, model, batch: dict, generation_config, num_samples: int = 1, with_greedy: bool = False,

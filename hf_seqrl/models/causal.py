@@ -76,7 +76,8 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
 
 
 def causal_generation_config(model, max_new_tokens: int | None, temperature: float = 1.0, top_k: int = 0,
-                             top_p: float = 1.0, max_length: int | None = None) -> GenerationConfig:
+                             top_p: float = 1.0, max_length: int | None = None,
+                             epsilon_cutoff: float = 0.0) -> GenerationConfig:
     """Returns a generation config that samples completions from the model's own distribution.
 
     As `seq2seq.rollout_generation_config` does for seq2seq models: only EOS, pad, BOS and the single-token bans
@@ -87,6 +88,7 @@ def causal_generation_config(model, max_new_tokens: int | None, temperature: flo
     base = model.generation_config
     budget = max_new_tokens or max_length or base.max_new_tokens or 20
     return GenerationConfig(do_sample=True, num_beams=1, temperature=temperature, top_k=top_k, top_p=top_p,
+                            epsilon_cutoff=epsilon_cutoff,
                             eos_token_id=base.eos_token_id if base.eos_token_id is not None else model.config.eos_token_id,
                             pad_token_id=pad_id(model), bos_token_id=base.bos_token_id, max_new_tokens=budget,
                             **token_ban_settings(base))
@@ -239,8 +241,9 @@ class CausalFamily(ModelFamily):
     trainer_generates = False
     prompt_padding_side = "left"  # positions count from each row's first attended token
 
-    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
-        return causal_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length)
+    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None,
+                          epsilon_cutoff=0.0):
+        return causal_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length, epsilon_cutoff)
 
     def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False, keys=None):
         return sample_causal(model, batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),

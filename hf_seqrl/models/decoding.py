@@ -116,7 +116,8 @@ def choose_tokens(logits: torch.Tensor, step: int, settings: DecodeSettings, sam
         logits = logits.masked_fill(banned, torch.finfo(logits.dtype).min)
     if not settings.do_sample:
         return logits.float().argmax(dim=-1)
-    return argmax_or_sample(logits, sample_rows, uniforms, settings.temperature, settings.top_k, settings.top_p)
+    return argmax_or_sample(logits, sample_rows, uniforms, settings.temperature, settings.top_k, settings.top_p,
+                            settings.epsilon_cutoff)
 
 
 class RowsInForward:

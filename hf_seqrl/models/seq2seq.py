@@ -28,6 +28,7 @@ def rollout_generation_config(
     top_k: int = 0,
     top_p: float = 1.0,
     max_length: int | None = None,
+    epsilon_cutoff: float = 0.0,
 ) -> GenerationConfig:
     """Returns a generation config that samples from the model's own distribution.
 
@@ -48,6 +49,7 @@ def rollout_generation_config(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        epsilon_cutoff=epsilon_cutoff,
         decoder_start_token_id=decoder_start_id(model),
         eos_token_id=base.eos_token_id if base.eos_token_id is not None else model.config.eos_token_id,
         pad_token_id=pad_id(model),
@@ -169,8 +171,10 @@ class Seq2SeqFamily(ModelFamily):
 
     name, auto_class = "seq2seq", "AutoModelForSeq2SeqLM"
 
-    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None):
-        return rollout_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length=max_length)
+    def generation_config(self, model, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, max_length=None,
+                          epsilon_cutoff=0.0):
+        return rollout_generation_config(model, max_new_tokens, temperature, top_k, top_p, max_length=max_length,
+                                         epsilon_cutoff=epsilon_cutoff)
 
     def sample(self, model, batch, generation_config, num_samples=1, with_greedy=False, keys=None):
         """Returns `num_samples` sampled sequences per source and, with `with_greedy`, the greedy decode: one decode

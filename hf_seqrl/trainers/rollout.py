@@ -160,6 +160,7 @@ class RolloutTrainer(SeqRLBaseTrainer):
             model = self.accelerator.unwrap_model(self.model)
             self._rollout_config = self.family.generation_config(
                 model, self.args.max_new_tokens, self.args.temperature, self.args.top_k, self.args.top_p,
+                epsilon_cutoff=self.args.epsilon_cutoff,
                 max_length=self.args.generation_max_length,
             )
         return self._rollout_config

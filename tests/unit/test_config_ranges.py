@@ -14,7 +14,7 @@ from hf_seqrl.configs.base import Range, SeqRLBaseConfig, field_range
 OUT_OF_RANGE = {
     "warmup_xe_steps": -1, "max_source_length": 0, "max_target_length": 0, "max_prompt_length": 0,
     "max_completion_length": 0,
-    "reward_workers": -1, "num_samples": 0, "temperature": 0.0, "top_k": -1, "top_p": 1.5, "rl_weight": 1.2,
+    "reward_workers": -1, "num_samples": 0, "temperature": 0.0, "top_k": -1, "top_p": 1.5, "rl_weight": 1.2, "epsilon_cutoff": 1.0,
     "entropy_coef": -0.1, "kl_coef": -0.1, "num_completions_to_print": -1, "max_new_tokens": 0,
     "steps_per_generation": 0, "generation_batch_size": 0,
     "baseline_ema_decay": 1.0,

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (EpsilonLogitsWarper, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 from helpers import chi_square_p_value
 from hf_seqrl.functional.sampling import (argmax_or_sample, draw_uniforms, inverse_cdf_sample, keyed_uniforms, mix32,
@@ -40,6 +41,10 @@ def test_warping_by_hand():
     # temperature 0.5 squares the probabilities: [1, 4, 9, 16] / 30, cumulative [1, 5, 14, 30] / 30
     draws = sample_tokens(logits.expand(4, 4), torch.tensor([0.03, 0.16, 0.17, 0.47]), temperature=0.5)
     assert draws.tolist() == [0, 1, 2, 3]
+    # epsilon 0.15 drops 0.1 -> [0.2, 0.3, 0.4] / 0.9, cumulative [2, 5, 9] / 9: u = 0.22 -> token 1, 0.23 -> 2
+    assert sample_tokens(logits.expand(2, 4), torch.tensor([0.22, 0.23]), epsilon_cutoff=0.15).tolist() == [1, 2]
+    # epsilon above every probability keeps the most likely token alone
+    assert sample_tokens(logits.expand(2, 4), torch.tensor([0.01, 1.0]), epsilon_cutoff=0.5).tolist() == [3, 3]
 
 
 @pytest.mark.parametrize("vocab", [10, 384, 32128, 58101])
@@ -55,7 +60,8 @@ def test_two_level_search_equals_one_float64_running_sum(vocab, block_size):
 
 
 # Settings as a rollout config passes them; the expected distribution comes from transformers' own warpers.
-SETTINGS = [dict(), dict(temperature=0.7), dict(top_k=4), dict(top_p=0.8), dict(temperature=1.3, top_k=6, top_p=0.9)]
+SETTINGS = [dict(), dict(temperature=0.7), dict(top_k=4), dict(top_p=0.8), dict(temperature=1.3, top_k=6, top_p=0.9),
+            dict(epsilon_cutoff=0.06), dict(temperature=1.3, top_p=0.95, epsilon_cutoff=0.05)]
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()) or "plain")
@@ -69,6 +75,8 @@ def test_draws_follow_the_distribution_generate_samples_from(settings, block_siz
         warpers.append(TopKLogitsWarper(settings["top_k"]))
     if "top_p" in settings:
         warpers.append(TopPLogitsWarper(settings["top_p"]))
+    if "epsilon_cutoff" in settings:
+        warpers.append(EpsilonLogitsWarper(settings["epsilon_cutoff"]))
     probs = torch.softmax(warpers(torch.zeros(1, 1, dtype=torch.long), logits.clone()), dim=-1)[0].double()
     torch.testing.assert_close(torch.softmax(warp_logits(logits, **settings), dim=-1)[0].double(), probs)
     draws = 100_000

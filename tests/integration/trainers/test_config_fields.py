@@ -19,7 +19,8 @@ BATCH, ACCUMULATION = 2, 2
 SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", model_init_kwargs={"dtype": "float32"},
               max_new_tokens=6,
               reward_weights=[0.6, 0.4], nonfinite_rewards="drop", reward_workers=2, num_samples=3, temperature=0.9,
-              top_k=5, top_p=0.95, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05, log_completions=True,
+              top_k=5, top_p=0.95, epsilon_cutoff=0.001, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05,
+              log_completions=True,
               num_completions_to_print=1, save_on_error=False, ds3_gather_for_generation=False,
               teacher_model_init_kwargs={"dtype": "float32"})
 SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", eval_target_column="tgt", max_source_length=24,
@@ -89,6 +90,8 @@ def test_every_field_set_builds_and_steps_the_trainer(tmp_path, family, trainer_
         assert torch.isfinite(torch.tensor([last["rl/kl"], last["rl/entropy"]])).all()
         assert last["rl/teacher_logprob"] < 0
     assert not trainer.frozen_models["teacher"].model.training
+    rollout = trainer.rollout_config  # the sampling fields reach the decode
+    assert (rollout.temperature, rollout.top_k, rollout.top_p, rollout.epsilon_cutoff) == (0.9, 5, 0.95, 0.001)
     assert (tmp_path / "completions" / "step-2.jsonl").is_file()
     after = params(model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
