@@ -25,20 +25,19 @@ results file, benchmarks/results/distillation_translation.json, with the command
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from dataclasses import asdict, replace
 from types import SimpleNamespace
 
-from quality_lib import (SETTINGS, checkpoint_c, evaluate, load_model, run_arm, summarize, task_data,
+from quality_lib import (SETTINGS, checkpoint_c, evaluate, load_model, run_arm, task_data,
                          teacher_checkpoint, teacher_dir, teacher_outputs, write_dev_results, write_json)
-from quality_lib.pool import cached, run_units
+from quality_lib.pool import cached
 from quality_lib.report import format_markdown, format_table
-from quality_lib.settings import ANNEAL_FIELDS, C_FIELDS, DEFAULT_DATA, HERE, TEACHER_FIELDS, apply_overrides, run_tag
-from quality_lib.stages import Stages, spread
+from quality_lib.settings import TEACHER_FIELDS, run_tag
+from quality_lib.stages import (Stages, arms_summary, benchmark_parser, prepare_run, run_units_stage,
+                                work_dir_of)
 
 ARMS = ("xe", "kd_word", "kd_seq", "distill", "gkd", "scst", "distill_bleu")
 ON_POLICY_ARMS = ("distill", "gkd", "distill_bleu")
@@ -69,36 +68,13 @@ def protocol_settings(quick: bool, device: str):
 
 
 def default_work_dir(quick: bool, device: str) -> str:
-    return os.path.join(HERE, "cache", "distillation_translation" + ("_quick" if quick else "")
-                        + ("_cuda" if device == "cuda" and not quick else ""))
+    return work_dir_of("distillation_translation", quick, device)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run on a slice of the data")
-    parser.add_argument("--data-dir", default=DEFAULT_DATA)
-    parser.add_argument("--work-dir", default=None, help="cache of the stages and units "
-                        "(default benchmarks/cache/distillation_translation[_quick|_cuda])")
-    parser.add_argument("--output", default=None, help="results JSON (default "
-                        "benchmarks/results/distillation_translation[_cuda].json; --quick writes into the work dir)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=None)
-    parser.add_argument("--runs-only", action="store_true", help="run the selected units only (from the cached "
-                        "stages): what the worker processes run; a run without it writes the results")
-    parser.add_argument("--dev-only", action="store_true", help="score the units on dev only (greedy), to choose "
-                        "learning rates or the budget on dev; units named *_dev, results in *_dev.json")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="units run in this many processes at once (default 2: the benchmark's 2 cores)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each unit")
-    parser.add_argument("--c-threads", type=int, default=os.cpu_count() or 1,
-                        help="torch threads of the stages before the units (alone): default every core")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="cpu: the student and teacher sizes above; cuda: today's C as the student and the "
-                        "quality benchmark's default teacher, the same protocol")
-    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="override settings as quality.py does (e.g. --set budget_positions=500000 d_model=48); "
-                        "overrides of C's fields get a work directory of their own")
-    return parser
+def build_parser():
+    return benchmark_parser(__doc__.split("\n")[0], "distillation_translation", ARMS, '',
+                            "cpu: the student and teacher sizes above; cuda: today's C as the student and the quality benchmark's default teacher, the same protocol",
+                            'budget_positions=500000 d_model=48')
 
 
 def distillation_target(arms: dict, metric: str = "bleu", decoding: str = "greedy") -> dict:
@@ -142,19 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    settings = protocol_settings(args.quick, args.device)
-    if args.seeds:
-        settings = replace(settings, seeds=tuple(args.seeds))
-    settings, overrides = apply_overrides(settings, args.set)
-    if not os.path.isdir(os.path.join(args.data_dir, "multi30k")):
-        sys.exit(f"No multi30k data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
-    c_tag = run_tag(None, {k: v for k, v in overrides.items() if k in C_FIELDS + ANNEAL_FIELDS})
-    work_dir = args.work_dir or default_work_dir(args.quick, args.device) + c_tag
-    name = "distillation_translation" + ("_cuda" if args.device == "cuda" and not args.quick else "")
-    output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
-                             else os.path.join(HERE, "results", f"{name}.json"))
-    suffix = "_dev" if args.dev_only else ""
-    os.makedirs(work_dir, exist_ok=True)
+    settings, overrides, work_dir, output, suffix = prepare_run(
+        args, protocol_settings(args.quick, args.device), "distillation_translation", default_work_dir(args.quick, args.device))
     start, stages = time.time(), Stages(work_dir)
     # Stages named by the overrides that define them: another teacher, or other units, are timed apart.
     teacher_tag = run_tag(None, {k: v for k, v in overrides.items() if k in TEACHER_FIELDS})
@@ -207,30 +172,12 @@ def main(argv: list[str] | None = None) -> dict:
             settings, splits, tokenizer, load_model(settings, teacher_folder).eval(), folder))
 
     torch.set_num_threads(args.threads)
-    todo = [(arm, seed) for arm, seed, path in units if not os.path.exists(path)]
-    print(f"units: {len(units) - len(todo)} of {len(units)} cached, {len(todo)} to run", flush=True)
-
-    def run_all():
-        if args.jobs > 1:
-            child = [sys.executable, os.path.join(HERE, "distillation.py"), "--data-dir", args.data_dir,
-                     "--work-dir", work_dir, "--threads", str(args.threads), "--device", args.device, "--runs-only"]
-            child += (["--quick"] if args.quick else []) + (["--dev-only"] if args.dev_only else [])
-            child += ["--set", *args.set] if args.set else []
-            run_units(child, todo, args.jobs).result()
-        for done, (arm, seed, path) in enumerate(units, 1):
-            cached(path, lambda: unit(arm, seed))
-            print(f"unit {done}/{len(units)}: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
-
-    stages.run(names["units"], not todo, run_all)
-    runs = [cached(path, None) for _, _, path in units]
+    runs = run_units_stage("distillation.py", args, work_dir, units, unit, stages, names["units"], start)
     command = "python benchmarks/distillation.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.dev_only:
         return write_dev_results(SimpleNamespace(task="translation", arms=args.arms), settings, overrides, command,
                                  c_eval, runs, args.output or output.replace(".json", "_dev.json"))
-    summary = summarize(settings, c_eval, runs)
-    # The arms in the protocol's order, each with its units' wall-clock (training and scoring).
-    summary["arms"] = {arm: {**summary["arms"][arm], "unit_seconds": spread(
-        [r["unit_seconds"] for r in runs if r["arm"] == arm])} for arm in ARMS if arm in summary["arms"]}
+    summary = arms_summary(settings, c_eval, runs, ARMS)
     parameters = {"teacher": teacher_record["parameters"], "student C": c_record["parameters"]}
     target = distillation_target(summary["arms"])
     markdown = teacher_table(teacher_eval, c_eval, parameters) + "\n\n" + format_markdown(settings, summary)

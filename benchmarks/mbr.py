@@ -28,20 +28,20 @@ results file, benchmarks/results/mbr_translation.json, with the command.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from dataclasses import asdict, replace
 from types import SimpleNamespace
 
-from quality_lib import (SETTINGS, checkpoint_c, evaluate, load_model, run_arm, summarize, task_data,
+from quality_lib import (SETTINGS, checkpoint_c, evaluate, load_model, run_arm, task_data,
                          write_dev_results, write_json)
 from quality_lib.decodes import MBR_CANDIDATES, decode_split, decodes_markdown, decodings
-from quality_lib.pool import cached, run_units
+from quality_lib.pool import cached
 from quality_lib.report import format_markdown, format_table
-from quality_lib.settings import ANNEAL_FIELDS, C_FIELDS, DEFAULT_DATA, HERE, MBR_ARMS, apply_overrides, run_tag
-from quality_lib.stages import Stages, spread
+from quality_lib.settings import MBR_ARMS, run_tag
+from quality_lib.stages import (Stages, arms_summary, benchmark_parser, prepare_run, run_units_stage,
+                                work_dir_of)
 from quality_lib.units import mbr_picks, mbr_picks_stem
 
 ARMS = ("xe", "mbr_offline", "mbr_online", "scst")
@@ -62,35 +62,13 @@ def protocol_settings(quick: bool, device: str):
 
 
 def default_work_dir(quick: bool, device: str) -> str:
-    return os.path.join(HERE, "cache", "mbr_translation" + ("_quick" if quick else "")
-                        + ("_cuda" if device == "cuda" and not quick else ""))
+    return work_dir_of("mbr_translation", quick, device)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run on a slice of the data")
-    parser.add_argument("--data-dir", default=DEFAULT_DATA)
-    parser.add_argument("--work-dir", default=None, help="cache of the stages and units "
-                        "(default benchmarks/cache/mbr_translation[_quick|_cuda])")
-    parser.add_argument("--output", default=None, help="results JSON (default "
-                        "benchmarks/results/mbr_translation[_cuda].json; --quick writes into the work dir)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=None)
-    parser.add_argument("--runs-only", action="store_true", help="run the selected units only (from the cached "
-                        "stages): what the worker processes run; a run without it writes the results")
-    parser.add_argument("--dev-only", action="store_true", help="score the units on dev only (greedy), to choose "
-                        "learning rates or the budget on dev; units named *_dev, results in *_dev.json; C's "
-                        "decodings are skipped")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="units run in this many processes at once (default 2: the benchmark's 2 cores)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each unit")
-    parser.add_argument("--c-threads", type=int, default=os.cpu_count() or 1,
-                        help="torch threads of the stages before the units (alone): default every core")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every phase runs")
-    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="override settings as quality.py does (e.g. --set budget_positions=3000000 "
-                        "mbr_train_sources=3000); overrides of C's fields get a work directory of their own")
-    return parser
+def build_parser():
+    return benchmark_parser(__doc__.split("\n")[0], "mbr_translation", ARMS, "; C's decodings are skipped",
+                            'where every phase runs',
+                            'budget_positions=3000000 mbr_train_sources=3000')
 
 
 def mbr_target(arms: dict, decodes: dict, metric: str = "bleu", decoding: str = "greedy") -> dict:
@@ -118,19 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    settings = protocol_settings(args.quick, args.device)
-    if args.seeds:
-        settings = replace(settings, seeds=tuple(args.seeds))
-    settings, overrides = apply_overrides(settings, args.set)
-    if not os.path.isdir(os.path.join(args.data_dir, "multi30k")):
-        sys.exit(f"No multi30k data in {args.data_dir}: pass --data-dir (see ../shared/data/README.md).")
-    c_tag = run_tag(None, {k: v for k, v in overrides.items() if k in C_FIELDS + ANNEAL_FIELDS})
-    work_dir = args.work_dir or default_work_dir(args.quick, args.device) + c_tag
-    name = "mbr_translation" + ("_cuda" if args.device == "cuda" and not args.quick else "")
-    output = args.output or (os.path.join(work_dir, f"{name}.json") if args.quick
-                             else os.path.join(HERE, "results", f"{name}.json"))
-    suffix = "_dev" if args.dev_only else ""
-    os.makedirs(work_dir, exist_ok=True)
+    settings, overrides, work_dir, output, suffix = prepare_run(
+        args, protocol_settings(args.quick, args.device), "mbr_translation", default_work_dir(args.quick, args.device))
     start, stages = time.time(), Stages(work_dir)
     # C's decodings are named by what decides them besides C: another epsilon or utility is decoded and timed apart.
     decode_tag = run_tag(None, {k: v for k, v in overrides.items()
@@ -181,30 +148,12 @@ def main(argv: list[str] | None = None) -> dict:
             lambda: mbr_picks(settings, splits, tokenizer, load_model(settings, c_folder).eval(), work_dir)[1])
 
     torch.set_num_threads(args.threads)
-    todo = [(arm, seed) for arm, seed, path in units if not os.path.exists(path)]
-    print(f"units: {len(units) - len(todo)} of {len(units)} cached, {len(todo)} to run", flush=True)
-
-    def run_all():
-        if args.jobs > 1:
-            child = [sys.executable, os.path.join(HERE, "mbr.py"), "--data-dir", args.data_dir,
-                     "--work-dir", work_dir, "--threads", str(args.threads), "--device", args.device, "--runs-only"]
-            child += (["--quick"] if args.quick else []) + (["--dev-only"] if args.dev_only else [])
-            child += ["--set", *args.set] if args.set else []
-            run_units(child, todo, args.jobs).result()
-        for done, (arm, seed, path) in enumerate(units, 1):
-            cached(path, lambda: unit(arm, seed))
-            print(f"unit {done}/{len(units)}: {arm} seed {seed} ({time.time() - start:.0f} s)", flush=True)
-
-    stages.run(names["units"], not todo, run_all)
-    runs = [cached(path, None) for _, _, path in units]
+    runs = run_units_stage("mbr.py", args, work_dir, units, unit, stages, names["units"], start)
     command = "python benchmarks/mbr.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.dev_only:
         return write_dev_results(SimpleNamespace(task="translation", arms=args.arms), settings, overrides, command,
                                  c_eval, runs, args.output or output.replace(".json", "_dev.json"))
-    summary = summarize(settings, c_eval, runs)
-    # The arms in the protocol's order, each with its units' wall-clock (training and scoring).
-    summary["arms"] = {arm: {**summary["arms"][arm], "unit_seconds": spread(
-        [r["unit_seconds"] for r in runs if r["arm"] == arm])} for arm in ARMS if arm in summary["arms"]}
+    summary = arms_summary(settings, c_eval, runs, ARMS)
     target = mbr_target(summary["arms"], decodes)
     table = format_table(settings, summary)
     markdown = decodes_markdown(decodes) + "\n\n" + format_markdown(settings, summary)
