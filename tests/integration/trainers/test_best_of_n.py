@@ -202,3 +202,30 @@ def test_the_cli_trains_mbr_fine_tuning_and_its_card_and_run_record_say_so(tmp_p
     assert "fine-tuned with **MBR fine-tuning**" in card and "best_of_n_selection" in card
     assert (training["trainer"], training["algorithm"], training["method"]) == (
         "BestOfNTrainer", "best_of_n", "MBR fine-tuning")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["seq2seq", "causal"])
+def test_a_lora_adapter_trains_on_selections_that_never_hold_a_banned_token(tmp_path, causal):
+    """As checkpoints ship: dropout on, a token banned by the generation config (as opus-mt bans its pad), a LoRA
+    adapter; the selected samples never hold the banned token and only the adapter moves."""
+    peft = pytest.importorskip("peft")
+    model = tiny_causal_model("llama", seed=1, dropout=0.1) if causal else tiny_model("t5", seed=1, dropout=0.1)
+    banned = byt5_tokenizer()("e")["input_ids"][0]
+    model.generation_config.bad_words_ids = [[banned]]
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    modules = ["q_proj", "v_proj"] if causal else ["q", "v"]
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM" if causal else
+                           "SEQ_2_SEQ_LM")
+    args = make_config(BestOfNConfig, tmp_path, max_steps=2, per_device_train_batch_size=4, max_new_tokens=6,
+                       num_samples=4, learning_rate=5e-2, report_to="none", save_strategy="no", logging_steps=1)
+    trainer = BestOfNTrainer(model=model, args=args, reward_funcs=overlap_reward, peft_config=lora,
+                             train_dataset=text_pairs(causal, n=8, alphabet="abcde"),
+                             processing_class=byt5_tokenizer())
+    seen = selected_rows(trainer)
+    trainer.train()
+    assert seen and all(not (batch.sample_ids[batch.sample_mask] == banned).any() for batch in seen)
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    kept = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+            for k, v in trained.state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(base[k], kept[k]) for k in base)  # the base weights did not move
+    assert any(p.abs().sum() > 0 for n, p in trained.named_parameters() if "lora_B" in n)
