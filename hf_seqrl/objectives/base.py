@@ -101,7 +101,8 @@ class Runner(Protocol):
     accelerator: Any
     model: Any  # the policy as the Trainer wraps it
 
-    def unrewarded_batch(self, rollout: Rollout, ctx: StepContext) -> RolloutBatch: ...
+    def unrewarded_batch(self, rollout: Rollout, ctx: StepContext,
+                         predictions: list[str] | None = None) -> RolloutBatch: ...
 
     def take_rollout(self, ctx: StepContext) -> Rollout: ...
 

@@ -136,8 +136,8 @@ class BestOfN(Objective):
         source's selected sample: the rows the loss trains on, `kept` where the score is at or above the threshold."""
         n, threshold, device = rollout.num_samples, self.args.best_of_n_threshold, rollout.sample_ids.device
         if self.args.best_of_n_selection == "mbr":
-            batch = runner.unrewarded_batch(rollout, ctx)  # the samples' length metrics and sample-log rows
             predictions = decode_texts(runner.processing_class, rollout.sample_ids)
+            batch = runner.unrewarded_batch(rollout, ctx, predictions)  # length metrics and sample-log rows
             scores, metrics = self.mbr_utilities(runner, predictions, n, ctx).to(device), batch.metrics
         else:
             text = repeat_rows(ctx.text, n)

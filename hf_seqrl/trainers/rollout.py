@@ -290,11 +290,14 @@ class RolloutTrainer(SeqRLBaseTrainer):
         return RolloutBatch(rollout.sample_ids, rollout.sample_mask, adv, metrics, kept=kept, group=n,
                             rewards=samples.rewards)
 
-    def unrewarded_batch(self, rollout: Rollout, ctx: StepContext) -> RolloutBatch:
+    def unrewarded_batch(self, rollout: Rollout, ctx: StepContext,
+                         predictions: list[str] | None = None) -> RolloutBatch:
         """Returns the samples without a reward: their length and truncation metrics (`sample_metrics`) and, with
-        `log_completions`, their rows for the sample log, with no reward, baseline or advantage."""
+        `log_completions`, their rows for the sample log, with no reward, baseline or advantage. `predictions`: the
+        samples decoded, when the caller has them (else decoded here)."""
         n = rollout.num_samples
-        predictions = decode_texts(self.processing_class, rollout.sample_ids)
+        if predictions is None:
+            predictions = decode_texts(self.processing_class, rollout.sample_ids)
         metrics = sample_metrics(predictions, rollout.sample_mask, rollout.sample_cut, repeat_rows(ctx.text, n))
         if self.completions is not None:
             none = torch.ones(len(predictions), dtype=torch.bool)

@@ -111,9 +111,9 @@ def test_mbr_selection_picks_the_highest_expected_utility(tmp_path):
     samples = []
     unrewarded = trainer.unrewarded_batch
 
-    def recording(rollout, ctx):
+    def recording(rollout, ctx, predictions=None):
         samples.append(trainer.processing_class.batch_decode(rollout.sample_ids, skip_special_tokens=True))
-        return unrewarded(rollout, ctx)
+        return unrewarded(rollout, ctx, predictions)
 
     trainer.unrewarded_batch = recording
     trainer.train()
