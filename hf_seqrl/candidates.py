@@ -20,6 +20,7 @@ estimate of the expected utility.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -95,15 +96,34 @@ def sample_candidates(model, tokenizer, sources: Sequence, num_candidates: int, 
     `batch_size` sources per `generate` call, in the order given, each with `num_candidates` rows; `max_new_tokens`,
     `max_length` and `max_source_length` as in `generate_texts`. The random state is seeded with `seed` inside and
     restored after. The model is left in its original train/eval mode."""
+    with seeded(model, seed):
+        return _decoded_groups(model, tokenizer, sources, num_candidates, sample_kwargs(num_candidates, epsilon_cutoff),
+                               batch_size, max_new_tokens, max_length, max_source_length, progress, desc)
+
+
+def sample_kwargs(num_candidates: int, epsilon_cutoff: float | None) -> dict[str, Any]:
+    """Returns the `generate` arguments of `num_candidates` samples per source: temperature 1, no top-k or top-p cut,
+    epsilon sampling when `epsilon_cutoff` is set."""
     kwargs = {"do_sample": True, "num_return_sequences": num_candidates, "num_beams": 1, "temperature": 1.0,
               "top_k": 0, "top_p": 1.0}
     if epsilon_cutoff:
         kwargs["epsilon_cutoff"] = epsilon_cutoff
+    return kwargs
+
+
+def beam_kwargs(nbest: int) -> dict[str, Any]:
+    """Returns the `generate` arguments of the beam's `nbest` best outputs per source."""
+    return {"do_sample": False, "num_beams": nbest, "num_return_sequences": nbest}
+
+
+@contextmanager
+def seeded(model, seed: int):
+    """Within the context, the random state (the model's CUDA device's too) is seeded with `seed`; it is restored
+    after."""
     devices = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        return _decoded_groups(model, tokenizer, sources, num_candidates, kwargs, batch_size, max_new_tokens,
-                               max_length, max_source_length, progress, desc)
+        yield
 
 
 def beam_candidates(model, tokenizer, sources: Sequence, nbest: int, *, batch_size: int = 32,
@@ -113,8 +133,7 @@ def beam_candidates(model, tokenizer, sources: Sequence, nbest: int, *, batch_si
     """Returns the beam's `nbest` best outputs per source, best first, in the order of `sources` (decoded text,
     stripped): `generate(num_beams=nbest, num_return_sequences=nbest)`, the model's generation config otherwise.
     Arguments as in `sample_candidates`."""
-    kwargs = {"do_sample": False, "num_beams": nbest, "num_return_sequences": nbest}
-    return _decoded_groups(model, tokenizer, sources, nbest, kwargs, batch_size, max_new_tokens, max_length,
+    return _decoded_groups(model, tokenizer, sources, nbest, beam_kwargs(nbest), batch_size, max_new_tokens, max_length,
                            max_source_length, progress, desc)
 
 
@@ -160,15 +179,50 @@ def source_text(source) -> str:
 def select(candidates: Sequence[Sequence[str]], sources: Sequence, decoding: SelectionDecoding) -> list[str]:
     """Returns the candidate `decoding` picks for each source (`mbr_select` or `qe_select`); a source whose
     candidates the QE reward scores none of is refused, naming it."""
-    texts = [source_text(s) for s in sources]
+    return [group[i] for group, i in zip(candidates, select_indices(candidates, sources, decoding))]
+
+
+def select_indices(candidates: Sequence[Sequence[str]], sources: Sequence | None,
+                   decoding: SelectionDecoding) -> list[int]:
+    """Returns the index of the candidate `decoding` picks for each source (`select`); `sources` may be None for an
+    MBR utility that does not read them."""
+    texts = None if sources is None else [source_text(s) for s in sources]
     if decoding.decode == "mbr":
-        return [pick.text for pick in mbr_select(candidates, decoding.utility, texts)]
+        return [pick.index for pick in mbr_select(candidates, decoding.utility, texts)]
     picks = qe_select(candidates, texts, decoding.qe_reward)
     unscored = [i for i, pick in enumerate(picks) if pick.index is None]
     if unscored:
+        first = texts[unscored[0]] if texts else unscored[0]
         raise ValueError(f"qe_reward {reward_name(decoding.qe_reward)!r} scored none of the candidates of "
-                         f"{len(unscored)} sources (first: {texts[unscored[0]]!r}): use a reward that scores them.")
-    return [pick.text for pick in picks]
+                         f"{len(unscored)} sources (first: {first!r}): use a reward that scores them.")
+    return [pick.index for pick in picks]
+
+
+def selected_ids(model, tokenizer, batch: dict, sources: Sequence | None, decoding: SelectionDecoding,
+                 **generate_kwargs) -> torch.Tensor:
+    """Returns the ids `(B, T)` of each source's pick among its candidates, from a tokenized batch of `B` sources
+    (the model family's `generate` inputs; a trainer's evaluation batch): the candidates `decoding` names, drawn from
+    the random state as it is (seed it with `seeded`), decoded to text and picked by `select_indices`. The rows are
+    what the family's `generate` returns (padded with the tokenizer's pad id to the longest candidate).
+    `generate_kwargs`: `max_length`, `max_new_tokens`, `synced_gpus`."""
+    family, n = family_for(model), decoding.num_candidates
+    kwargs = {**{k: v for k, v in generate_kwargs.items() if v is not None}, "use_cache": True}
+    groups = []
+    with eval_mode(model), torch.no_grad():
+        if decoding.candidates != "beam":
+            groups.append(family.generate(model, batch, **sample_kwargs(n, decoding.epsilon_cutoff), **kwargs))
+        if decoding.candidates != "samples":
+            groups.append(family.generate(model, batch, **beam_kwargs(n), **kwargs))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(ids.shape[1] for ids in groups)
+    sources_count = groups[0].shape[0] // n
+    rows = torch.cat([torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=pad).view(sources_count, n, width)
+                      for ids in groups], dim=1)  # (B, N, T): each source's samples, then its n-best
+    texts = [text.strip() for text in decode_texts(tokenizer, rows.flatten(0, 1))]
+    per_source = rows.shape[1]
+    candidates = [texts[i:i + per_source] for i in range(0, len(texts), per_source)]
+    picks = torch.tensor(select_indices(candidates, sources, decoding), device=rows.device)
+    return rows[torch.arange(sources_count, device=rows.device), picks]
 
 
 def with_reward_built(decoding: SelectionDecoding, device) -> SelectionDecoding:

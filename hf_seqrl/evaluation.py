@@ -363,9 +363,15 @@ PIPELINE_SETTINGS = ("source_prefix", "prompt_template", "use_chat_template")
 
 def run_settings(args, family_name: str, extra: dict | None = None, training: dict | None = None) -> dict[str, Any]:
     """Returns what `write_run_settings` writes: the model family, `RUN_SETTING_FIELDS` of `args` (None where `args`
-    lacks one), the `PIPELINE_SETTINGS` among `extra` that are set, and `training` when given."""
+    lacks one), its MBR / QE evaluation decoding (`generation_selection`, as `SelectionDecoding.record` writes it,
+    seed included) when set, the `PIPELINE_SETTINGS` among `extra` that are set, and `training` when given."""
     settings: dict[str, Any] = {"family": family_name}
     settings.update({name: getattr(args, name, None) for name in RUN_SETTING_FIELDS})
+    if getattr(args, "generation_selection", None):
+        from .candidates import SelectionDecoding
+
+        selection = {"seed": getattr(args, "seed", 0), **args.generation_selection}
+        settings["generation_selection"] = SelectionDecoding(**selection).record()
     settings.update({name: value for name, value in (extra or {}).items()
                      if name in PIPELINE_SETTINGS and value not in (None, "", False)})
     if training is not None:
@@ -416,11 +422,14 @@ def run_generation_settings(settings: dict[str, Any], family_name: str) -> dict[
     """Returns the evaluation settings that reproduce a run's own evaluation, from its `seqrl_run.json`:
     `max_source_length` (sources cut as the trainer cut them: `max_prompt_length` for decoder-only models, else
     `max_source_length`, which the `hf-seqrl train` pipeline uses for prompts too), `max_length`
-    (`generation_max_length`), `num_beams` (`generation_num_beams`), `task` and the pipeline's text settings; only
-    those the run set."""
+    (`generation_max_length`), `num_beams` (`generation_num_beams`), `selection` (`generation_selection`: the
+    keywords of `generate_texts` that decode by MBR / QE as the run's evaluation did), `task` and the pipeline's
+    text settings; only those the run set."""
     source_length = settings.get("max_prompt_length") if family_name == "causal" else None
+    recorded = settings.get("generation_selection")
     found = {"max_source_length": source_length or settings.get("max_source_length"),
              "max_length": settings.get("generation_max_length"), "num_beams": settings.get("generation_num_beams"),
+             "selection": {k: v for k, v in recorded.items() if v is not None} if recorded else None,
              "task": settings.get("task"), **{name: settings.get(name) for name in PIPELINE_SETTINGS}}
     return {name: value for name, value in found.items() if value is not None}
 

@@ -44,11 +44,11 @@ HUB_DATASET_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 EVAL_SPLITS = {"eval_": "validation", "test_": "test"}
 
 
-def card_settings(args) -> dict[str, Any]:
+def card_settings(args, selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """Returns the settings a card shows of a trainer's `args`: the `TRAINING_SETTINGS` that applied (`max_steps` or
     `num_train_epochs`, whichever ended training), then every field declared by a config class outside transformers
-    (the hf-seqrl configs, a user's subclass) whose value differs from its default. Fields that hold credentials are
-    left out (`SECRET_KEY`)."""
+    (the hf-seqrl configs, a user's subclass) whose value differs from its default, `generation_selection` as
+    `selection` records it when given. Fields that hold credentials are left out (`SECRET_KEY`)."""
     settings = {name: getattr(args, name) for name, applied in TRAINING_SETTINGS.items()
                 if hasattr(args, name) and (applied is None or applied(args))}
     own = [name for cls in reversed(type(args).__mro__) if not cls.__module__.startswith("transformers")
@@ -61,6 +61,8 @@ def card_settings(args) -> dict[str, Any]:
         value = getattr(args, name)
         if value != default:
             settings[name] = value
+    if selection and "generation_selection" in settings:  # as recorded: rewards by name, the seed that applied
+        settings["generation_selection"] = selection
     return settings
 
 
@@ -241,6 +243,7 @@ def render_model_card(
     base_class: str | None = None,
     base_subfolder: str | None = None,
     warm_start: tuple[str, str] | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> str:
     """Returns the markdown model card (YAML metadata + body) for a model trained with hf-seqrl.
 
@@ -263,7 +266,9 @@ def render_model_card(
     `adapter`: the saved weights are a PEFT adapter of `base_model` (a Hub id or a local folder), loaded with
     `PeftModel`; with `base_subfolder` the base model is saved in that folder of the repository instead (it was built
     in memory), loaded with its class `base_class`. `warm_start` names the (encoder, decoder) checkpoints an
-    encoder-decoder built in memory was warm-started from.
+    encoder-decoder built in memory was warm-started from. `selection`: the MBR / QE decoding of the run's evaluation
+    (`SelectionDecoding.record`, and its `max_length`: `generation_max_length`); the card then shows
+    `hf_seqrl.evaluation.generate_texts` decoding that way.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -325,10 +330,30 @@ def render_model_card(
         prompt_special_tokens=prompt_special_tokens,
         prompt_ends_with_eos=prompt_ends_with_eos and prompt_special_tokens,
         max_new_tokens=max_new_tokens,
+        selection=selection_call(selection),
+        selection_words=selection and selection_words(selection),
         versions=library_versions(),
     )
     text = str(card)
     return text if text.endswith("\n") else text + "\n"
+
+
+def selection_words(selection: dict[str, Any]) -> str:
+    """Returns a `SelectionDecoding.record` in words: `MBR over 16 samples (chrf)`, `QE over 8 beam (cometkiwi)`."""
+    reward = selection["utility"] if selection["decode"] == "mbr" else selection["qe_reward"]
+    return f"{selection['decode'].upper()} over {selection['num_candidates']} {selection['candidates']} ({reward})"
+
+
+def selection_call(selection: dict[str, Any] | None) -> str | None:
+    """Returns the keyword arguments of `generate_texts` that decode as `selection` (a `SelectionDecoding.record`,
+    with the evaluation's `max_length` when it had one) says, as Python source (`decode='mbr', candidates='samples',
+    num_candidates=16, ...`), None without one."""
+    if not selection:
+        return None
+    names = ("decode", "candidates", "num_candidates", "utility", "qe_reward", "epsilon_cutoff", "seed",
+             "max_length")
+    return ", ".join(f"{name}={_safe(selection[name])!r}" if isinstance(selection[name], str) else
+                     f"{name}={selection[name]!r}" for name in names if selection.get(name) is not None)
 
 
 def hub_id(name: str | None) -> str | None:

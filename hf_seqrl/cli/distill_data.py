@@ -90,7 +90,7 @@ def distill_data(args: DistillDataArguments) -> int:
     try:
         written = write_teacher_outputs(model, tokenizer, rows, args.source_column, output,
                                         output_column=args.output_column,
-                                        num_beams=args.num_beams if args.decode == "beam" else 1,
+                                        num_beams=args.num_beams if args.decode in (None, "beam") else 1,
                                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                         max_source_length=args.max_source_length, overwrite=args.overwrite,
                                         **selection)
@@ -100,7 +100,7 @@ def distill_data(args: DistillDataArguments) -> int:
         written = join_parts(state, output, args.output, written)
         if not state.is_main_process:
             return 0
-    decodes = "decodes" if args.decode == "beam" else f"{args.decode.upper()} picks"
+    decodes = "decodes" if args.decode in (None, "beam") else f"{args.decode.upper()} picks"
     print(f"wrote {written} rows to {args.output} ({len(dataset)} in all; the teacher's {decodes} in "
           f"{args.output_column!r}, its settings in {args.output}{TEACHER_SETTINGS_SUFFIX}). Train on them, validating "
           f"on the gold references: hf-seqrl train ... --train_file {args.output} --target_column {args.output_column} "

@@ -82,7 +82,7 @@ class EvaluateArguments(SelectionArguments, CheckpointDataArguments):
                 raise ValueError(f"metrics: unknown or no metric {unknown}; choose from {', '.join(BUILTIN_REWARDS)}.")
         if self.num_beams is not None and self.num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {self.num_beams}.")
-        if self.decode != "beam" and (self.num_beams or 1) > 1:
+        if self.decode not in (None, "beam") and (self.num_beams or 1) > 1:
             raise ValueError(f"--decode {self.decode} decodes its candidates by --candidates (the beam's n-best: "
                              f"--num_candidates wide): drop --num_beams {self.num_beams}.")
 
@@ -103,7 +103,8 @@ def load_model_and_pairs(args: CheckpointDataArguments):
 
 def resolve_settings(args: CheckpointDataArguments, family_name: str) -> tuple[dict, list[str]]:
     """Returns `(settings, from_run)`: the source and generation settings to use (the flags of `args` where given,
-    else the run's `seqrl_run.json` unless `--no_run_settings`) and the names taken from the run's file."""
+    else the run's `seqrl_run.json` unless `--no_run_settings`) and the names taken from the run's file. The run's
+    MBR / QE decoding (`selection`) applies when neither `--decode` nor `--num_beams` is given."""
     run = run_generation_settings(read_run_settings(args.model), family_name) if args.run_settings else {}
     settings, from_run = {}, []
     for name in ("max_source_length", "max_length", "num_beams", "task", "source_prefix", "prompt_template",
@@ -114,6 +115,9 @@ def resolve_settings(args: CheckpointDataArguments, family_name: str) -> tuple[d
         elif name in run:
             settings[name] = run[name]
             from_run.append(name)
+    if run.get("selection") and getattr(args, "decode", "beam") is None and getattr(args, "num_beams", 1) is None:
+        settings["selection"] = run["selection"]
+        from_run.append("selection")
     if args.max_new_tokens is not None and "max_length" in settings:  # a budget in new tokens replaces it
         del settings["max_length"]
         from_run.remove("max_length")
@@ -144,8 +148,8 @@ def evaluate_from_args(args: EvaluateArguments) -> int:
     model, tokenizer, sources, references = load_model_and_pairs(args)
     inputs, settings, from_run = shape_sources(args, model, sources)
     metrics = args.metrics or task_metrics(settings.get("task"))
-    num_beams = 1 if args.decode != "beam" else settings.get("num_beams") or 1
-    selection = args.selection()
+    selection = args.selection() or settings.get("selection") or {}
+    num_beams = 1 if selection else settings.get("num_beams") or 1
     scores, predictions = evaluate_model(model, tokenizer, inputs, references, metrics, num_beams=num_beams,
                                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                          max_length=settings.get("max_length"),

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 class SelectionArguments:
     """`--decode beam|mbr|qe` and the candidates, utility or QE reward of MBR / QE decoding."""
 
-    decode: str = field(default="beam", metadata={
+    decode: str | None = field(default=None, metadata={
         "help": "beam: greedy or beam search (--num_beams); mbr: minimum Bayes risk over each source's --candidates "
-                "with --utility; qe: the candidate --qe_reward scores highest (docs/mbr.md)."})
+                "with --utility; qe: the candidate --qe_reward scores highest (docs/mbr.md). Default: beam "
+                "(evaluate: the run's generation_selection when it set one and --num_beams is not given)."})
     candidates: str = field(default="samples", metadata={
         "help": "mbr / qe: the candidates of each source: samples, beam (the beam's n-best, --num_candidates wide) or "
                 "samples+beam (the samples, then the n-best)."})
@@ -34,7 +35,7 @@ class SelectionArguments:
             parent()
         from ..candidates import CANDIDATE_KINDS, DECODE_MODES
 
-        if self.decode not in DECODE_MODES:
+        if self.decode is not None and self.decode not in DECODE_MODES:
             raise ValueError(f"--decode {self.decode}: choose beam, mbr or qe.")
         if self.candidates not in CANDIDATE_KINDS:
             raise ValueError(f"--candidates {self.candidates}: choose samples, beam or samples+beam.")
@@ -44,7 +45,7 @@ class SelectionArguments:
 
     def selection(self) -> dict:
         """Returns the MBR / QE keywords of `generate_texts` / `write_teacher_outputs` (none for beam search)."""
-        if self.decode == "beam":
+        if self.decode in (None, "beam"):
             return {}
         reward = {"utility": self.utility} if self.decode == "mbr" else {"qe_reward": self.qe_reward}
         return {"decode": self.decode, "candidates": self.candidates, "num_candidates": self.num_candidates,

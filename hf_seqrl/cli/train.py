@@ -375,6 +375,9 @@ def run(script_args: ScriptArguments, training_args) -> dict[str, float]:
     family = family_for(model)
     with training_args.main_process_first(desc="data"):
         splits = load_splits(script_args, training_args, tokenizer, family.label_start_id(model), family)
+    if (script_args.eval_num_beams or 1) > 1 and training_args.generation_selection:
+        raise UsageError(f"--eval_num_beams {script_args.eval_num_beams} asks the final evaluation for beam search and "
+                         "--generation_selection for MBR / QE decoding: drop one of them.")
     try:  # what the trainer refuses when it is built (bad settings, data, ids, a teacher that does not load)
         trainer = build_trainer(script_args, training_args, model, tokenizer, splits)
     except (ValueError, OSError) as error:

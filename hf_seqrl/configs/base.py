@@ -133,6 +133,12 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
     task (`str`, *optional*, defaults to `None`):
         `"translation"` or `"summarization"`: what the model card says the model does (its Hub `pipeline_tag`).
         `hf-seqrl train --task` sets it.
+    generation_selection (`dict` or `str`, *optional*, defaults to `None`):
+        MBR or QE decoding of the trainer's own evaluation (`predict_with_generate`) in place of greedy / beam search:
+        the selection keywords of `hf_seqrl.evaluation.generate_texts`, e.g. `{"decode": "mbr", "num_candidates":
+        16, "utility": "chrf"}` or `{"decode": "qe", "qe_reward": "Unbabel/wmt22-cometkiwi-da"}` (`candidates`,
+        `epsilon_cutoff`, `seed`: default the run's `seed`); a JSON string on the command line. Saved in
+        `seqrl_run.json`, so `hf-seqrl evaluate` decodes the saved model the same way; docs/mbr.md.
     remove_unused_columns (`bool`, *optional*, defaults to `False`):
         `False` (TRL's default for its RL trainers): every dataset column the model does not take reaches the rewards
         as a keyword argument. `True` drops those columns before training, as `Seq2SeqTrainer` does, keeping only
@@ -165,6 +171,9 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         "help": "Set the model's dropout to 0 (default: True for MRT and distillation, False for the others)."})
     model_init_kwargs: dict | str | None = field(default=None, metadata={
         "help": "from_pretrained keyword arguments (JSON) when the model is given as a Hub id or folder."})
+    generation_selection: dict | str | None = field(default=None, metadata={
+        "help": 'MBR / QE decoding of the evaluation, as JSON: {"decode": "mbr", "num_candidates": 16, "utility": '
+                '"chrf"} (docs/mbr.md).'})
     remove_unused_columns: bool = field(default=False, metadata={
         "help": "Drop the dataset columns the model does not take (references / sources kept); False passes them "
                 "to the rewards."})
@@ -191,21 +200,29 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         if self.task is not None:
             check_choice(self, "task", TASKS)
         parse_init_kwargs(self, "model_init_kwargs")
+        parse_json_field(self, "generation_selection", '\'{"decode": "mbr", "num_candidates": 16}\'',
+                         "the selection keywords of generate_texts")
 
 
-def parse_init_kwargs(config, name: str) -> None:
-    """Reads the `from_pretrained` keyword arguments of field `name` (`model_init_kwargs` and its kin): a JSON string
-    (the command line's form) becomes a dict; anything but a dict or None is refused with the form to write."""
+def parse_json_field(config, name: str, example: str, what: str) -> None:
+    """Reads field `name` of `config`, a dict or None: a JSON string (the command line's form) becomes a dict;
+    anything else is refused with `example`, the form to write, and `what` the dict holds."""
     value = getattr(config, name)
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
             raise ValueError(f"{type(config).__name__}.{name}={value!r} is not a JSON object: write it as "
-                             '\'{"dtype": "bfloat16"}\'.') from err
+                             f"{example}.") from err
         setattr(config, name, value)
     if value is not None and not isinstance(value, dict):
-        raise ValueError(f"{type(config).__name__}.{name} must be a dict of from_pretrained arguments, got {value!r}.")
+        raise ValueError(f"{type(config).__name__}.{name} must be a dict of {what}, got {value!r}.")
+
+
+def parse_init_kwargs(config, name: str) -> None:
+    """Reads the `from_pretrained` keyword arguments of field `name` (`model_init_kwargs` and its kin): a JSON string
+    (the command line's form) becomes a dict; anything but a dict or None is refused with the form to write."""
+    parse_json_field(config, name, '\'{"dtype": "bfloat16"}\'', "from_pretrained arguments")
 
 
 # The length limit of a trainer that decodes its own outputs during training (the rewarded trainers, professor

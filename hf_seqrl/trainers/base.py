@@ -31,6 +31,7 @@ from ..types import BatchText
 from .services.adapters import card_fields, save_base_beside, with_adapter
 from .services.checkpoints import (STATE_FILE, TRAINED_BY, check_processes_agree, checkpoint_step, last_complete_checkpoint,
                           read_state, training_changes, write_state)
+from .services.eval_selection import EvaluationSelection
 from .services.inputs import (check_model_family, check_token_ids, check_tokenizer, forward_arguments, load_model,
                      load_tokenizer_for, prepare_datasets, tokenizer_outputs, warn_half_precision_weights)
 from .services.log_window import window_rows, window_values
@@ -102,6 +103,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         self.family = family
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.generation_kwargs: dict = {}  # what the running `evaluate` / `predict` generates with
+        self.eval_selection = EvaluationSelection.of(args, args.device)  # MBR / QE evaluation decoding, or None
         # What shaped the text before this trainer saw it (a pipeline's source prefix or prompt template), saved with
         # the run's settings so that `hf-seqrl evaluate` reads the folder as the run did.
         self.run_settings: dict = {}
@@ -212,24 +214,26 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         """`prediction_step`, the model as `decoding` leaves it."""
         text = self.pop_text_columns(inputs)
         generate = self.args.predict_with_generate and not prediction_loss_only
-        if not generate or self.family.trainer_generates:
+        if not generate or (self.family.trainer_generates and self.eval_selection is None):
             loss, generated, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys,
                                                               **gen_kwargs)
         else:
-            loss, generated, labels = self.family_prediction_step(model, inputs, ignore_keys, **gen_kwargs)
+            loss, generated, labels = self.family_prediction_step(model, inputs, text, ignore_keys, **gen_kwargs)
         if generate and generated is not None:
             self.on_generated(generated, inputs, text)
         return loss, generated, labels
 
-    def family_prediction_step(self, model, inputs, ignore_keys=None, **gen_kwargs):
+    def family_prediction_step(self, model, inputs, text: BatchText, ignore_keys=None, **gen_kwargs):
         """Returns `(loss, generated, labels)` of an evaluation batch whose family generates itself (a causal batch
-        holds prompt + completion, which `Seq2SeqTrainer.prediction_step` would continue): the teacher-forced loss,
-        the family's `generate` output and the targets, both in target coordinates."""
+        holds prompt + completion, which `Seq2SeqTrainer.prediction_step` would continue), or that decodes by MBR / QE
+        (`eval_selection`): the teacher-forced loss, the family's `generate` output (or each source's pick) and the
+        targets, both in target coordinates."""
         loss, _, _ = super().prediction_step(model, inputs, True, ignore_keys)
-        inputs = self._prepare_inputs(inputs)
+        inputs, unwrapped = self._prepare_inputs(inputs), self.accelerator.unwrap_model(model)
         gen_kwargs = {k: v for k, v in (gen_kwargs or self.generation_kwargs).items() if v is not None}
         with torch.no_grad():
-            generated = self.family.generate(self.accelerator.unwrap_model(model), inputs, **gen_kwargs)
+            generated = self.family.generate(unwrapped, inputs, **gen_kwargs) if self.eval_selection is None else \
+                self.eval_selection.predict(unwrapped, self.processing_class, inputs, text.sources, **gen_kwargs)
         labels = inputs.get("labels")
         return loss, generated, None if labels is None else self.family.target_labels(inputs)
 
@@ -248,7 +252,10 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
 
     def evaluation_generation_kwargs(self, gen_kwargs: dict) -> dict:
         """Returns the generation arguments of an evaluation: `gen_kwargs`, with `generation_max_length` and
-        `generation_num_beams` where they say nothing of length and beams (as `Seq2SeqTrainer.evaluate` fills them)."""
+        `generation_num_beams` where they say nothing of length and beams (as `Seq2SeqTrainer.evaluate` fills them).
+        An MBR / QE evaluation's first batch draws with its seed again (`eval_selection`)."""
+        if self.eval_selection is not None:
+            self.eval_selection.start()
         kwargs = dict(gen_kwargs)
         if kwargs.get("max_length") is None and kwargs.get("max_new_tokens") is None \
                 and self.args.generation_max_length is not None:
@@ -308,12 +315,14 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
             reward=None if reason else self.card_reward(),
             teacher=None if reason else self.card_teacher(),
-            settings=card_settings(args),
+            settings=card_settings(args, selection=self.eval_selection and self.eval_selection.record()),
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
             repo_id=args.hub_model_id,
             model_class=self.family.auto_class,
             max_new_tokens=getattr(args, "max_new_tokens", None) or args.generation_max_length,
+            selection=self.eval_selection and {**self.eval_selection.record(),
+                                               "max_length": args.generation_max_length},
             **card_example(self.eval_dataset if self.eval_dataset is not None else self.train_dataset,
                            self.processing_class, self.family.name == "causal",
                            self.run_settings.get("prompt_template"), bool(self.run_settings.get("use_chat_template"))),
