@@ -115,3 +115,22 @@ def test_generation_selection_reads_json_and_refuses_what_is_not_an_object(tmp_p
     assert args.generation_selection == {"decode": "mbr", "num_candidates": 8}
     with pytest.raises(ValueError, match="generation_selection='mbr' is not a JSON object"):
         make_config(SeqRLConfig, tmp_path, generation_selection="mbr")
+
+
+def test_train_cli_evaluates_by_mbr_and_saves_the_selection(tmp_path, monkeypatch, capsys):
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.chdir(root)  # the tiny config names its data files relative to the repository
+    config = os.path.join("recipes", "configs", "tiny_offline_translation.yaml")
+    selection = '{"decode": "mbr", "candidates": "beam", "num_candidates": 2}'
+    common = ["train", "--config", config, "--max_steps", "1", "--warmup_xe_steps", "1", "--max_train_samples", "8",
+              "--max_eval_samples", "4", "--test_file", "", "--eval_strategy", "no", "--tiny_d_model", "32",
+              "--predict_with_generate", "--generation_selection", selection]
+    assert main([*common, "--output_dir", str(tmp_path / "bad"), "--eval_num_beams", "4"]) == 2
+    assert "--eval_num_beams 4 asks the final evaluation for beam search" in capsys.readouterr().err
+    assert main([*common, "--output_dir", str(tmp_path / "out")]) == 0
+    saved = json.loads((tmp_path / "out" / RUN_SETTINGS_FILE).read_text())
+    assert saved["generation_selection"]["decode"] == "mbr" and saved["generation_selection"]["num_candidates"] == 2
+    results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert "eval_bleu" in results and "MBR over 2 beam (chrf)" in (tmp_path / "out" / "README.md").read_text()
