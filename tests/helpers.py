@@ -84,6 +84,16 @@ def by_hand_mbr(candidates, utility):
     return picks
 
 
+QE_CALLS: list[tuple[str, str]] = []  # (source, candidate) of each candidate `recording_length_qe` scored
+
+
+def recording_length_qe(predictions, references, sources=None, **columns):
+    """A reference-free reward for tests, named as users name theirs (`"helpers:recording_length_qe"`): the length
+    of each prediction; every (source, prediction) it scores is appended to `QE_CALLS`."""
+    QE_CALLS.extend(zip(sources, predictions))
+    return [float(len(p)) for p in predictions]
+
+
 def length_agreement(predictions, references, sources=None, **columns):
     """A utility by hand that random tiny models make informative: minus the length difference (MBR: the median)."""
     return [-abs(len(p) - len(refs[0])) for p, refs in zip(predictions, references)]

@@ -202,6 +202,11 @@ class SeqRLBaseConfig(_NoSecretsInPickle, Seq2SeqTrainingArguments):
         parse_init_kwargs(self, "model_init_kwargs")
         parse_json_field(self, "generation_selection", '\'{"decode": "mbr", "num_candidates": 16}\'',
                          "the selection keywords of generate_texts")
+        for key, value in (self.generation_selection or {}).items():
+            if not isinstance(value, (str, int, float, bool, type(None))):
+                raise ValueError(f"generation_selection[{key!r}]={value!r}: the config holds plain data (it is saved "
+                                 "with the run and its checkpoints); name the reward instead: a built-in name, a "
+                                 "checkpoint folder or 'module:function'.")
 
 
 def parse_json_field(config, name: str, example: str, what: str) -> None:

@@ -77,14 +77,13 @@ def test_evaluation_by_mbr_predicts_each_sources_pick_and_is_saved_for_evaluate_
 
 
 def test_evaluation_by_qe_picks_the_best_scored_sample_and_draws_the_same_samples_each_time(tmp_path):
-    seen: list[tuple[str, str]] = []
+    import helpers
 
-    def longest(predictions, references, sources, **columns):
-        seen.extend(zip(sources, predictions))
-        return [float(len(p)) for p in predictions]
-
-    trainer, tok, data = build(tmp_path, "seq2seq", {"decode": "qe", "num_candidates": 5, "qe_reward": longest})
+    trainer, tok, data = build(tmp_path, "seq2seq", {"decode": "qe", "num_candidates": 5,
+                                                     "qe_reward": "helpers:recording_length_qe"})
+    helpers.QE_CALLS.clear()
     predictions = predicted_texts(trainer, tok)
+    seen = list(helpers.QE_CALLS)
     assert len(seen) == 5 * len(data)
     by_source: dict[str, list[str]] = {}
     for source, candidate in seen:
@@ -108,13 +107,15 @@ def test_a_wrong_evaluation_selection_is_refused_when_the_trainer_is_built(tmp_p
         build(tmp_path, "seq2seq", selection, **kwargs)
 
 
-def test_generation_selection_reads_json_and_refuses_what_is_not_an_object(tmp_path):
+def test_generation_selection_reads_json_and_refuses_what_is_not_plain_data(tmp_path):
     from hf_seqrl import SeqRLConfig
 
     args = make_config(SeqRLConfig, tmp_path, generation_selection='{"decode": "mbr", "num_candidates": 8}')
     assert args.generation_selection == {"decode": "mbr", "num_candidates": 8}
     with pytest.raises(ValueError, match="generation_selection='mbr' is not a JSON object"):
         make_config(SeqRLConfig, tmp_path, generation_selection="mbr")
+    with pytest.raises(ValueError, match=r"generation_selection\['qe_reward'\]=.*'module:function'"):
+        make_config(SeqRLConfig, tmp_path, generation_selection={"decode": "qe", "qe_reward": len})
 
 
 def test_train_cli_evaluates_by_mbr_and_saves_the_selection(tmp_path, monkeypatch, capsys):
