@@ -116,7 +116,8 @@ class Settings:
     teacher_dropout: float | None = None  # (T) the teacher's dropout while it trains (None: dropout)
     mbr_samples: int = 16  # MBR arms: samples per source whose MBR pick is trained on
     mbr_utility: str = "chrf"  # MBR arms: the utility of the picks (a reward name)
-    mbr_epsilon: float = 0.02  # mbr_offline: the samples' epsilon_cutoff (the online arm samples at temperature 1)
+    mbr_epsilon: float = 0.02  # MBR arms: the samples' epsilon_cutoff (temperature 1)
+    mbr_rl_weight: float = 1.0  # mbr_online: the picks' cross-entropy weight; the rest goes to the gold targets'
     mbr_train_sources: int = 5000  # mbr_offline: the first training sources whose picks are decoded (in its budget)
     kd_weight: float = 0.5  # kd_word: the divergence's share beside cross-entropy (Kim & Rush); on-policy: rl_weight
     seeds: tuple[int, ...] = (0, 1)
@@ -212,8 +213,8 @@ ARM_ONLY = {**dict.fromkeys(("rl_lr", "rl_weight", "rl_temperature"), REWARDED_A
             "guard_lang": REWARDED_ARMS,
             **dict.fromkeys(("token_penalty", "token_reward_to_go"), TOKEN_ARMS), "kd_weight": ("kd_word",),
             **dict.fromkeys(TEACHER_FIELDS, TEACHER_ARMS),
-            **dict.fromkeys(("mbr_samples", "mbr_utility"), MBR_ARMS),
-            **dict.fromkeys(("mbr_epsilon", "mbr_train_sources"), ("mbr_offline",))}
+            **dict.fromkeys(("mbr_samples", "mbr_utility", "mbr_epsilon"), MBR_ARMS),
+            "mbr_train_sources": ("mbr_offline",), "mbr_rl_weight": ("mbr_online",)}
 
 
 def run_tag(arm: str | None, overrides: dict) -> str:

@@ -161,10 +161,11 @@ def _mbr_online_arm(ctx: "ArmContext"):
 
     # MBR fine-tuning on fresh samples: each batch's sources sampled `mbr_samples` times (temperature 1, epsilon
     # sampling at `mbr_epsilon` as the offline picks and C's MBR decoding draw), the pick of highest expected
-    # `mbr_utility` against the others trained on by cross-entropy alone (rl_weight 1), as the offline arm trains on
-    # its picks alone; C's dropout stays on, as in the cross-entropy arms.
+    # `mbr_utility` against the others trained on by cross-entropy alone (`mbr_rl_weight` 1), as the offline arm
+    # trains on its picks alone; C's dropout stays on, as in the cross-entropy arms.
     settings = ctx.settings
-    args = ctx.args(BestOfNConfig, best_of_n_selection="mbr", num_samples=settings.mbr_samples, rl_weight=1.0,
+    args = ctx.args(BestOfNConfig, best_of_n_selection="mbr", num_samples=settings.mbr_samples,
+                    rl_weight=settings.mbr_rl_weight,
                     max_new_tokens=settings.max_new_tokens, temperature=1.0, epsilon_cutoff=settings.mbr_epsilon)
     return BestOfNTrainer(model=ctx.model, args=args, reward_funcs=settings.mbr_utility, train_dataset=ctx.dataset,
                           processing_class=ctx.tokenizer)
