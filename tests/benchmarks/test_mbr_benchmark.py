@@ -77,6 +77,7 @@ def test_mbr_quick(tmp_path, capsys, monkeypatch):
     assert test["mbr32"]["candidates"] == 32 and test["qe16"]["selection"]["qe_reward"] == "teacher_likelihood"
     assert test["qe16"]["candidate_seconds"] == test["mbr16"]["candidate_seconds"]  # the same samples
     assert set(results["target"]) >= {"best_arm", "gain_over_xe", "outside_xe_spread", "distance_to_c_decoding", "met"}
+    assert results["target_chrf"]["c_decoding_chrf"] == results["decodes"]["test"]["mbr16"]["chrf"]
     assert results["command"].startswith("python benchmarks/mbr.py --quick")
     assert "| mbr16 | 16 |" in results["markdown"] and "unit 4/4" in capsys.readouterr().out
     with open(out) as f:
