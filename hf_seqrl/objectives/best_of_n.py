@@ -98,11 +98,21 @@ def best_rows(scores: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(scores, nan=float("-inf")).argmax(dim=1)
 
 
+def length_gain(lengths: torch.Tensor, best: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Returns the mean length of the selected samples over the mean length of all samples, over the sources kept: a
+    scalar tensor (NaN when none is kept). `lengths` `(B, n)`: each sample's tokens; `best` `(B,)`: each source's
+    selected sample; `kept` `(B,)`. Above 1 the selection prefers longer samples than the model writes, and training
+    on the picks lengthens its outputs step after step (MBR with a recall-weighted utility such as chrF does)."""
+    picked = lengths.gather(1, best.unsqueeze(1)).squeeze(1).float()
+    keep = kept.float()
+    return (picked * keep).sum() / (lengths.float().mean(dim=1) * keep).sum()
+
+
 class BestOfN(Objective):
     """Best-of-n self-training: the sample a reward ranks best per source, trained on by cross-entropy (optionally
     only above a threshold). Cross-entropy on its own selections keeps the checkpoint's dropout, as fine-tuning
     does. Logs `best_of_n/score` (the selected samples' mean score), `best_of_n/frac_trained` (the share of sources
-    trained on) and the samples' `rl/*` metrics."""
+    trained on), `best_of_n/length_gain` (`length_gain`) and the samples' `rl/*` metrics."""
 
     defaults = Defaults(algorithm_id="best_of_n", config_class=BestOfNConfig, disable_dropout=False)
 
@@ -150,9 +160,12 @@ class BestOfN(Objective):
         chosen = scores.gather(1, best.unsqueeze(1)).squeeze(1)
         kept = torch.isfinite(chosen) & (chosen >= threshold if threshold is not None else True)
         rows = torch.arange(best.shape[0], device=device) * n + best
-        metrics["best_of_n/frac_trained"] = kept.float().mean().item()
-        if kept.any():
-            metrics["best_of_n/score"] = chosen[kept].mean().item()
+        gain = length_gain(rollout.sample_mask.sum(dim=1).view(-1, n), best, kept)
+        score = chosen.nan_to_num(0.0).mul(kept).sum() / kept.sum().clamp(min=1)
+        frac, score, gain = torch.stack([kept.float().mean(), score, gain]).tolist()  # one read of the device
+        metrics["best_of_n/frac_trained"] = frac
+        if frac > 0:
+            metrics["best_of_n/score"], metrics["best_of_n/length_gain"] = score, gain
         return RolloutBatch(rollout.sample_ids[rows], rollout.sample_mask[rows], None, metrics, kept=kept, group=1,
                             rewards=chosen.nan_to_num(0.0))
 

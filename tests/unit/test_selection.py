@@ -121,3 +121,17 @@ def test_qe_ties_go_to_the_first_and_columns_repeat_per_candidate():
     picks = qe_select([["u", "v"], ["w"]], ["s", "t"], reward, columns={"domain": ["med", "law"]})
     assert [p.index for p in picks] == [0, 0]
     assert seen["domain"] == ["med", "med", "law"]
+
+
+def test_length_gain_of_the_selected_samples_by_hand():
+    import torch
+
+    from hf_seqrl.objectives.best_of_n import length_gain
+
+    lengths = torch.tensor([[2, 4], [3, 5]])
+    # picks 4 and 3 tokens (mean 3.5) among samples of mean 3 and 4 (mean 3.5)
+    assert length_gain(lengths, torch.tensor([1, 0]), torch.tensor([True, True])).item() == pytest.approx(1.0)
+    # the second source left out: its pick of 4 tokens over its samples' mean of 3
+    assert length_gain(lengths, torch.tensor([1, 0]), torch.tensor([True, False])).item() == pytest.approx(4 / 3)
+    assert length_gain(lengths, torch.tensor([1, 1]), torch.tensor([True, True])).item() == pytest.approx(9 / 7)
+    assert math.isnan(length_gain(lengths, torch.tensor([1, 0]), torch.tensor([False, False])).item())

@@ -94,7 +94,7 @@ def test_each_source_trains_on_its_best_sample_and_the_threshold_leaves_sources_
     for batch, rewards in zip(seen, scores):
         assert torch.equal(batch.rewards, rewards.max(dim=1).values)  # the best sample of each source
     log = [h for h in trainer.state.log_history if "best_of_n/frac_trained" in h]
-    assert log and all(h["best_of_n/frac_trained"] == 1.0 for h in log)
+    assert log and all(h["best_of_n/frac_trained"] == 1.0 and h["best_of_n/length_gain"] > 0 for h in log)
 
     # A threshold above every reward trains on nothing: the loss is 0 and no parameter moves.
     high = build(tmp_path / "high", False, num_samples=4, best_of_n_threshold=1e6, optim="sgd", learning_rate=0.5)
@@ -103,6 +103,7 @@ def test_each_source_trains_on_its_best_sample_and_the_threshold_leaves_sources_
     assert all(torch.equal(before[k], v) for k, v in params(high.model).items())
     log = [h for h in high.state.log_history if "best_of_n/frac_trained" in h]
     assert log and all(h["best_of_n/frac_trained"] == 0.0 and h["best_of_n/loss"] == 0.0 for h in log)
+    assert not any("best_of_n/length_gain" in h or "best_of_n/score" in h for h in log)  # nothing selected
 
 
 def test_mbr_selection_picks_the_highest_expected_utility(tmp_path):
