@@ -22,7 +22,8 @@ SHARED = dict(warmup_xe_steps=1, disable_dropout=False, task="summarization", mo
               top_k=5, top_p=0.95, epsilon_cutoff=0.001, rl_weight=0.8, entropy_coef=0.01, kl_coef=0.05,
               log_completions=True,
               num_completions_to_print=1, save_on_error=False, ds3_gather_for_generation=False,
-              teacher_model_init_kwargs={"dtype": "float32"})
+              teacher_model_init_kwargs={"dtype": "float32"},
+              generation_selection={"decode": "mbr", "candidates": "beam", "num_candidates": 2})
 SEQ2SEQ_ONLY = dict(source_column="src", target_column="tgt", eval_target_column="tgt", max_source_length=24,
                     max_target_length=12)
 CAUSAL_ONLY = dict(max_prompt_length=24, max_completion_length=12)
