@@ -361,17 +361,16 @@ RUN_SETTING_FIELDS = ("task", "source_column", "target_column", "eval_target_col
 PIPELINE_SETTINGS = ("source_prefix", "prompt_template", "use_chat_template")
 
 
-def run_settings(args, family_name: str, extra: dict | None = None, training: dict | None = None) -> dict[str, Any]:
+def run_settings(args, family_name: str, extra: dict | None = None, training: dict | None = None,
+                 selection: dict | None = None) -> dict[str, Any]:
     """Returns what `write_run_settings` writes: the model family, `RUN_SETTING_FIELDS` of `args` (None where `args`
-    lacks one), its MBR / QE evaluation decoding (`generation_selection`, as `SelectionDecoding.record` writes it,
-    seed included) when set, the `PIPELINE_SETTINGS` among `extra` that are set, and `training` when given."""
+    lacks one), the MBR / QE decoding of its evaluation (`selection`, a `SelectionDecoding.record`) as
+    `generation_selection` when given, the `PIPELINE_SETTINGS` among `extra` that are set, and `training` when
+    given."""
     settings: dict[str, Any] = {"family": family_name}
     settings.update({name: getattr(args, name, None) for name in RUN_SETTING_FIELDS})
-    if getattr(args, "generation_selection", None):
-        from .candidates import SelectionDecoding
-
-        selection = {"seed": getattr(args, "seed", 0), **args.generation_selection}
-        settings["generation_selection"] = SelectionDecoding(**selection).record()
+    if selection:
+        settings["generation_selection"] = selection
     settings.update({name: value for name, value in (extra or {}).items()
                      if name in PIPELINE_SETTINGS and value not in (None, "", False)})
     if training is not None:
@@ -380,9 +379,9 @@ def run_settings(args, family_name: str, extra: dict | None = None, training: di
 
 
 def write_run_settings(folder: str, args, family_name: str, extra: dict | None = None,
-                       training: dict | None = None) -> str:
-    """Returns the path of `folder/seqrl_run.json` after writing `run_settings(args, family_name, extra, training)`
-    there.
+                       training: dict | None = None, selection: dict | None = None) -> str:
+    """Returns the path of `folder/seqrl_run.json` after writing `run_settings(args, family_name, extra, training,
+    selection)` there.
 
     Args:
         folder: where the model is saved (the trainers call this from `save_model`, checkpoints included).
@@ -393,10 +392,12 @@ def write_run_settings(folder: str, args, family_name: str, extra: dict | None =
             shaped the text before the trainer saw it (a trainer passes its `run_settings` attribute when set).
         training (`dict`, *optional*): what trained the model (`SeqRLBaseTrainer.training_record`: the trainer, the
             algorithm and method that ran, reward, baseline, teacher, steps), under `training`.
+        selection (`dict`, *optional*): the MBR / QE decoding of its evaluation (`generation_selection` as the
+            trainer built it, `SelectionDecoding.record`: rewards by name, the seed that applied).
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, RUN_SETTINGS_FILE)
-    _write_json(path, run_settings(args, family_name, extra, training))
+    _write_json(path, run_settings(args, family_name, extra, training, selection))
     return path
 
 

@@ -315,18 +315,22 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
             datasets=[dataset] if isinstance(dataset, str) else list(dataset or []),
             reward=None if reason else self.card_reward(),
             teacher=None if reason else self.card_teacher(),
-            settings=card_settings(args, selection=self.eval_selection and self.eval_selection.record()),
+            settings=card_settings(args, selection=self.selection_record()),
             metrics=final_eval_metrics(self.state.log_history),
             curve=training_curve(self.state.log_history),
             repo_id=args.hub_model_id,
             model_class=self.family.auto_class,
             max_new_tokens=getattr(args, "max_new_tokens", None) or args.generation_max_length,
-            selection=self.eval_selection and {**self.eval_selection.record(),
-                                               "max_length": args.generation_max_length},
+            selection=self.eval_selection and {**self.selection_record(), "max_length": args.generation_max_length},
             **card_example(self.eval_dataset if self.eval_dataset is not None else self.train_dataset,
                            self.processing_class, self.family.name == "causal",
                            self.run_settings.get("prompt_template"), bool(self.run_settings.get("use_chat_template"))),
         )
+
+    def selection_record(self) -> dict | None:
+        """Returns the MBR / QE decoding of this trainer's evaluations as recorded (`EvaluationSelection.record`), or
+        None: the one source of `seqrl_run.json`'s and the card's `generation_selection`."""
+        return self.eval_selection and self.eval_selection.record()
 
     def card_reward(self) -> str | None:
         """Returns the reward as the model card names it (a rewarded trainer: as the user gave it), None without."""
@@ -375,7 +379,7 @@ class SeqRLBaseTrainer(Seq2SeqTrainer):
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:  # checkpoints too: `hf-seqrl evaluate` reads how this run cut and generated
             write_run_settings(output_dir or self.args.output_dir, self.args, self.family.name, self.run_settings,
-                               training=self.training_record())
+                               training=self.training_record(), selection=self.selection_record())
         folder = output_dir or self.args.output_dir
         if output_dir is None or not _internal_call:  # the saved model, not a checkpoint: its card must load it
             save_base_beside(self.accelerator, self.model, folder, self.args.should_save)
